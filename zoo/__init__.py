@@ -1,0 +1,1 @@
+"""zoo: a JAX/Flax model zoo."""
