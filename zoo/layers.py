@@ -1,0 +1,239 @@
+"""Pieces that two or more model families share: embeddings, attention, MLP, blocks, norms, masks.
+
+Dimension key (used in every einsum string and shape suffix in zoo):
+  B batch          T query length      S key/source length
+  D model width    F MLP hidden width  N query heads    K key/value heads    H head dim
+  V vocabulary     L layers            C classes
+
+Kernels keep their natural axes (`[D, N, H]`) and are applied with letter einsums. Every parameter
+carries logical axis names (`batch, length, embed, mlp, heads, kv, vocab`, and `layers` for scanned
+stacks); `zoo.sharding` maps them to mesh axes. Nothing here knows which family uses it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Dtype = jnp.dtype
+
+
+def normal(std: float, axes: tuple) -> Callable:
+    """Normal(0, std) initializer tagged with logical axis names."""
+    return nn.with_logical_partitioning(nn.initializers.normal(std), axes)
+
+
+def zeros(axes: tuple) -> Callable:
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def ones(axes: tuple) -> Callable:
+    return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
+
+
+def constrain(x, axes: tuple):
+    """Activation sharding hint at a block boundary (a no-op outside a mesh context)."""
+    return nn.with_logical_constraint(x, axes)
+
+
+class Einsum(nn.Module):
+    """A weight of a given shape applied by one einsum; optional bias over the output's trailing axes."""
+
+    shape: tuple
+    axes: tuple  # logical names of the weight's axes
+    eqn: str
+    std: float = 0.02
+    bias_axes: tuple | None = None  # logical names of the bias (the output's trailing axes); None: no bias
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        w = self.param("kernel", normal(self.std, self.axes), self.shape, self.param_dtype)
+        y = jnp.einsum(self.eqn, x.astype(self.dtype), w.astype(self.dtype))
+        if self.bias_axes is not None:
+            bias_shape = self.shape[-len(self.bias_axes):]
+            b = self.param("bias", zeros(self.bias_axes), bias_shape, self.param_dtype)
+            y = y + b.astype(self.dtype)
+        return y
+
+
+class Embed(nn.Module):
+    """Token embedding [V, D]; `attend` reuses it as the tied output projection."""
+
+    vocab_size: int
+    features: int
+    std: float = 0.02
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    def setup(self):
+        self.embedding = self.param("embedding", normal(self.std, ("vocab", "embed")),
+                                    (self.vocab_size, self.features), self.param_dtype)
+
+    def __call__(self, ids_BT):
+        return jnp.take(self.embedding, ids_BT, axis=0).astype(self.dtype)
+
+    def attend(self, x_BTD):
+        # Logits in float32 whatever the compute dtype: softmax and loss need the range.
+        return jnp.einsum("BTD,VD->BTV", x_BTD.astype(self.dtype), self.embedding.astype(self.dtype),
+                          preferred_element_type=jnp.float32)
+
+
+def layer_norm(eps: float, dtype, param_dtype, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name,
+                        scale_init=ones(("embed",)), bias_init=zeros(("embed",)))
+
+
+def causal_mask(positions_T, length: int):
+    """mask_11TS: query at absolute position p may attend keys 0..p (cached decoding)."""
+    return (jnp.arange(length)[None, :] <= positions_T[:, None])[None, None]
+
+
+def padding_mask(valid_BS, valid_BT=None):
+    """mask_B1TS from key validity (and optionally query validity): True = may attend."""
+    valid_BT = valid_BS if valid_BT is None else valid_BT
+    return valid_BT[:, None, :, None] & valid_BS[:, None, None, :]
+
+
+class Attention(nn.Module):
+    """Multi-head attention through jax.nn.dot_product_attention (cuDNN flash on GPU, XLA on CPU).
+
+    Self-attention when `kv_BSD` is None, cross-attention otherwise. With `decode=True` keys and
+    values are written into a cache (collection "cache", length fixed when the cache is created)
+    at `positions_T`, and queries attend the cache.
+    """
+
+    num_heads: int
+    head_dim: int
+    num_kv_heads: int | None = None
+    out_std: float = 0.02  # residual projection init (scaled by the caller)
+    use_bias: bool = True
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    implementation: str | None = None  # None (auto) | "xla" | "cudnn"
+
+    def _proj(self, name, features, heads, x):
+        return Einsum((features, heads, self.head_dim), ("embed", "heads", "kv"), "BTD,DNH->BTNH",
+                      bias_axes=("heads", "kv") if self.use_bias else None,
+                      dtype=self.dtype, param_dtype=self.param_dtype, name=name)(x)
+
+    @nn.compact
+    def __call__(self, x_BTD, mask_B1TS=None, *, kv_BSD=None, is_causal=False, decode=False,
+                 positions_T=None):
+        D = x_BTD.shape[-1]
+        K = self.num_kv_heads or self.num_heads
+        src_BSD = x_BTD if kv_BSD is None else kv_BSD
+        q_BTNH = self._proj("query", D, self.num_heads, x_BTD)
+        k_BSKH = self._proj("key", src_BSD.shape[-1], K, src_BSD)
+        v_BSKH = self._proj("value", src_BSD.shape[-1], K, src_BSD)
+        if decode:
+            k_BSKH, v_BSKH, mask_B1TS = self._update_cache(k_BSKH, v_BSKH, positions_T, mask_B1TS)
+            is_causal = False
+        out_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask_B1TS,
+                                                is_causal=is_causal, implementation=self.implementation)
+        return Einsum((self.num_heads, self.head_dim, D), ("heads", "kv", "embed"), "BTNH,NHD->BTD",
+                      std=self.out_std, bias_axes=("embed",) if self.use_bias else None,
+                      dtype=self.dtype, param_dtype=self.param_dtype, name="out")(out_BTNH)
+
+    def _update_cache(self, k_BTKH, v_BTKH, positions_T, mask_B1TS):
+        initialising = not self.has_variable("cache", "cached_key")
+        key = self.variable("cache", "cached_key", jnp.zeros, k_BTKH.shape, k_BTKH.dtype)
+        value = self.variable("cache", "cached_value", jnp.zeros, v_BTKH.shape, v_BTKH.dtype)
+        if initialising:  # the cache's length is the length of the input it was created with
+            return k_BTKH, v_BTKH, mask_B1TS
+        start = (0, positions_T[0], 0, 0)
+        key.value = jax.lax.dynamic_update_slice(key.value, k_BTKH.astype(key.value.dtype), start)
+        value.value = jax.lax.dynamic_update_slice(value.value, v_BTKH.astype(value.value.dtype), start)
+        S = key.value.shape[1]
+        cmask_11TS = causal_mask(positions_T, S)
+        mask_B1TS = cmask_11TS if mask_B1TS is None else mask_B1TS & cmask_11TS
+        return key.value, value.value, mask_B1TS
+
+
+class Mlp(nn.Module):
+    """Two-layer feed-forward: D -> F (activation) -> D."""
+
+    d_ff: int
+    activation: Callable = nn.gelu
+    out_std: float = 0.02
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x_BTD):
+        D = x_BTD.shape[-1]
+        h_BTF = Einsum((D, self.d_ff), ("embed", "mlp"), "BTD,DF->BTF", bias_axes=("mlp",),
+                       dtype=self.dtype, param_dtype=self.param_dtype, name="fc")(x_BTD)
+        h_BTF = constrain(self.activation(h_BTF), ("batch", "length", "mlp"))
+        return Einsum((self.d_ff, D), ("mlp", "embed"), "BTF,FD->BTD", std=self.out_std, bias_axes=("embed",),
+                      dtype=self.dtype, param_dtype=self.param_dtype, name="proj")(h_BTF)
+
+
+def gelu_tanh(x):
+    """GELU with the tanh approximation, as GPT-2 and BERT's TF checkpoints were trained."""
+    return jax.nn.gelu(x, approximate=True)
+
+
+class PreLnBlock(nn.Module):
+    """x + Attn(LN(x)); x + Mlp(LN(x)) (GPT-2). Returns (x, None) when scanned over layers."""
+
+    num_heads: int
+    d_ff: int
+    dropout: float
+    ln_eps: float
+    out_std: float  # init std of the two residual projections
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    implementation: str | None = None
+    scanned: bool = False
+
+    @nn.compact
+    def __call__(self, x_BTD, mask_B1TS, deterministic: bool, decode: bool, positions_T=None):
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        D = x_BTD.shape[-1]
+        h = layer_norm(self.ln_eps, name="ln_1", **kw)(x_BTD)
+        h = Attention(self.num_heads, D // self.num_heads, out_std=self.out_std,
+                      implementation=self.implementation, name="attn", **kw)(
+            h, mask_B1TS, is_causal=mask_B1TS is None, decode=decode, positions_T=positions_T)
+        x_BTD = x_BTD + nn.Dropout(self.dropout)(h, deterministic=deterministic)
+        h = layer_norm(self.ln_eps, name="ln_2", **kw)(x_BTD)
+        h = Mlp(self.d_ff, gelu_tanh, out_std=self.out_std, name="mlp", **kw)(h)
+        x_BTD = x_BTD + nn.Dropout(self.dropout)(h, deterministic=deterministic)
+        x_BTD = constrain(x_BTD, ("batch", "length", "embed"))
+        return (x_BTD, None) if self.scanned else x_BTD
+
+
+def stack_blocks(block_cls, num_layers: int, *, scan: bool, remat: bool, name: str, **block_kw):
+    """L blocks as a Python loop (params h_0..h_{L-1}) or as one nn.scan (params h[L, ...]).
+
+    Returns a callable (x, *args) -> x. Positional args after x are broadcast to every layer.
+    """
+    cls = block_cls
+    if remat:
+        # deterministic and decode (args 3, 4 counting self) are Python bools: static.
+        cls = nn.remat(cls, static_argnums=(3, 4), prevent_cse=not scan)
+    if scan:
+        stack = nn.scan(cls, variable_axes={"params": 0, "cache": 0}, split_rngs={"params": True, "dropout": True},
+                        in_axes=nn.broadcast, length=num_layers,
+                        metadata_params={nn.PARTITION_NAME: "layers"})(scanned=True, name=name, **block_kw)
+
+        def run_scanned(x, *args):
+            return stack(x, *args)[0]
+        return run_scanned
+    blocks = [cls(name=f"{name}_{i}", **block_kw) for i in range(num_layers)]
+
+    def run(x, *args):
+        for b in blocks:
+            x = b(x, *args)
+        return x
+    return run
+
+
+def residual_std(num_layers: int, std: float = 0.02) -> float:
+    """GPT-2: residual projections scaled by 1/sqrt(2L) so the residual stream's variance stays O(1)."""
+    return std / math.sqrt(2 * num_layers)

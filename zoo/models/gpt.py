@@ -1,0 +1,61 @@
+"""Decoder-only GPT (GPT-2 architecture): presets and the causal language model.
+
+Learned positions, pre-LN blocks, tanh-GELU MLP, dropout on embeddings and residual branches,
+causal attention, final LayerNorm, output tied to the token embedding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from zoo import layers
+from zoo.config import GptConfig
+
+GPT_TINY = GptConfig(vocab_size=384, max_len=256, num_layers=4, d_model=128, num_heads=4, d_ff=512, dropout=0.0)
+GPT2_SMALL = GptConfig()  # 124,439,808 params, as GPT-2 124M
+GPT2_MEDIUM = dataclasses.replace(GPT2_SMALL, num_layers=24, d_model=1024, num_heads=16, d_ff=4096)
+GPT2_LARGE = dataclasses.replace(GPT2_SMALL, num_layers=36, d_model=1280, num_heads=20, d_ff=5120)
+GPT2_XL = dataclasses.replace(GPT2_SMALL, num_layers=48, d_model=1600, num_heads=25, d_ff=6400)
+PRESETS = {"gpt_tiny": GPT_TINY, "gpt2_small": GPT2_SMALL, "gpt2_medium": GPT2_MEDIUM,
+           "gpt2_large": GPT2_LARGE, "gpt2_xl": GPT2_XL}
+
+
+def attention_impl(name: str) -> str | None:
+    return None if name == "auto" else name
+
+
+class Gpt(nn.Module):
+    """ids_BT -> logits_BTV (float32). `decode=True` runs incrementally against the "cache" collection."""
+
+    cfg: GptConfig
+
+    @nn.compact
+    def __call__(self, ids_BT, *, deterministic: bool = True, decode: bool = False):
+        cfg = self.cfg
+        dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        T = ids_BT.shape[1]
+        wte = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype, name="wte")
+        wpe_PD = self.param("wpe", layers.normal(0.01, (None, "embed")), (cfg.max_len, cfg.d_model), param_dtype)
+        positions_T = jnp.arange(T)
+        if decode:  # absolute position of this chunk = tokens already in the cache
+            index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+            if self.is_initializing():
+                positions_T = jnp.arange(T)
+            else:
+                positions_T = index.value + jnp.arange(T)
+                index.value = index.value + T
+        x_BTD = wte(ids_BT) + jnp.take(wpe_PD, positions_T, axis=0).astype(dtype)[None]
+        x_BTD = nn.Dropout(cfg.dropout)(x_BTD, deterministic=deterministic)
+        x_BTD = layers.constrain(x_BTD, ("batch", "length", "embed"))
+        blocks = layers.stack_blocks(
+            layers.PreLnBlock, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, name="h",
+            num_heads=cfg.num_heads, d_ff=cfg.d_ff, dropout=cfg.dropout, ln_eps=cfg.ln_eps,
+            out_std=layers.residual_std(cfg.num_layers), dtype=dtype, param_dtype=param_dtype,
+            implementation=attention_impl(cfg.attention_impl))
+        # mask None + is_causal: the attention backend builds the causal mask (cheapest on cuDNN).
+        x_BTD = blocks(x_BTD, None, deterministic, decode, positions_T)
+        x_BTD = layers.layer_norm(cfg.ln_eps, dtype, param_dtype, name="ln_f")(x_BTD)
+        return wte.attend(x_BTD)
