@@ -1,0 +1,21 @@
+"""GPT tiny: a 4-layer, width-128 byte-level GPT on the built-in corpus (Python's own docs). CPU.
+
+    python train.py configs/gpt_tiny.py --workdir runs/gpt_tiny
+
+Expect (2-core CPU, ~3 min): loss from ~5.9 (ln 384) to ~1.6, eval_loss ~1.7, then a sample that
+reads like Python documentation with misspellings.
+"""
+
+from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.models.gpt import GPT_TINY
+
+
+def get_config() -> Config:
+    return Config(
+        task="gpt_lm",
+        model=GPT_TINY,
+        data=DataConfig(source="builtin", tokenizer="bytes", seq_len=128),
+        optim=OptimConfig(lr=2e-3, schedule="cosine", warmup=50, weight_decay=0.1, b2=0.99),
+        train=TrainConfig(steps=1000, batch_size=16, log_every=50, eval_every=250, eval_batches=8,
+                          save_every=500, sample_tokens=200, sample_prompt="The "),
+    )

@@ -1,0 +1,58 @@
+"""Config: overrides are type-checked, bad values name their field, JSON round-trips, every shipped
+config file loads and builds its model."""
+
+import glob
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from zoo import tasks
+from zoo.config import Config, ConfigError, GptConfig, apply_overrides, from_dict, load_config_file
+
+
+def test_override_parses_types():
+    cfg = apply_overrides(Config(), ["optim.lr=1e-3", "train.steps=20", "model.scan_layers=true",
+                                     "data.source=hub:wikitext/wikitext-2-raw-v1", "mesh.data=2"])
+    assert cfg.optim.lr == 1e-3 and cfg.train.steps == 20 and cfg.model.scan_layers is True
+    assert cfg.data.source == "hub:wikitext/wikitext-2-raw-v1" and cfg.mesh.data == 2
+
+
+@pytest.mark.parametrize("assignment, fragment", [
+    ("optim.lrr=1", "valid keys in optim: lr, schedule"),
+    ("nope=1", "valid top-level keys: task, init_from"),
+    ("foo.bar=1", "sections: model, data, optim, train, mesh"),
+    ("train.steps=ten", "expected a value of type int"),
+    ("model.scan_layers=maybe", "expected a value of type bool"),
+    ("optim.schedule=exp", "choose one of cosine, linear, noam, constant, wsd"),
+    ("model.num_heads=5", "model.d_model=768 is not divisible by model.num_heads=5"),
+    ("data.seq_len=2048", "data.seq_len=2048 is above model.max_len=1024"),
+    ("train.grad_accum=5", "train.batch_size=32 is not divisible by train.grad_accum=5"),
+    ("optim.lr", "expected key=value"),
+])
+def test_bad_override_names_the_key(assignment, fragment):
+    with pytest.raises(ConfigError) as e:
+        apply_overrides(Config(), [assignment])
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_json_round_trip():
+    cfg = apply_overrides(Config(), ["optim.lr=0.5", "model.num_layers=3"])
+    again = from_dict(json.loads(cfg.to_json()))
+    assert again == cfg and isinstance(again.model, GptConfig)
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="configs/nope.py' does not exist"):
+        load_config_file("configs/nope.py")
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob("configs/*.py")))
+def test_every_config_file_loads_and_builds(path):
+    cfg = load_config_file(path)
+    assert isinstance(cfg, Config)
+    task = tasks.build(cfg)
+    shapes = jax.eval_shape(task.init, jax.random.PRNGKey(0))
+    assert sum(x.size for x in jax.tree.leaves(shapes)) > 0
+    assert task.flops_per_token(cfg.data.seq_len) > 0

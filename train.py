@@ -1,0 +1,13 @@
+#!/usr/bin/env python
+"""Train a zoo model from a config file.
+
+    python train.py configs/gpt_tiny.py [--workdir DIR] [--set key=value ...]
+    python train.py --resume DIR [--set train.steps=4000]
+"""
+
+import sys
+
+from zoo.cli import train_main
+
+if __name__ == "__main__":
+    sys.exit(train_main())

@@ -1,0 +1,81 @@
+"""Orbax CheckpointManager wrapper: save / restore / resume.
+
+Layout: WORKDIR/checkpoints/<step>/{params, train, config}. `params` is stored as its own item so
+sampling, fine-tuning (`init_from`) and conversion read only the weights. Orbax writes each step
+into a temporary directory and renames it when complete, so an interrupted save never replaces a
+good checkpoint; saves are asynchronous and `close()` waits for the last one.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+from zoo.config import Config, from_dict
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory is missing, empty or of another model."""
+
+
+def ckpt_dir(workdir: str) -> str:
+    return os.path.join(os.path.abspath(os.path.expanduser(workdir)), "checkpoints")
+
+
+def manager(workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False):
+    # Readers open the manager with create=False and never save; orbax's read_only mode only logs noise.
+    options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only,
+                                           enable_async_checkpointing=async_save and not read_only)
+    return ocp.CheckpointManager(ckpt_dir(workdir), options=options,
+                                 item_names=("params", "train", "config"))
+
+
+def latest_step(workdir: str) -> int | None:
+    if not os.path.isdir(ckpt_dir(workdir)):
+        return None
+    with manager(workdir, read_only=True) as m:
+        return m.latest_step()
+
+
+def require_latest(workdir: str) -> int:
+    step = latest_step(workdir)
+    if step is None:
+        raise CheckpointError(f"no checkpoint in {workdir!r} (looked for {ckpt_dir(workdir)}/<step>); "
+                              f"train first: python train.py CONFIG --workdir {workdir}")
+    return step
+
+
+def save(mngr, state, cfg: Config, force: bool = False) -> None:
+    step = int(jax.device_get(state.step))
+    mngr.save(step, force=force, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(state.params),
+        train=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state, "rng": state.rng}),
+        config=ocp.args.JsonSave(cfg.to_dict())))
+
+
+def restore(mngr, step: int, abstract_state):
+    """Restore the whole TrainState; `abstract_state` holds ShapeDtypeStructs with shardings."""
+    a = abstract_state
+    out = mngr.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(a.params),
+        train=ocp.args.StandardRestore({"step": a.step, "opt_state": a.opt_state, "rng": a.rng})))
+    t = out["train"]
+    return a.replace(step=t["step"], params=out["params"], opt_state=t["opt_state"], rng=t["rng"])
+
+
+def load_config(workdir: str, step: int | None = None) -> Config:
+    step = require_latest(workdir) if step is None else step
+    with manager(workdir, read_only=True) as m:
+        d = m.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+    return from_dict(d)
+
+
+def load_params(workdir: str, abstract_params=None, step: int | None = None):
+    """The params of a run's latest (or given) checkpoint; laid out as `abstract_params` if given."""
+    step = require_latest(workdir) if step is None else step
+    with manager(workdir, read_only=True) as m:
+        args = ocp.args.StandardRestore(abstract_params) if abstract_params is not None else \
+            ocp.args.StandardRestore()
+        return m.restore(step, args=ocp.args.Composite(params=args))["params"]
