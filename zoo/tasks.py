@@ -47,10 +47,11 @@ def token_cross_entropy(logits_BTV, targets_BT, weights_BT):
 
 
 def lm_data(cfg: Config, process_index: int, process_count: int) -> Data:
-    tokenizer, store = zdata.prepare(cfg.data)
-    if tokenizer.n_vocab > cfg.model.vocab_size:
+    tokenizer = zdata.get_tokenizer(cfg.data.tokenizer)
+    if tokenizer.n_vocab > cfg.model.vocab_size:  # checked before the corpus is tokenized
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of "
                          f"data.tokenizer={cfg.data.tokenizer!r} ({tokenizer.n_vocab})")
+    tokenizer, store = zdata.prepare(cfg.data, tokenizer)
     zdata.check_length(store, cfg.data.seq_len, cfg.data.source)
     train = zdata.Batches(store.train, cfg.data.seq_len, cfg.train.batch_size, cfg.train.seed,
                           process_index, process_count)

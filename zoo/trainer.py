@@ -61,7 +61,7 @@ def make_train_step(task, tx, schedule, grad_accum: int):
             (grads, sums), _ = jax.lax.scan(body, zero, (jnp.arange(grad_accum), micro))
         # The loss is a sum over tokens; one division by the token count gives the mean's gradient.
         grads = jax.tree.map(lambda g: g / sums["weight"], grads)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         # A non-finite step is not applied, so the state stays the last good one; the host stops.
@@ -69,7 +69,7 @@ def make_train_step(task, tx, schedule, grad_accum: int):
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
         new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
                                   opt_state=keep(opt_state, state.opt_state))
-        metrics = {**sums, "grad_norm": grad_norm, "param_norm": optax.global_norm(params),
+        metrics = {**sums, "grad_norm": grad_norm, "param_norm": optax.tree.norm(params),
                    "lr": schedule(state.step), "finite": finite}
         return new_state, metrics
     return train_step
