@@ -80,3 +80,25 @@ def test_resume_errors(capsys, tmp_path, cache_dir):
     capsys.readouterr()
     err = one_line_error(capsys, ["--resume", work, "--set", "model.num_layers=2"])
     assert "changes the model's shape" in err
+
+
+def test_sigterm_saves_and_exits_cleanly(tmp_path, cache_dir):
+    import signal
+    import time
+    work = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "train.py", "configs/gpt_tiny.py", "--workdir", str(work),
+                             "--set", f"data.cache_dir={cache_dir}", "--set", "train.log_every=1",
+                             "--set", "train.steps=100000", "--set", "train.eval_every=0"],
+                            cwd=ROOT, env={**os.environ, "XLA_FLAGS": ""}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    metrics = work / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "stopped by signal" in out and f"--resume {work}" in out
+    saved = sorted(int(d) for d in os.listdir(work / "checkpoints") if d.isdigit())
+    logged = max(json.loads(line)["step"] for line in metrics.read_text().splitlines())
+    assert len(saved) == 1 and saved[0] >= logged >= 3

@@ -61,17 +61,15 @@ def train_main(argv=None) -> int:
     summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("loss", "eval_loss", "eval_ppl", "tokens_per_s", "mfu")
                         if k in last)
     print(f"done: step {int(out['state'].step)} ({summary}); checkpoints and metrics.jsonl in {workdir}")
-    if cfg.train.sample_tokens and not out["interrupted"] and hasattr(out["setup"].task.model, "cfg"):
+    if cfg.train.sample_tokens and not out["interrupted"] and out["setup"].task.name == "gpt_lm":
         _print_sample(cfg, out)
     return 0
 
 
 def _print_sample(cfg, out):
     from zoo.sample import generate
-    tok = out["tokenizer"]
-    if not hasattr(out["setup"].task.model.cfg, "max_len") or out["setup"].task.name != "gpt_lm":
-        return
     import jax
+    tok = out["tokenizer"]
     params = jax.device_get(out["state"].params)
     n = min(cfg.train.sample_tokens, cfg.model.max_len - len(tok.encode(cfg.train.sample_prompt)))
     ids = generate(out["setup"].task.model, params, tok.encode(cfg.train.sample_prompt), n,
