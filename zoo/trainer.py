@@ -93,16 +93,18 @@ class Setup:
     abstract_params: Any  # boxed (logical names attached)
     state_shardings: Any
     abstract_state: Any  # ShapeDtypeStructs with shardings, for restore
+    init_fn: Any  # rng -> TrainState (unsharded function; init_state jits it sharded)
 
     def init_state(self, rng) -> TrainState:
-        init = jax.jit(self._init, out_shardings=self.state_shardings)
-        return init(rng)
+        return jax.jit(self.init_fn, out_shardings=self.state_shardings)(rng)
 
-    def _init(self, rng):
+
+def state_init(task, tx):
+    def init(rng) -> TrainState:
         params_rng, state_rng = jax.random.split(rng)
-        params = nn.unbox(self.task.init(params_rng))
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
-                          rng=state_rng)
+        params = nn.unbox(task.init(params_rng))
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=state_rng)
+    return init
 
 
 def setup(cfg: Config, devices=None) -> Setup:
@@ -115,18 +117,17 @@ def setup(cfg: Config, devices=None) -> Setup:
                           f"by the data-parallel size mesh.data*mesh.fsdp={dp}")
     rng = jax.random.PRNGKey(cfg.train.seed)
     abstract_params = jax.eval_shape(task.init, rng)
-    schedule = optim.make_schedule(cfg.optim, cfg.train.steps, getattr(cfg.model, "d_model", 512))
+    schedule = optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model)
     tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(abstract_params))
+    init_fn = state_init(task, tx)
+    abstract = jax.eval_shape(init_fn, rng)
     p_sh = sharding.param_shardings(abstract_params, mesh)
-    s = Setup(cfg, task, mesh, tx, schedule, abstract_params, None, None)
-    abstract = jax.eval_shape(s._init, rng)
     rep = sharding.replicated(mesh)
     state_sh = TrainState(step=rep, params=p_sh, rng=rep,
                           opt_state=sharding.like_params(abstract.opt_state, abstract.params, p_sh, mesh))
-    s.state_shardings = state_sh
-    s.abstract_state = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                                    abstract, state_sh)
-    return s
+    abstract_state = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                                  abstract, state_sh)
+    return Setup(cfg, task, mesh, tx, schedule, abstract_params, state_sh, abstract_state, init_fn)
 
 
 def to_device(batch: dict, mesh) -> dict:
