@@ -79,3 +79,15 @@ def load_params(workdir: str, abstract_params=None, step: int | None = None):
         args = ocp.args.StandardRestore(abstract_params) if abstract_params is not None else \
             ocp.args.StandardRestore()
         return m.restore(step, args=ocp.args.Composite(params=args))["params"]
+
+
+def save_weights(workdir: str, params, cfg: Config, step: int = 0) -> None:
+    """A weights-only checkpoint (converted models): `params` and `config`, no optimizer state.
+    Sampling, `init_from` and `to-hf` read it; `--resume` does not apply."""
+    with manager(workdir, async_save=False) as m:
+        m.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                             config=ocp.args.JsonSave(cfg.to_dict())))
+
+
+def has_train_state(workdir: str, step: int) -> bool:
+    return os.path.isdir(os.path.join(ckpt_dir(workdir), str(step), "train"))

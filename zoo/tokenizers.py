@@ -110,9 +110,13 @@ def load_tiktoken_file(path: str) -> TiktokenTokenizer:
 
 
 def get_tokenizer(name: str):
-    """`bytes`, a tiktoken encoding name, or a path to a local `.tiktoken` file."""
+    """`bytes`, a tiktoken encoding name, a path to a local `.tiktoken` file, or a directory of
+    Hugging Face tokenizer files (see zoo.hf.tokenizer)."""
     if name == "bytes":
         return ByteTokenizer()
+    if os.path.isdir(os.path.expanduser(name)):  # a Hugging Face checkpoint's tokenizer files
+        from zoo.hf.tokenizer import load_dir
+        return load_dir(os.path.expanduser(name))
     if _is_path(name):
         return load_tiktoken_file(name)
     if name not in tiktoken.list_encoding_names():

@@ -201,6 +201,9 @@ def _check_workdir(workdir: str, resume: bool) -> None:
     has = checkpoint.latest_step(workdir) is not None
     if resume and not has:
         checkpoint.require_latest(workdir)
+    if resume and not checkpoint.has_train_state(workdir, checkpoint.latest_step(workdir)):
+        raise TrainError(f"{workdir!r} holds weights only (a converted checkpoint), nothing to resume; "
+                         f"fine-tune from it with --set init_from={workdir}")
     if not resume and has:
         raise TrainError(f"workdir {workdir!r} already holds checkpoints; continue it with "
                          f"`python train.py --resume {workdir}` or pick another --workdir")

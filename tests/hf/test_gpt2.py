@@ -1,0 +1,102 @@
+"""GPT-2 from and to Hugging Face: logits, generation and tokenization match transformers."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+from zoo import hf  # noqa: E402
+from zoo.hf.io import ConversionError  # noqa: E402
+from zoo.sample import generate  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=99, n_positions=32,
+                                  bos_token_id=98, eos_token_id=98)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    d = tmp_path_factory.mktemp("gpt2")
+    model.save_pretrained(d)
+    return str(d), model
+
+
+def hf_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor(np.asarray(ids))).logits.numpy()
+
+
+def test_logits_match_transformers(hf_dir, tmp_path):
+    src, model = hf_dir
+    out = hf.from_hf(src, str(tmp_path / "run"), verbose=False)
+    assert out["unused"] == []
+    zmodel, params, _, cfg = hf.from_pretrained(str(tmp_path / "run"))
+    ids = np.random.default_rng(0).integers(0, 99, (2, 16))
+    ours = zmodel.apply({"params": params}, jnp.asarray(ids))
+    assert np.abs(np.asarray(ours) - hf_logits(model, ids)).max() <= 1e-4
+
+
+def test_round_trip_is_exact_and_export_loads_in_transformers(hf_dir, tmp_path):
+    src, model = hf_dir
+    hf.from_hf(src, str(tmp_path / "run"), verbose=False)
+    hf.to_hf(str(tmp_path / "run"), str(tmp_path / "out"), verbose=False)
+    hf.from_hf(str(tmp_path / "out"), str(tmp_path / "again"), verbose=False)
+    a = jax.device_get(hf.from_pretrained(str(tmp_path / "run"))[1])
+    b = jax.device_get(hf.from_pretrained(str(tmp_path / "again"))[1])
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+    exported = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "out")).eval()
+    ids = np.random.default_rng(1).integers(0, 99, (1, 10))
+    np.testing.assert_allclose(hf_logits(exported, ids), hf_logits(model, ids), atol=1e-5)
+
+
+def test_greedy_generation_equals_transformers_generate(hf_dir):
+    src, model = hf_dir
+    zmodel, params, _, _ = hf.from_pretrained(src)  # straight from the HF directory
+    prompt = [5, 17, 42, 8]
+    ours = generate(zmodel, params, prompt, 20, temperature=0.0)[0]
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, use_cache=True,
+                                pad_token_id=98, eos_token_id=None)[0, len(prompt):].tolist()
+    assert ours == theirs
+
+
+def test_byte_level_bpe_from_vocab_and_merges_equals_transformers(tmp_path):
+    from pydoc_data.topics import topics
+    from tokenizers import ByteLevelBPETokenizer
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(list(topics.values())[:30], vocab_size=600, special_tokens=["<|endoftext|>"])
+    bpe.save_model(str(tmp_path))
+    from zoo.data import get_tokenizer
+    ours = get_tokenizer(str(tmp_path))
+    theirs = transformers.GPT2TokenizerFast(vocab=str(tmp_path / "vocab.json"),
+                                            merges=str(tmp_path / "merges.txt"))
+    for text in ["The if statement is used for conditional execution.", "  spaces\tand\nnewlines  ",
+                 "Unicode: naïve café — ünïcödé 😀", topics["if"][:500]]:
+        assert ours.encode(text) == theirs.encode(text)
+        assert ours.decode(ours.encode(text)) == text
+    assert ours.eot_token == json.load(open(tmp_path / "vocab.json"))["<|endoftext|>"]
+
+
+def test_unsupported_architecture_and_missing_keys(tmp_path, hf_dir):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(ConversionError, match=r"unsupported architecture LlamaForCausalLM .*supported: GPT2LMHeadModel"):
+        hf.from_hf(str(tmp_path / "x"), str(tmp_path / "run"), verbose=False)
+    from safetensors.numpy import load_file, save_file
+    src, _ = hf_dir
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    del tensors["transformer.h.1.mlp.c_fc.bias"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    (broken / "config.json").write_text(open(os.path.join(src, "config.json")).read())
+    with pytest.raises(ConversionError, match="missing key 'h.1.mlp.c_fc.bias'"):
+        hf.from_hf(str(broken), str(tmp_path / "run2"), verbose=False)
+    assert not os.path.exists(tmp_path / "run2" / "checkpoints")

@@ -1,0 +1,130 @@
+"""Hugging Face checkpoints in and out: config + weight mapping per architecture, torch-free.
+
+    from_hf(path_or_id, run_dir)  -> a zoo run directory (weights-only checkpoint, config, tokenizer)
+    to_hf(run_dir, out_dir)       -> config.json + model.safetensors (+ tokenizer files) for transformers
+    from_pretrained(path)         -> (model, params, tokenizer, config) from either kind of directory
+"""
+
+from __future__ import annotations
+
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from zoo.hf import gpt2, io
+from zoo.hf.tokenizer import save_dir
+from zoo.hf.io import ConversionError
+
+# model_type -> (converter module, task)
+CONVERTERS = {"gpt2": (gpt2, "gpt_lm")}
+FAMILY_TO_TYPE = {"gpt": "gpt2"}
+
+
+def supported() -> str:
+    return ", ".join(a for m, _ in CONVERTERS.values() for a in m.ARCHITECTURES)
+
+
+def _converter(hf_cfg: dict):
+    model_type = hf_cfg.get("model_type")
+    if model_type not in CONVERTERS:
+        archs = ", ".join(hf_cfg.get("architectures") or ["?"])
+        raise ConversionError(f"unsupported architecture {archs} (model_type={model_type!r}); "
+                              f"supported: {supported()}")
+    return CONVERTERS[model_type]
+
+
+def _run_config(model_cfg, task: str, tokenizer_dir: str | None):
+    from zoo.config import Config, DataConfig
+    data = DataConfig(tokenizer=tokenizer_dir or "bytes", seq_len=min(model_cfg.max_len, 1024))
+    return Config(task=task, model=model_cfg, data=data)
+
+
+def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True) -> dict:
+    """Convert; returns a report with the unused keys. The weights are checked against the zoo
+    model's own parameter tree (every key, every shape) before anything is written."""
+    from zoo import checkpoint, tasks
+    src = io.resolve(path_or_id)
+    hf_cfg = io.read_config(src)
+    conv, task_name = _converter(hf_cfg)
+    model_cfg = conv.config_from_hf(hf_cfg)
+    keys = io.Keys(io.read_tensors(src), conv.PREFIXES)
+    params = conv.params_from_hf(keys, model_cfg)
+    tok_dir = os.path.join(os.path.abspath(run_dir), "tokenizer")
+    copied = save_dir(src, tok_dir)
+    cfg = _run_config(model_cfg, task_name, tok_dir if copied else None)
+    expected = jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))
+    _check_tree(params, nn.unbox(expected))
+    if checkpoint.latest_step(run_dir) is not None:
+        raise ConversionError(f"{run_dir!r} already holds checkpoints; choose a new directory")
+    checkpoint.save_weights(run_dir, params, cfg)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        f.write(cfg.to_json())
+    unused = keys.unused(getattr(conv, "IGNORED", ()))
+    if verbose:
+        n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+        print(f"converted {', '.join(hf_cfg.get('architectures') or [hf_cfg['model_type']])} from {src}: "
+              f"{n:,} params -> {run_dir}" + (f"; unused keys: {', '.join(unused)}" if unused else ""))
+    return {"config": cfg, "unused": unused, "params": params}
+
+
+def _check_tree(params, expected) -> None:
+    got = {jax.tree_util.keystr(p): np.shape(v) for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+    want = {jax.tree_util.keystr(p): tuple(v.shape) for p, v in jax.tree_util.tree_flatten_with_path(expected)[0]}
+    missing = sorted(set(want) - set(got))
+    if missing:
+        raise ConversionError(f"the checkpoint leaves zoo params unset: {', '.join(missing)}")
+    for k, shape in want.items():
+        if tuple(got[k]) != shape:
+            raise ConversionError(f"param {k}: checkpoint gives shape {got[k]}, the zoo model needs {shape}")
+
+
+def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
+    """Export the latest checkpoint of a zoo run as a transformers directory."""
+    from zoo import checkpoint
+    cfg = checkpoint.load_config(run_dir)
+    family = cfg.model.family
+    if family not in FAMILY_TO_TYPE:
+        raise ConversionError(f"exporting a {family} model is not supported; supported families: "
+                              f"{', '.join(FAMILY_TO_TYPE)}")
+    conv, _ = CONVERTERS[FAMILY_TO_TYPE[family]]
+    if getattr(cfg.model, "scan_layers", False):
+        raise ConversionError("the run uses model.scan_layers=True; export supports unscanned layers only")
+    params = jax.device_get(load_params_unsharded(run_dir, cfg))
+    tensors = conv.params_to_hf(params, cfg.model)
+    io.write(out_dir, conv.config_to_hf(cfg.model), tensors)
+    tok = cfg.data.tokenizer
+    if os.path.isdir(tok):
+        save_dir(tok, out_dir)
+    if verbose:
+        print(f"exported {run_dir} -> {out_dir} ({len(tensors)} tensors)")
+    return {"tensors": tensors}
+
+
+def load_params_unsharded(run_dir: str, cfg):
+    from zoo import checkpoint, tasks
+    abstract = nn.unbox(jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0)))
+    dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return checkpoint.load_params(run_dir, jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), abstract))
+
+
+def from_pretrained(path: str):
+    """(model, params, tokenizer, config) from a zoo run directory or a Hugging Face checkpoint
+    directory (converted in memory, nothing written)."""
+    from zoo import data, tasks
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        from zoo import checkpoint
+        cfg = checkpoint.load_config(path)
+        params = load_params_unsharded(path, cfg)
+    else:
+        src = io.resolve(path)
+        hf_cfg = io.read_config(src)
+        conv, task_name = _converter(hf_cfg)
+        model_cfg = conv.config_from_hf(hf_cfg)
+        params = conv.params_from_hf(io.Keys(io.read_tensors(src), conv.PREFIXES), model_cfg)
+        has_tok = any(os.path.isfile(os.path.join(src, f)) for f in ("vocab.json", "vocab.txt", "tokenizer.json"))
+        cfg = _run_config(model_cfg, task_name, src if has_tok else None)
+    task = tasks.build(cfg)
+    return task.model, params, data.get_tokenizer(cfg.data.tokenizer), cfg
