@@ -16,6 +16,6 @@ def get_config() -> Config:
         model=GPT_TINY,
         data=DataConfig(source="builtin", tokenizer="bytes", seq_len=128),
         optim=OptimConfig(lr=2e-3, schedule="cosine", warmup=50, weight_decay=0.1, b2=0.99),
-        train=TrainConfig(steps=1000, batch_size=16, log_every=50, eval_every=250, eval_batches=8,
-                          save_every=500, sample_tokens=200, sample_prompt="The "),
+        train=TrainConfig(steps=800, batch_size=16, log_every=50, eval_every=250, eval_batches=8,
+                          save_every=400, sample_tokens=200, sample_prompt="The "),
     )

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from zoo import checkpoint, flops, optim, sharding, tasks
 from zoo.config import Config, ConfigError
 from zoo.metrics import MetricsWriter
+from zoo.prefetch import Prefetcher
 
 
 class TrainError(RuntimeError):
@@ -249,10 +250,11 @@ def train(cfg: Config, workdir: str, *, resume: bool = False, stop_at_step: int 
     last = cfg.train.steps if stop_at_step is None else min(stop_at_step, cfg.train.steps)
     bar = tqdm(total=cfg.train.steps, initial=start, disable=not (main and progress), dynamic_ncols=True)
     buffered, eval_metrics, t0, t0_step, compile_s = [], {}, time.perf_counter(), start, None
-    with _Stopper() as stopper:
+    prefetch = Prefetcher(lambda i: to_device(data.train(i), s.mesh), start, last)
+    with prefetch as batches, _Stopper() as stopper:
         step = start
         while step < last and stopper.signal is None:
-            state, m = step_fn(state, to_device(data.train(step), s.mesh))
+            state, m = step_fn(state, batches.get(step))
             step += 1
             buffered.append((step, m))
             if compile_s is None:  # the first step compiles; time throughput from the second on
