@@ -130,3 +130,12 @@ def test_init_from_copies_params(tiny_cfg, tmp_path):
     s2 = trainer.setup(wider, jax.devices()[:1])
     with pytest.raises(ConfigError, match=r"param \['h_0'\].* has shape"):
         trainer.init_from(s2, s2.init_state(jax.random.PRNGKey(0)), str(tmp_path / "src"))
+
+
+def test_train_and_eval_steps_compile_once(tiny_cfg, tmp_path, caplog):
+    cfg = replace(tiny_cfg, train=dict(steps=6, eval_every=2, eval_batches=2, log_every=1, save_every=2))
+    with caplog.at_level("WARNING"), jax.log_compiles(True):
+        run(cfg, tmp_path)
+    compiles = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling jit(")]
+    assert sum("jit(train_step)" in m for m in compiles) == 1, compiles
+    assert sum("jit(eval_step)" in m for m in compiles) == 1, compiles
