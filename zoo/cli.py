@@ -58,7 +58,8 @@ def train_main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     last = out["records"][-1] if out["records"] else {}
-    summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("loss", "eval_loss", "eval_ppl", "tokens_per_s", "mfu")
+    summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("loss", "eval_loss", "eval_ppl", "eval_accuracy",
+                                                      "eval_macro_f1", "eval_bleu", "tokens_per_s", "mfu")
                         if k in last)
     print(f"done: step {int(out['state'].step)} ({summary}); checkpoints and metrics.jsonl in {workdir}")
     if cfg.train.sample_tokens and not out["interrupted"] and out["setup"].task.name == "gpt_lm":

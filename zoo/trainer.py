@@ -137,15 +137,20 @@ def to_device(batch: dict, mesh) -> dict:
     return {k: jax.make_array_from_process_local_data(sh, np.asarray(v)) for k, v in batch.items()}
 
 
-def evaluate(eval_fn, params, batches, mesh) -> dict:
+def evaluate(eval_fn, params, batches, mesh, extra=None) -> dict:
+    """Loss, perplexity and accuracy from summed aux over the eval batches; `extra(totals)` adds a
+    task's own metrics computed from the same sums (e.g. macro-F1 from per-class counts)."""
     totals: dict = {}
     for b in batches:
         out = jax.device_get(eval_fn(params, to_device(b, mesh)))
         for k, v in out.items():
             totals[k] = totals.get(k, 0.0) + float(v)
     loss = totals["loss_sum"] / max(totals["weight"], 1e-9)
-    return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)),
-            "eval_accuracy": totals.get("correct", 0.0) / max(totals["weight"], 1e-9)}
+    metrics = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)),
+               "eval_accuracy": totals.get("correct", 0.0) / max(totals["weight"], 1e-9)}
+    if extra is not None:
+        metrics.update(extra(totals))
+    return metrics
 
 
 def init_from(s: Setup, state: TrainState, source: str) -> TrainState:
@@ -232,6 +237,9 @@ def train(cfg: Config, workdir: str, *, resume: bool = False, stop_at_step: int 
         os.makedirs(workdir, exist_ok=True)
         with open(os.path.join(workdir, "config.json"), "w") as f:
             f.write(cfg.to_json())
+        for name, text in data.files.items():  # what the task keeps beside the run, e.g. labels.json
+            with open(os.path.join(workdir, name), "w") as f:
+                f.write(text)
     mngr = checkpoint.manager(workdir, keep=cfg.train.keep)
     if resume:
         state = checkpoint.restore(mngr, mngr.latest_step(), s.abstract_state)
@@ -276,7 +284,9 @@ def train(cfg: Config, workdir: str, *, resume: bool = False, stop_at_step: int 
                     record["compile_s"] = compile_s
                 buffered, t0, t0_step = [], time.perf_counter(), step
                 if do_eval:
-                    eval_metrics = evaluate(eval_fn, state.params, data.eval, s.mesh)
+                    eval_metrics = evaluate(eval_fn, state.params, data.eval, s.mesh, s.task.eval_metrics)
+                    if s.task.evaluate_extra is not None:
+                        eval_metrics.update(s.task.evaluate_extra(state.params, data))
                     record.update(eval_metrics)
                 writer.write(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
