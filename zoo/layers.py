@@ -1,4 +1,4 @@
-"""Pieces that two or more model families share: embeddings, attention, MLP, blocks, norms, masks.
+"""Pieces that two or more model families share: embeddings, attention, MLP, blocks, norms, positions, masks.
 
 Dimension key (used in every einsum string and shape suffix in zoo):
   B batch          T query length      S key/source length
@@ -89,6 +89,54 @@ def layer_norm(eps: float, dtype, param_dtype, name: str) -> nn.LayerNorm:
                         scale_init=ones(("embed",)), bias_init=zeros(("embed",)))
 
 
+def rms_norm(eps: float, dtype, param_dtype, name: str) -> nn.RMSNorm:
+    """Scale-only norm without mean subtraction or bias (T5)."""
+    return nn.RMSNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name, scale_init=ones(("embed",)))
+
+
+def sinusoidal_positions(positions_T, features: int):
+    """pos_TD (float32), Vaswani et al.: sin(p / 10000^(2i/D)) on the first half of D, cos on the second."""
+    inv_freq = jnp.exp(-math.log(10000.0) * jnp.arange(0, features, 2) / features)  # [D/2]
+    angle = positions_T.astype(jnp.float32)[:, None] * inv_freq[None]  # [T, D/2]
+    return jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1)
+
+
+def relative_position_bucket(relative_TS, bidirectional: bool, num_buckets: int, max_distance: int):
+    """T5's bucket of each (key - query) offset: one bucket per offset below num_buckets / 2 (per
+    direction), then log-spaced buckets up to max_distance, the last one holding everything beyond."""
+    bucket_TS = jnp.zeros_like(relative_TS)
+    if bidirectional:
+        num_buckets //= 2
+        bucket_TS = bucket_TS + (relative_TS > 0) * num_buckets
+        n_TS = jnp.abs(relative_TS)
+    else:  # the decoder only sees keys at or before the query
+        n_TS = jnp.maximum(-relative_TS, 0)
+    exact = num_buckets // 2
+    # max(n, 1): log(0) is -inf; those offsets take the exact branch anyway.
+    log_ratio_TS = jnp.log(jnp.maximum(n_TS, 1) / exact) / math.log(max_distance / exact)
+    large_TS = jnp.minimum(exact + (log_ratio_TS * (num_buckets - exact)).astype(jnp.int32), num_buckets - 1)
+    return bucket_TS + jnp.where(n_TS < exact, n_TS, large_TS)
+
+
+class RelativePositionBias(nn.Module):
+    """T5 relative attention bias: a learned scalar per (offset bucket, head), shared by all layers."""
+
+    num_heads: int
+    num_buckets: int = 32
+    max_distance: int = 128
+    bidirectional: bool = True
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, q_positions_T, k_positions_S):
+        table = self.param("embedding", normal(0.02, (None, "heads")), (self.num_buckets, self.num_heads),
+                           self.param_dtype)  # [buckets, N]
+        bucket_TS = relative_position_bucket(k_positions_S[None, :] - q_positions_T[:, None], self.bidirectional,
+                                             self.num_buckets, self.max_distance)
+        bias_TSN = jnp.take(table, bucket_TS, axis=0).astype(jnp.float32)
+        return jnp.moveaxis(bias_TSN, -1, 0)[None]  # bias_1NTS
+
+
 def causal_mask(positions_T, length: int):
     """mask_11TS: query at absolute position p may attend keys 0..p (cached decoding)."""
     return (jnp.arange(length)[None, :] <= positions_T[:, None])[None, None]
@@ -105,7 +153,9 @@ class Attention(nn.Module):
 
     Self-attention when `kv_BSD` is None, cross-attention otherwise. With `decode=True` keys and
     values are written into a cache (collection "cache", length fixed when the cache is created)
-    at `positions_T`, and queries attend the cache.
+    at `positions_T`, and queries attend the cache; a cross-attention's keys and values of `kv_BSD`
+    are cached whole by the call that creates the cache. `bias_BNTS` (broadcastable) is added to the
+    logits, e.g. T5's relative position bias.
     """
 
     num_heads: int
@@ -113,6 +163,7 @@ class Attention(nn.Module):
     num_kv_heads: int | None = None
     out_std: float = 0.02  # residual projection init (scaled by the caller)
     use_bias: bool = True
+    scale: float | None = None  # logits scale; None: 1/sqrt(H) (T5 folds it into the init: 1.0)
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     implementation: str | None = None  # None (auto) | "xla" | "cudnn"
@@ -124,21 +175,36 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x_BTD, mask_B1TS=None, *, kv_BSD=None, is_causal=False, decode=False,
-                 positions_T=None):
+                 positions_T=None, bias_BNTS=None):
         D = x_BTD.shape[-1]
         K = self.num_kv_heads or self.num_heads
-        src_BSD = x_BTD if kv_BSD is None else kv_BSD
         q_BTNH = self._proj("query", D, self.num_heads, x_BTD)
-        k_BSKH = self._proj("key", src_BSD.shape[-1], K, src_BSD)
-        v_BSKH = self._proj("value", src_BSD.shape[-1], K, src_BSD)
-        if decode:
+        if decode and kv_BSD is not None:
+            k_BSKH, v_BSKH = self._cross_cache(kv_BSD, K)
+        else:
+            src_BSD = x_BTD if kv_BSD is None else kv_BSD
+            k_BSKH = self._proj("key", src_BSD.shape[-1], K, src_BSD)
+            v_BSKH = self._proj("value", src_BSD.shape[-1], K, src_BSD)
+        if decode and kv_BSD is None:
             k_BSKH, v_BSKH, mask_B1TS = self._update_cache(k_BSKH, v_BSKH, positions_T, mask_B1TS)
             is_causal = False
-        out_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask_B1TS,
-                                                is_causal=is_causal, implementation=self.implementation)
+        out_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=bias_BNTS, mask=mask_B1TS,
+                                                scale=self.scale, is_causal=is_causal,
+                                                implementation=self.implementation)
         return Einsum((self.num_heads, self.head_dim, D), ("heads", "kv", "embed"), "BTNH,NHD->BTD",
                       std=self.out_std, bias_axes=("embed",) if self.use_bias else None,
                       dtype=self.dtype, param_dtype=self.param_dtype, name="out")(out_BTNH)
+
+    def _cross_cache(self, kv_BSD, K):
+        """Cross-attention while decoding: the call that creates the cache projects the encoder output
+        once and stores its keys and values; later calls read them (kv_BSD then only gives the shape)."""
+        if self.has_variable("cache", "cross_key"):
+            return self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
+        k_BSKH = self._proj("key", kv_BSD.shape[-1], K, kv_BSD)
+        v_BSKH = self._proj("value", kv_BSD.shape[-1], K, kv_BSD)
+        self.put_variable("cache", "cross_key", k_BSKH)
+        self.put_variable("cache", "cross_value", v_BSKH)
+        return k_BSKH, v_BSKH
 
     def _update_cache(self, k_BTKH, v_BTKH, positions_T, mask_B1TS):
         initialising = not self.has_variable("cache", "cached_key")
@@ -161,17 +227,39 @@ class Mlp(nn.Module):
     d_ff: int
     activation: Callable = nn.gelu
     out_std: float = 0.02
+    use_bias: bool = True
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
 
     @nn.compact
     def __call__(self, x_BTD):
         D = x_BTD.shape[-1]
-        h_BTF = Einsum((D, self.d_ff), ("embed", "mlp"), "BTD,DF->BTF", bias_axes=("mlp",),
+        h_BTF = Einsum((D, self.d_ff), ("embed", "mlp"), "BTD,DF->BTF",
+                       bias_axes=("mlp",) if self.use_bias else None,
                        dtype=self.dtype, param_dtype=self.param_dtype, name="fc")(x_BTD)
         h_BTF = constrain(self.activation(h_BTF), ("batch", "length", "mlp"))
-        return Einsum((self.d_ff, D), ("mlp", "embed"), "BTF,FD->BTD", std=self.out_std, bias_axes=("embed",),
+        return Einsum((self.d_ff, D), ("mlp", "embed"), "BTF,FD->BTD", std=self.out_std,
+                      bias_axes=("embed",) if self.use_bias else None,
                       dtype=self.dtype, param_dtype=self.param_dtype, name="proj")(h_BTF)
+
+
+class GatedMlp(nn.Module):
+    """Gated feed-forward (GEGLU, T5 v1.1): D -> act(x W_gate) * (x W_fc) -> D, no biases."""
+
+    d_ff: int
+    activation: Callable = nn.gelu
+    out_std: float = 0.02
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x_BTD):
+        D = x_BTD.shape[-1]
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        gate_BTF = Einsum((D, self.d_ff), ("embed", "mlp"), "BTD,DF->BTF", name="gate", **kw)(x_BTD)
+        h_BTF = Einsum((D, self.d_ff), ("embed", "mlp"), "BTD,DF->BTF", name="fc", **kw)(x_BTD)
+        h_BTF = constrain(self.activation(gate_BTF) * h_BTF, ("batch", "length", "mlp"))
+        return Einsum((self.d_ff, D), ("mlp", "embed"), "BTF,FD->BTD", std=self.out_std, name="proj", **kw)(h_BTF)
 
 
 def gelu_tanh(x):

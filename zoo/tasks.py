@@ -5,6 +5,8 @@
       denominator, e.g. target tokens) and `tokens` (input tokens processed, for tokens/s)
   make_data(cfg, process_index, process_count) -> Data(train=step -> local batch, eval=[batches], tokenizer)
   flops_per_token(seq_len) -> training FLOPs per input token (for MFU)
+  eval_metrics(totals) -> extra eval metrics from the summed aux (optional; e.g. macro-F1)
+  evaluate_extra(params, data) -> extra eval metrics that need more than a loss pass (optional; BLEU)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Data:
     train: Callable[[int], dict]  # step -> this process's slice of the global batch
     eval: list  # fixed validation batches (this process's slices)
     tokenizer: Any
+    files: dict = dataclasses.field(default_factory=dict)  # name -> text to keep beside the run (labels.json)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +40,8 @@ class Task:
     make_data: Callable
     flops_per_token: Callable
     num_params: Callable  # boxed abstract params -> params counted in 6N (positions excluded)
+    eval_metrics: Callable | None = None  # summed eval aux -> {name: value}; None: loss and accuracy only
+    evaluate_extra: Callable | None = None  # (params, Data) -> {name: value} after each eval (decoding)
 
 
 def token_cross_entropy(logits_BTV, targets_BT, weights_BT):
@@ -91,7 +96,143 @@ def gpt_lm(cfg: Config) -> Task:
                 lambda boxed: _count(boxed, exclude=("wpe",)))
 
 
-TASKS = {"gpt_lm": gpt_lm}
+def _encoder_flops(init, m, exclude):
+    n = _count(jax.eval_shape(init, jax.random.PRNGKey(0)), exclude=exclude)
+    # 6N for the matmuls (embedding lookups excluded) plus attention scores and values over the full,
+    # non-causal T x T square: 12 * L * N*H * T.
+    return lambda seq_len: 6 * n + 12 * m.num_layers * m.num_heads * m.head_dim * seq_len
+
+
+def _bert_init(model, seq_len):
+    def init(rng):
+        ids = jnp.zeros((1, seq_len), jnp.int32)
+        return model.init(rng, ids, ids, jnp.ones((1, seq_len), bool))["params"]
+    return init
+
+
+def bert_mlm(cfg: Config) -> Task:
+    """Masked-LM pretraining: loss and accuracy on the chosen positions only (weight = their count)."""
+    from zoo import mlm
+    from zoo.models.bert import BertMlm
+    model = BertMlm(cfg.model)
+    init = _bert_init(model, cfg.data.seq_len)
+
+    def loss(params, batch, rng, train):
+        logits_BTV = model.apply({"params": params}, batch["inputs"], batch["segment_ids"], batch["valid"],
+                                 deterministic=not train, rngs={"dropout": rng})
+        loss_sum, correct = token_cross_entropy(logits_BTV, batch["targets"], batch["weights"])
+        return loss_sum, {"weight": jnp.sum(batch["weights"]), "correct": correct,
+                          "tokens": jnp.sum(batch["valid"].astype(jnp.float32))}
+
+    # The word embedding stays in 6N: it is also the (tied) output matmul.
+    exclude = ("['position']", "['segment']")
+    return Task("bert_mlm", model, init, loss, mlm.mlm_data, _encoder_flops(init, cfg.model, exclude),
+                lambda boxed: _count(boxed, exclude=exclude))
+
+
+def macro_f1(totals: dict, num_classes: int) -> dict:
+    """Macro-F1 over the classes present in labels or predictions, from summed per-class counts."""
+    f1s = []
+    for c in range(num_classes):
+        tp, pred, true = (totals.get(f"{k}_{c}", 0.0) for k in ("tp", "pred", "true"))
+        if pred + true > 0:
+            f1s.append(2 * tp / (pred + true))
+    return {"eval_macro_f1": sum(f1s) / len(f1s) if f1s else 0.0}
+
+
+def bert_cls(cfg: Config) -> Task:
+    """[CLS] classification: one label per example (weight = examples); per-class sums for macro-F1."""
+    from zoo import classify_data
+    from zoo.models.bert import BertClassifier
+    model = BertClassifier(cfg.model)
+    init = _bert_init(model, cfg.data.seq_len)
+    C = cfg.model.num_classes
+
+    def loss(params, batch, rng, train):
+        logits_BC = model.apply({"params": params}, batch["inputs"], batch["segment_ids"], batch["valid"],
+                                deterministic=not train, rngs={"dropout": rng})
+        labels_B, w_B = batch["labels"], batch["weights"]
+        ce_B = optax.softmax_cross_entropy_with_integer_labels(logits_BC, labels_B)
+        pred_B = jnp.argmax(logits_BC, -1)
+        pred_C = jnp.sum(jax.nn.one_hot(pred_B, C) * w_B[:, None], 0)
+        true_BC = jax.nn.one_hot(labels_B, C) * w_B[:, None]
+        tp_C = jnp.sum(true_BC * jax.nn.one_hot(pred_B, C), 0)
+        # Scalars, one per class and count: the trainer sums every aux value as a float.
+        per_class = {f"{k}_{c}": v[c] for k, v in (("tp", tp_C), ("pred", pred_C), ("true", jnp.sum(true_BC, 0)))
+                     for c in range(C)}
+        return jnp.sum(ce_B * w_B), {"weight": jnp.sum(w_B), "correct": jnp.sum((pred_B == labels_B) * w_B),
+                                     "tokens": jnp.sum(batch["valid"] * w_B[:, None]), **per_class}
+
+    # Lookups only here: no output matmul ties the word embedding in.
+    exclude = ("['position']", "['segment']", "['word']")
+    return Task("bert_cls", model, init, loss, classify_data.cls_data, _encoder_flops(init, cfg.model, exclude),
+                lambda boxed: _count(boxed, exclude=exclude), eval_metrics=lambda totals: macro_f1(totals, C))
+
+
+def bert_encoder(cfg: Config) -> Task:
+    """A converted bare BertModel (MiniLM, ...): hidden states and pooled [CLS], no objective of its own.
+    It is a starting point: fine-tune it with task=bert_cls (or bert_mlm) and init_from=<this run>."""
+    from zoo.config import ConfigError
+    from zoo.models.bert import BertEncoder
+    model = BertEncoder(cfg.model)
+    init = _bert_init(model, cfg.data.seq_len)
+
+    def no_objective(*_):
+        raise ConfigError("task=bert_encoder has no training objective; train a bert_cls or bert_mlm config "
+                          "with --set init_from=<this run> instead")
+
+    exclude = ("['position']", "['segment']", "['word']")
+    return Task("bert_encoder", model, init, no_objective, no_objective, _encoder_flops(init, cfg.model, exclude),
+                lambda boxed: _count(boxed, exclude=exclude))
+
+
+def smoothed_cross_entropy(logits_BTV, targets_BT, weights_BT, smoothing: float):
+    """Weighted sum of cross-entropies against (1 - s) * one-hot + s * uniform over V (no [B, T, V] one-hot)."""
+    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32))
+    nll_BT = -jnp.take_along_axis(logp_BTV, targets_BT[..., None], -1)[..., 0]
+    return jnp.sum(((1 - smoothing) * nll_BT - smoothing * jnp.mean(logp_BTV, -1)) * weights_BT)
+
+
+def seq2seq(cfg: Config) -> Task:
+    """Encoder-decoder, teacher forcing: loss on the non-pad target tokens (weight = their count).
+
+    Label smoothing (model.label_smoothing) applies to the training loss only, so eval loss and
+    perplexity are plain cross-entropy. `tokens` counts source + target tokens.
+    """
+    from zoo import bleu, seq2seq_data
+    from zoo.models.encdec import EncDec
+    model, m, T = EncDec(cfg.model), cfg.model, cfg.data.seq_len
+
+    def init(rng):
+        ids = jnp.zeros((1, T), jnp.int32)
+        return model.init(rng, ids, jnp.ones((1, T), bool), ids)["params"]
+
+    def loss(params, batch, rng, train):
+        logits_BTV = model.apply({"params": params}, batch["src"], batch["src_valid"], batch["tgt_in"],
+                                 deterministic=not train, rngs={"dropout": rng})
+        w_BT, tgt_BT = batch["weights"], batch["tgt_out"]
+        loss_sum, correct = token_cross_entropy(logits_BTV, tgt_BT, w_BT)
+        if train and m.label_smoothing > 0:
+            loss_sum = smoothed_cross_entropy(logits_BTV, tgt_BT, w_BT, m.label_smoothing)
+        tokens = jnp.sum(batch["src_valid"].astype(jnp.float32)) + jnp.sum(w_BT)
+        return loss_sum, {"weight": jnp.sum(w_BT), "correct": correct, "tokens": tokens}
+
+    exclude = ("['position']",)  # learned position tables are lookups; the (tied) embedding is the output matmul
+    n = _count(jax.eval_shape(init, jax.random.PRNGKey(0)), exclude=exclude)
+
+    def flops_per_token(seq_len):
+        # Per source + target token with S = T = seq_len: each token meets half the params (encoder or
+        # decoder), 6N/2, plus attention scores and values over full squares: encoder self, decoder self
+        # and cross, 12 * N*H * T * (L_enc + 2 L_dec) per pair of tokens.
+        return 3 * n + 6 * m.num_heads * m.head_dim * seq_len * (m.num_encoder_layers + 2 * m.num_decoder_layers)
+
+    return Task("seq2seq", model, init, loss, seq2seq_data.seq2seq_data, flops_per_token,
+                lambda boxed: _count(boxed, exclude=exclude),
+                evaluate_extra=lambda params, data: bleu.validation_scores(model, params, data, cfg))
+
+
+TASKS = {"gpt_lm": gpt_lm, "bert_mlm": bert_mlm, "bert_cls": bert_cls, "bert_encoder": bert_encoder,
+         "seq2seq": seq2seq}
 
 
 def build(cfg: Config) -> Task:

@@ -1,0 +1,29 @@
+"""BERT tiny, masked-LM pretraining: 2 layers, width 128, byte tokens, on the built-in corpus. CPU.
+
+    python train.py configs/bert_tiny_mlm.py --workdir runs/mlm
+    python -m zoo.fill_mask runs/mlm --text 'The "wh[MASK]le" statement is used for repeated execution'
+
+Expect (measured on a shared 2-core CPU: 7.6 min, ~7.5k tokens/s): MLM loss from 5.6 (ln 264) to
+2.53 at step 1000 (the corpus' byte unigram entropy is 3.26), eval_loss 2.68, eval_accuracy 0.31
+(masked bytes predicted exactly). The loss is still falling at the end, and fill-mask still leans on
+frequent bytes (' ', 'e'); more steps (--set train.steps=5000) pay.
+"""
+
+import dataclasses
+
+from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.models.bert import BERT_TINY
+
+# 257 byte ids (256 bytes + the document separator) + [CLS] [SEP] [MASK] [PAD] = 261 rows, rounded up.
+# num_classes only shapes a classifier's head: it matches configs/bert_tiny_cls.py for symmetry.
+MODEL = dataclasses.replace(BERT_TINY, vocab_size=264, max_len=128, num_classes=4)
+
+
+def get_config() -> Config:
+    return Config(
+        task="bert_mlm",
+        model=dataclasses.replace(MODEL, dropout=0.0),  # a short run on a small corpus: no need to regularise
+        data=DataConfig(source="builtin", tokenizer="bytes", seq_len=128),
+        optim=OptimConfig(lr=2e-3, schedule="linear", warmup=0.05, weight_decay=0.01, b2=0.99),
+        train=TrainConfig(steps=1000, batch_size=32, log_every=50, eval_every=250, eval_batches=8, save_every=500),
+    )

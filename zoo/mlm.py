@@ -1,0 +1,173 @@
+"""Masked-LM data: special tokens, masking, and packed [CLS] ... [SEP] batches from the token store.
+
+The four BERT specials are appended after the tokenizer's vocabulary: [CLS] = n_vocab, [SEP] =
+n_vocab + 1, [MASK] = n_vocab + 2, [PAD] = n_vocab + 3, so any tokenizer (bytes, tiktoken) works
+unchanged and the model needs `vocab_size >= n_vocab + 4`. A tokenizer with its own specials (a
+checkpoint's WordPiece) says so with `special_ids` ({"cls", "sep", "mask", "pad"} -> id) and
+`ordinary_ids` (a range); those ids are used and nothing is appended.
+
+A training row is a window of T - 2 tokens from the flat token store (documents joined by eot),
+framed as [CLS] window [SEP]; each document boundary inside it becomes a [SEP] too, and segment
+ids alternate 0/1 from one document to the next. Then 15% of the non-special positions are chosen
+(independently per position); of those 80% become [MASK], 10% a random ordinary token, 10% stay.
+The loss is taken on the chosen positions only (`weights`). Windows and masks are drawn from
+`np.random.default_rng([seed, step, ...])`, so the batch of a step is a pure function of
+(seed, step): resume replays it exactly, and every process draws the same global batch and keeps
+its own rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from zoo import data as zdata
+from zoo.tokenizers import ZooDataError
+
+SPECIALS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]")
+MASK_PROB = 0.15  # share of non-special positions chosen for prediction
+MASK_TOKEN, RANDOM_TOKEN = 0.8, 0.1  # of the chosen: -> [MASK], -> a random token; the rest keep theirs
+KEEP, MASK, RANDOM = 0, 1, 2  # what happened to a chosen position
+EVAL_SEED = 1_000_003  # eval masks depend on neither train.seed nor the step: eval loss stays comparable
+
+
+@dataclass(frozen=True)
+class Specials:
+    """Ids of the specials for one tokenizer, and the range random replacements come from."""
+
+    cls: int
+    sep: int
+    mask: int
+    pad: int
+    n_ordinary: int  # ordinary tokens end here (exclusive); the tokenizer's eot and others come after
+    ordinary_start: int = 0  # ... and start here (WordPiece keeps [PAD], [unused*], [CLS], ... first)
+
+    @property
+    def vocab_needed(self) -> int:
+        return max(self.cls, self.sep, self.mask, self.pad, self.n_ordinary - 1) + 1
+
+    def is_special(self, ids):
+        """Not an ordinary token: never chosen for prediction ([UNK] and [unused*] included)."""
+        return (ids < self.ordinary_start) | (ids >= self.n_ordinary)
+
+
+def specials(tokenizer) -> Specials:
+    own = getattr(tokenizer, "special_ids", None)
+    if own:  # a vocabulary that holds [CLS] [SEP] [MASK] [PAD] itself
+        ordinary = tokenizer.ordinary_ids
+        return Specials(**own, n_ordinary=ordinary.stop, ordinary_start=ordinary.start)
+    n = tokenizer.n_vocab
+    # Every zoo tokenizer numbers its own specials (eot, ...) after the ordinary tokens.
+    return Specials(cls=n, sep=n + 1, mask=n + 2, pad=n + 3, n_ordinary=tokenizer.eot_token)
+
+
+def check_vocab(model_cfg, tokenizer) -> Specials:
+    sp = specials(tokenizer)
+    if getattr(tokenizer, "special_ids", None):
+        if model_cfg.vocab_size < max(tokenizer.n_vocab, sp.vocab_needed):
+            raise ZooDataError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the vocabulary of "
+                               f"data.tokenizer={tokenizer.name!r} ({tokenizer.n_vocab}, its own "
+                               f"{' '.join(SPECIALS)} included)")
+    elif model_cfg.vocab_size < sp.vocab_needed:
+        raise ZooDataError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the vocabulary of "
+                           f"data.tokenizer={tokenizer.name!r} ({tokenizer.n_vocab}) + 4 BERT specials "
+                           f"{' '.join(SPECIALS)} = {sp.vocab_needed}")
+    return sp
+
+
+def frame(windows_BW: np.ndarray, eot: int, sp: Specials) -> tuple[np.ndarray, np.ndarray]:
+    """Token windows [B, T-2] -> (ids_BT = [CLS] window [SEP] with eot -> [SEP], segment_ids_BT)."""
+    B = windows_BW.shape[0]
+    body_BW = np.where(windows_BW == eot, sp.sep, windows_BW)
+    ids_BT = np.concatenate([np.full((B, 1), sp.cls), body_BW, np.full((B, 1), sp.sep)], axis=1).astype(np.int32)
+    is_sep_BT = ids_BT == sp.sep
+    # A [SEP] closes its segment; the next document starts the other one.
+    segment_ids_BT = ((np.cumsum(is_sep_BT, axis=1) - is_sep_BT) % 2).astype(np.int32)
+    return ids_BT, segment_ids_BT
+
+
+def choose(rng: np.random.Generator, ids_BT: np.ndarray, sp: Specials) -> tuple[np.ndarray, np.ndarray]:
+    """(chosen_BT bool, action_BT in {KEEP, MASK, RANDOM}): 15% of non-specials, split 80/10/10."""
+    chosen_BT = (rng.random(ids_BT.shape) < MASK_PROB) & ~sp.is_special(ids_BT)
+    u_BT = rng.random(ids_BT.shape)
+    action_BT = np.where(u_BT < MASK_TOKEN, MASK, np.where(u_BT < MASK_TOKEN + RANDOM_TOKEN, RANDOM, KEEP))
+    return chosen_BT, np.where(chosen_BT, action_BT, KEEP)
+
+
+def mask_tokens(rng: np.random.Generator, ids_BT: np.ndarray, sp: Specials) -> dict[str, np.ndarray]:
+    """Masked inputs, targets (the original ids) and weights (1 at the chosen positions)."""
+    chosen_BT, action_BT = choose(rng, ids_BT, sp)
+    random_BT = rng.integers(sp.ordinary_start, sp.n_ordinary, size=ids_BT.shape)
+    inputs_BT = np.where(action_BT == MASK, sp.mask, np.where(action_BT == RANDOM, random_BT, ids_BT))
+    return {"inputs": inputs_BT.astype(np.int32), "targets": ids_BT.astype(np.int32),
+            "weights": chosen_BT.astype(np.float32)}
+
+
+def _batch(tokens, starts, seq_len: int, eot: int, sp: Specials, rng) -> dict[str, np.ndarray]:
+    windows_BW = np.asarray(tokens[starts[:, None] + np.arange(seq_len - 2)], dtype=np.int64)
+    ids_BT, segment_ids_BT = frame(windows_BW, eot, sp)
+    return {**mask_tokens(rng, ids_BT, sp), "segment_ids": segment_ids_BT,
+            "valid": np.ones(ids_BT.shape, bool)}  # packed rows have no padding
+
+
+def _rows(batch: dict, rows: slice) -> dict:
+    return {k: np.ascontiguousarray(v[rows]) for k, v in batch.items()}
+
+
+class MlmBatches:
+    """step -> this process's rows of the global MLM batch, a pure function of (seed, step)."""
+
+    def __init__(self, tokens, seq_len: int, global_batch: int, seed: int, eot: int, sp: Specials,
+                 process_index: int = 0, process_count: int = 1):
+        if seq_len < 3:
+            raise ZooDataError(f"data.seq_len={seq_len} leaves no room between [CLS] and [SEP]; use >= 3")
+        if seed < 0:
+            raise ZooDataError(f"seed={seed} must be >= 0 (train.seed)")
+        self.tokens, self.seq_len, self.global_batch, self.seed, self.eot, self.sp = \
+            tokens, seq_len, global_batch, seed, eot, sp
+        self.rows = zdata._process_rows(global_batch, process_index, process_count)
+
+    def __call__(self, step: int) -> dict[str, np.ndarray]:
+        starts = np.random.default_rng([self.seed, step]).integers(
+            0, len(self.tokens) - (self.seq_len - 2) + 1, size=self.global_batch)
+        batch = _batch(self.tokens, starts, self.seq_len, self.eot, self.sp,
+                       np.random.default_rng([self.seed, step, 1]))
+        return _rows(batch, self.rows)
+
+
+def eval_batches(tokens, seq_len: int, global_batch: int, num_batches: int, eot: int, sp: Specials,
+                 process_index: int = 0, process_count: int = 1) -> list[dict[str, np.ndarray]]:
+    """Fixed validation batches: consecutive windows (wrapping a short stream), fixed masks."""
+    rows = zdata._process_rows(global_batch, process_index, process_count)
+    W = seq_len - 2
+    n_windows = max(len(tokens) // W, 1)
+    out = []
+    for b in range(num_batches):
+        starts = (np.arange(b * global_batch, (b + 1) * global_batch) % n_windows) * W
+        out.append(_rows(_batch(tokens, starts, seq_len, eot, sp, np.random.default_rng([EVAL_SEED, b])), rows))
+    return out
+
+
+def mlm_data(cfg, process_index: int, process_count: int):
+    """tasks.Data for masked-LM pretraining on `cfg.data` (any token-store source)."""
+    from zoo.tasks import Data
+    tokenizer, store = zdata.prepare(cfg.data)
+    sp = check_vocab(cfg.model, tokenizer)
+    eot = tokenizer.eot_token
+    train = MlmBatches(store.train, cfg.data.seq_len, cfg.train.batch_size, cfg.train.seed, eot, sp,
+                       process_index, process_count)
+    evals = eval_batches(store.val, cfg.data.seq_len, cfg.train.batch_size, cfg.train.eval_batches, eot, sp,
+                         process_index, process_count)
+    return Data(train=train, eval=evals, tokenizer=tokenizer)
+
+
+def encode_masked(text: str, tokenizer, sp: Specials) -> list[int]:
+    """[CLS] text [SEP] with every literal "[MASK]" in `text` as the [MASK] id (for fill-mask)."""
+    pieces = text.split(SPECIALS[2])
+    ids = [sp.cls]
+    for i, piece in enumerate(pieces):
+        if i:
+            ids.append(sp.mask)
+        ids.extend(tokenizer.encode(piece))
+    return ids + [sp.sep]

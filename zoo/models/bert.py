@@ -1,0 +1,246 @@
+"""BERT (Devlin et al. 2019): presets, the encoder, and its masked-LM and classification models.
+
+Word + position + segment embeddings summed and LayerNorm'd; post-LN encoder blocks (`pre_ln=True`
+moves each LayerNorm in front of its sublayer and adds a final one); exact (erf) GELU as BERT's
+"gelu"; non-causal attention under a padding mask built once at the top. Two heads over the same
+`bert` submodule, so `init_from` an MLM run copies the whole encoder into a classifier:
+
+  BertMlm:        bert -> mlm_head (dense -> GELU -> LayerNorm -> word embedding^T + bias) -> logits_BTV
+  BertClassifier: bert -> cls_head (pooler: dense + tanh on [CLS] -> dropout -> dense, zero-init) -> logits_BC
+  BertEncoder:    bert -> (x_BTD, pooled_BD), the pooler under `cls_head/pooler` (Hugging Face's bare
+                  BertModel: a converted MiniLM); `init_from` it into a classifier carries the pooler too
+
+Param names are stable and semantic for a Hugging Face converter, e.g. `bert/embed/word/embedding`
+= embeddings.word_embeddings, `bert/encoder/layer_3/attn/query/kernel` [D, N, H] = encoder.layer.3
+.attention.self.query (transposed, split by head), `attn_ln` = attention.output.LayerNorm, `mlp/fc`
+= intermediate.dense, `mlp/proj` = output.dense, `mlp_ln` = output.LayerNorm, `cls_head/pooler` =
+pooler.dense, `mlm_head/transform` = cls.predictions.transform.dense.
+Attention-probability dropout (BERT's attention_probs_dropout_prob) is not applied:
+jax.nn.dot_product_attention has none, and its fused kernels are worth more than that regulariser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from zoo import layers
+from zoo.config import BertConfig
+
+# Google's BERT releases (vocab 30522 WordPiece, 512 positions); counts are HF BertModel's (with pooler).
+BERT_BASE = BertConfig()  # 109,482,240 params, as bert-base-uncased
+BERT_LARGE = dataclasses.replace(BERT_BASE, num_layers=24, d_model=1024, num_heads=16, d_ff=4096)  # 335,141,888
+BERT_TINY = dataclasses.replace(BERT_BASE, num_layers=2, d_model=128, num_heads=2, d_ff=512)  # 4,385,920
+BERT_MINI = dataclasses.replace(BERT_BASE, num_layers=4, d_model=256, num_heads=4, d_ff=1024)  # 11,170,560
+BERT_SMALL = dataclasses.replace(BERT_BASE, num_layers=4, d_model=512, num_heads=8, d_ff=2048)  # 28,763,648
+BERT_MEDIUM = dataclasses.replace(BERT_BASE, num_layers=8, d_model=512, num_heads=8, d_ff=2048)  # 41,373,184
+# MiniLM-L6-H384 (sentence-transformers/all-MiniLM-L6-v2): BERT's vocabulary and positions, 6 narrow layers.
+MINILM_L6 = dataclasses.replace(BERT_BASE, num_layers=6, d_model=384, num_heads=12, d_ff=1536)  # 22,713,216
+PRESETS = {"bert_tiny": BERT_TINY, "bert_mini": BERT_MINI, "bert_small": BERT_SMALL, "bert_medium": BERT_MEDIUM,
+           "bert_base": BERT_BASE, "bert_large": BERT_LARGE, "minilm_l6": MINILM_L6}
+
+STD = 0.02  # BERT initialises every weight matrix N(0, 0.02), residual projections included
+
+
+def gelu(x):
+    """Exact GELU, x * Phi(x) with the erf: BERT's "gelu" (the tanh form is GPT-2's)."""
+    return jax.nn.gelu(x, approximate=False)
+
+
+def _dtypes(cfg: BertConfig) -> dict:
+    return dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
+
+
+class Embeddings(nn.Module):
+    """(ids_BT, segment_ids_BT) -> x_BTD: word + position + segment, LayerNorm, dropout. `attend` ties."""
+
+    cfg: BertConfig
+
+    def setup(self):
+        cfg, kw = self.cfg, _dtypes(self.cfg)
+        self.word = layers.Embed(cfg.vocab_size, cfg.d_model, std=STD, name="word", **kw)
+        self.position = self.param("position", layers.normal(STD, (None, "embed")), (cfg.max_len, cfg.d_model),
+                                   kw["param_dtype"])
+        self.segment = self.param("segment", layers.normal(STD, (None, "embed")),
+                                  (cfg.type_vocab_size, cfg.d_model), kw["param_dtype"])
+        # Pre-LN stacks normalise inside every block, so their embeddings go in raw (as Megatron-BERT).
+        self.ln = None if cfg.pre_ln else layers.layer_norm(cfg.ln_eps, name="ln", **kw)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def __call__(self, ids_BT, segment_ids_BT, deterministic: bool):
+        dtype = jnp.dtype(self.cfg.dtype)
+        T = ids_BT.shape[1]
+        x_BTD = (self.word(ids_BT) + self.position[:T].astype(dtype)[None]
+                 + jnp.take(self.segment, segment_ids_BT, axis=0).astype(dtype))
+        if self.ln is not None:
+            x_BTD = self.ln(x_BTD)
+        x_BTD = self.drop(x_BTD, deterministic=deterministic)
+        return layers.constrain(x_BTD, ("batch", "length", "embed"))
+
+    def attend(self, x_BTD):
+        return self.word.attend(x_BTD)
+
+
+class BertBlock(nn.Module):
+    """Post-LN: x = LN(x + Attn(x)); x = LN(x + Mlp(x)) (BERT). Pre-LN: x + Attn(LN(x)); x + Mlp(LN(x))."""
+
+    num_heads: int
+    d_ff: int
+    dropout: float
+    ln_eps: float
+    pre_ln: bool
+    dtype: layers.Dtype = jnp.float32
+    param_dtype: layers.Dtype = jnp.float32
+    implementation: str | None = None
+    scanned: bool = False
+
+    @nn.compact
+    def __call__(self, x_BTD, mask_B1TS, deterministic: bool, decode: bool = False):
+        del decode  # an encoder never decodes; the slot keeps stack_blocks' remat signature
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        D = x_BTD.shape[-1]
+        attn_ln = layers.layer_norm(self.ln_eps, name="attn_ln", **kw)
+        mlp_ln = layers.layer_norm(self.ln_eps, name="mlp_ln", **kw)
+        h = attn_ln(x_BTD) if self.pre_ln else x_BTD
+        h = layers.Attention(self.num_heads, D // self.num_heads, out_std=STD, implementation=self.implementation,
+                             name="attn", **kw)(h, mask_B1TS)
+        x_BTD = x_BTD + nn.Dropout(self.dropout)(h, deterministic=deterministic)
+        if not self.pre_ln:
+            x_BTD = attn_ln(x_BTD)
+        h = mlp_ln(x_BTD) if self.pre_ln else x_BTD
+        h = layers.Mlp(self.d_ff, gelu, out_std=STD, name="mlp", **kw)(h)
+        x_BTD = x_BTD + nn.Dropout(self.dropout)(h, deterministic=deterministic)
+        if not self.pre_ln:
+            x_BTD = mlp_ln(x_BTD)
+        x_BTD = layers.constrain(x_BTD, ("batch", "length", "embed"))
+        return (x_BTD, None) if self.scanned else x_BTD
+
+
+class Encoder(nn.Module):
+    """L blocks (params layer_0..layer_{L-1}, or one stacked `layer` when scanned); pre-LN adds final_ln."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BTD, mask_B1TS, deterministic: bool):
+        cfg, kw = self.cfg, _dtypes(self.cfg)
+        impl = None if cfg.attention_impl == "auto" else cfg.attention_impl
+        blocks = layers.stack_blocks(
+            BertBlock, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, name="layer",
+            num_heads=cfg.num_heads, d_ff=cfg.d_ff, dropout=cfg.dropout, ln_eps=cfg.ln_eps, pre_ln=cfg.pre_ln,
+            implementation=impl, **kw)
+        x_BTD = blocks(x_BTD, mask_B1TS, deterministic, False)
+        if cfg.pre_ln:
+            x_BTD = layers.layer_norm(cfg.ln_eps, name="final_ln", **kw)(x_BTD)
+        return x_BTD
+
+
+class Bert(nn.Module):
+    """(ids_BT, segment_ids_BT, valid_BT) -> hidden x_BTD; `attend` is the tied output projection."""
+
+    cfg: BertConfig
+
+    def setup(self):
+        self.embed = Embeddings(self.cfg)
+        self.encoder = Encoder(self.cfg)
+
+    def __call__(self, ids_BT, segment_ids_BT, valid_BT, deterministic: bool = True):
+        # Only keys are masked: a padded query still attends the real keys, so no softmax row is
+        # empty (an all-masked row is NaN on some backends) and padding never reaches a real position.
+        mask_B1TS = layers.padding_mask(valid_BT, jnp.ones_like(valid_BT))
+        return self.encoder(self.embed(ids_BT, segment_ids_BT, deterministic), mask_B1TS, deterministic)
+
+    def attend(self, x_BTD):
+        return self.embed.attend(x_BTD)
+
+
+def _dense(cfg: BertConfig, name: str, eqn: str = "BTD,DE->BTE"):
+    # Two distinct logical names: one mesh axis may not split both dims of a [D, D] kernel.
+    return layers.Einsum((cfg.d_model, cfg.d_model), ("embed", "mlp"), eqn, std=STD, bias_axes=("mlp",),
+                         name=name, **_dtypes(cfg))
+
+
+class MlmHead(nn.Module):
+    """x_BTD -> logits_BTV (float32): dense -> GELU -> LayerNorm -> tied word embedding + bias [V]."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BTD, attend):
+        cfg, kw = self.cfg, _dtypes(self.cfg)
+        h_BTD = gelu(_dense(cfg, "transform")(x_BTD))
+        h_BTD = layers.layer_norm(cfg.ln_eps, name="ln", **kw)(h_BTD)
+        bias_V = self.param("bias", layers.zeros(("vocab",)), (cfg.vocab_size,), kw["param_dtype"])
+        return attend(h_BTD) + bias_V.astype(jnp.float32)
+
+
+def pool(cfg: BertConfig, x_BTD):
+    """pooled_BD: dense + tanh on [CLS], as a `pooler` submodule of the calling module."""
+    return jnp.tanh(_dense(cfg, "pooler", "BD,DE->BE")(x_BTD[:, 0]))
+
+
+class Pooler(nn.Module):
+    """x_BTD -> pooled_BD alone: the classifier head without its output layer."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BTD):
+        return pool(self.cfg, x_BTD)
+
+
+class ClsHead(nn.Module):
+    """x_BTD -> logits_BC (float32): pooler (dense + tanh on [CLS]) -> dropout -> dense, zero-initialised."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BTD, deterministic: bool):
+        cfg, kw = self.cfg, _dtypes(self.cfg)
+        pooled_BD = pool(cfg, x_BTD)
+        pooled_BD = nn.Dropout(cfg.dropout)(pooled_BD, deterministic=deterministic)
+        # std 0: a fresh head predicts the uniform distribution, so fine-tuning starts at loss ln C
+        # and the first gradients reach the encoder through a head that has not yet learnt noise.
+        logits_BC = layers.Einsum((cfg.d_model, cfg.num_classes), ("embed", None), "BD,DC->BC", std=0.0,
+                                  bias_axes=(None,), name="out", **kw)(pooled_BD)
+        return logits_BC.astype(jnp.float32)
+
+
+class BertMlm(nn.Module):
+    """Masked-LM: (ids_BT, segment_ids_BT, valid_BT) -> logits_BTV (float32)."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, ids_BT, segment_ids_BT, valid_BT, *, deterministic: bool = True):
+        bert = Bert(self.cfg, name="bert")
+        x_BTD = bert(ids_BT, segment_ids_BT, valid_BT, deterministic)
+        return MlmHead(self.cfg, name="mlm_head")(x_BTD, bert.attend)
+
+
+class BertClassifier(nn.Module):
+    """Sequence classification from [CLS]: (ids_BT, segment_ids_BT, valid_BT) -> logits_BC (float32)."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, ids_BT, segment_ids_BT, valid_BT, *, deterministic: bool = True):
+        x_BTD = Bert(self.cfg, name="bert")(ids_BT, segment_ids_BT, valid_BT, deterministic)
+        return ClsHead(self.cfg, name="cls_head")(x_BTD, deterministic)
+
+
+class BertEncoder(nn.Module):
+    """The bare encoder (Hugging Face's BertModel): (ids_BT, segment_ids_BT, valid_BT) -> (x_BTD, pooled_BD).
+
+    The pooler is named `cls_head` so that its params sit where BertClassifier keeps them.
+    """
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, ids_BT, segment_ids_BT, valid_BT, *, deterministic: bool = True):
+        x_BTD = Bert(self.cfg, name="bert")(ids_BT, segment_ids_BT, valid_BT, deterministic)
+        return x_BTD, Pooler(self.cfg, name="cls_head")(x_BTD)
