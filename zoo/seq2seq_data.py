@@ -1,0 +1,302 @@
+"""Source/target pairs for seq2seq: loading, tokens, padded batches as a pure function of (seed, step).
+
+Sources are those of zoo.data: `builtin`, `hub:NAME[/CONFIG]` or local json/jsonl/parquet files,
+with a source and a target column (`data.source_column`, `data.target_column`; `a.b` reads key b of
+a dict column a, as in WMT's `translation.de`). `builtin` is the offline default task and ignores
+the column settings: every distinct run of 3-8 consecutive plain words inside the clauses of
+Python's pydoc topics (text cut at punctuation, digits and blank lines; 91,407 phrases), with its
+target the same words in reverse order ("Classes are callable" -> "callable are Classes"). Phrases
+longer than data.seq_len - 1 tokens are left out (bytes, seq_len 32: 58,939 remain). Held-out
+phrases are new word sequences that share words and shorter runs with training ones: the task
+tests reversal, not vocabulary.
+
+Specials, after the tokenizer's vocabulary: EOS = the tokenizer's eot id, BOS = n_vocab, PAD =
+n_vocab + 1, so the model needs vocab_size >= n_vocab + 2. A source is its tokens; a target is its
+tokens + EOS; the decoder input is BOS + target[:-1]. Longer sequences are truncated to data.seq_len
+and counted (printed once); a cut target has no EOS, so the model is never taught to stop at a cut.
+A missing column and empty or non-text rows are refused with a one-line ZooDataError.
+
+Batches are padded per batch, to the smallest power of two >= the longest source (target) of the
+global batch (at least 8, at most data.seq_len), so few shapes compile. Training walks a fresh
+permutation of the train pairs each epoch, drawn from (seed, epoch); validation pairs are held out
+by a hash of their text (data.val_fraction), so duplicates never straddle the split.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass
+
+import datasets
+import numpy as np
+
+from zoo import data as zdata
+from zoo.tokenizers import ZooDataError
+
+MIN_WORDS, MAX_WORDS = 3, 8  # builtin: clause length in words
+MIN_PAD = 8  # shortest padded length of a batch
+
+
+@dataclass(frozen=True)
+class Specials:
+    bos: int
+    eos: int
+    pad: int
+
+    @property
+    def vocab_needed(self) -> int:
+        return max(self.bos, self.eos, self.pad) + 1
+
+
+def specials(tokenizer) -> Specials:
+    return Specials(bos=tokenizer.n_vocab, eos=tokenizer.eot_token, pad=tokenizer.n_vocab + 1)
+
+
+def check_vocab(model_cfg, tokenizer) -> Specials:
+    sp = specials(tokenizer)
+    if model_cfg.vocab_size < sp.vocab_needed:
+        raise ZooDataError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the vocabulary of "
+                           f"data.tokenizer={tokenizer.name!r} ({tokenizer.n_vocab}) + BOS + PAD = {sp.vocab_needed}")
+    return sp
+
+
+# ---- pairs --------------------------------------------------------------------------------------
+@functools.cache
+def builtin_phrases(min_words: int = MIN_WORDS, max_words: int = MAX_WORDS) -> tuple[str, ...]:
+    """Distinct runs of min..max consecutive plain (alphabetic) words inside the clauses of the pydoc
+    topics (text cut at punctuation, digits and blank lines), sorted."""
+    from pydoc_data.topics import topics
+    phrases = set()
+    for key in sorted(topics):
+        for piece in re.split(r"[^A-Za-z \n]+", topics[key]):
+            for clause in re.split(r"\n\s*\n", piece):
+                words = clause.split()
+                for k in range(min_words, max_words + 1):
+                    phrases.update(" ".join(words[i:i + k]) for i in range(len(words) - k + 1))
+    return tuple(sorted(phrases))
+
+
+def reverse_words(text: str) -> str:
+    return " ".join(text.split()[::-1])
+
+
+def builtin_pairs(max_tokens: int | None = None, tokenizer=None) -> datasets.Dataset:
+    """The offline task: (phrase, its words reversed); phrases over max_tokens tokens are left out."""
+    phrases = builtin_phrases()
+    if max_tokens is not None:
+        lengths = [len(ids) for ids in tokenizer.encode_batch(phrases)]
+        phrases = [c for c, n in zip(phrases, lengths) if n <= max_tokens]
+    return datasets.Dataset.from_dict({"source": phrases, "target": [reverse_words(c) for c in phrases]})
+
+
+def _resolve_column(ds: datasets.Dataset, field: str, col: str, source: str) -> tuple[str, str]:
+    """(column, key) for data.<field>=col: a column, or key of a dict column ("translation.de")."""
+    if col in ds.column_names:
+        return col, ""
+    top, _, key = col.partition(".")
+    if top not in ds.column_names:
+        raise ZooDataError(f"data.{field}={col!r} is not a column of {source}; columns: {', '.join(ds.column_names)}")
+    feature = ds.features[top]
+    keys = list(getattr(feature, "languages", None) or (feature if isinstance(feature, dict) else []))
+    if not key or key not in keys:
+        raise ZooDataError(f"data.{field}={col!r}: column {top!r} has no key {key!r}; "
+                           f"keys: {', '.join(keys) if keys else f'none (it holds {feature})'}")
+    return top, key
+
+
+def _texts(chunk: dict, field: str, col: str, top: str, key: str, first_row: int) -> list[str]:
+    values = chunk[top] if not key else [v.get(key) if isinstance(v, dict) else None for v in chunk[top]]
+    bad = [i for i, t in enumerate(values) if not isinstance(t, str) or not t.strip()]
+    if bad:
+        raise ZooDataError(f"row {first_row + bad[0]} of data.{field}={col!r} is empty or not text; "
+                           f"remove such rows from the source")
+    return values
+
+
+def pair_chunks(dcfg, tokenizer=None, chunk: int = 10_000):
+    """(sources, targets) of data.source in chunks of `chunk` rows, columns checked first: a large
+    corpus (WMT) never sits in memory as Python strings all at once."""
+    if dcfg.source == "builtin":
+        tokenizer = tokenizer or zdata.get_tokenizer(dcfg.tokenizer)
+        ds, src_col, tgt_col = builtin_pairs(dcfg.seq_len - 1, tokenizer), "source", "target"
+    else:
+        ds = zdata._load_hub(dcfg) if dcfg.source.startswith("hub:") else zdata._load_local(dcfg)
+        src_col, tgt_col = dcfg.source_column, dcfg.target_column
+    src = _resolve_column(ds, "source_column", src_col, dcfg.source)
+    tgt = _resolve_column(ds, "target_column", tgt_col, dcfg.source)
+    if len(ds) < 2:
+        raise ZooDataError(f"data.source={dcfg.source!r} has {len(ds)} pair; a train/val split needs 2")
+    ds = ds.select_columns(sorted({src[0], tgt[0]}))
+    for first, rows in zip(range(0, len(ds), chunk), ds.iter(batch_size=chunk)):
+        yield (_texts(rows, "source_column", src_col, *src, first), _texts(rows, "target_column", tgt_col, *tgt, first))
+
+
+def load_pairs(dcfg, tokenizer=None) -> tuple[list[str], list[str]]:
+    """(sources, targets) of data.source as two lists (small sources; training streams `pair_chunks`)."""
+    sources, targets = [], []
+    for s, t in pair_chunks(dcfg, tokenizer):
+        sources += s
+        targets += t
+    return sources, targets
+
+
+# ---- tokens -------------------------------------------------------------------------------------
+@dataclass
+class Ragged:
+    """Token rows of different lengths: row i is ids[offsets[i]:offsets[i + 1]]."""
+
+    ids: np.ndarray  # int32, all rows concatenated
+    offsets: np.ndarray  # int64 [N + 1]
+
+    @classmethod
+    def of(cls, rows: list[list[int]]) -> Ragged:
+        lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))
+        ids = np.fromiter((t for r in rows for t in r), np.int32, int(lengths.sum()))
+        return cls(ids, np.concatenate([[0], np.cumsum(lengths)]))
+
+    @classmethod
+    def concat(cls, parts: list[Ragged]) -> Ragged:
+        starts = np.cumsum([0] + [len(p.ids) for p in parts[:-1]])
+        offsets = [parts[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(parts, starts)]
+        return cls(np.concatenate([p.ids for p in parts]), np.concatenate(offsets))
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def take(self, idx: np.ndarray) -> Ragged:
+        lengths = self.lengths[idx]
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        # Row r's tokens: ids[start_r : start_r + length_r], gathered in one fancy index.
+        within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
+        return Ragged(self.ids[np.repeat(self.offsets[idx], lengths) + within], offsets)
+
+    def padded(self, idx: np.ndarray, length: int, pad: int) -> np.ndarray:
+        out = np.full((len(idx), length), pad, np.int32)
+        for row, i in enumerate(idx):
+            r = self.ids[self.offsets[i]:self.offsets[i + 1]]
+            out[row, :len(r)] = r
+        return out
+
+
+@dataclass
+class Pairs:
+    src: Ragged  # source tokens
+    tgt: Ragged  # target tokens + EOS (no EOS when cut)
+
+    def __len__(self):
+        return len(self.src.offsets) - 1
+
+    def take(self, idx: np.ndarray) -> Pairs:
+        return Pairs(self.src.take(idx), self.tgt.take(idx))
+
+
+def encode_pairs(tokenizer, sp: Specials, sources: list[str], targets: list[str], seq_len: int):
+    """(Pairs, sources truncated, targets truncated)."""
+    src = tokenizer.encode_batch(sources)
+    tgt = [ids + [sp.eos] for ids in tokenizer.encode_batch(targets)]
+    n_src, n_tgt = sum(len(s) > seq_len for s in src), sum(len(t) > seq_len for t in tgt)
+    return Pairs(Ragged.of([s[:seq_len] for s in src]), Ragged.of([t[:seq_len] for t in tgt])), n_src, n_tgt
+
+
+def encode_sources(tokenizer, texts: list[str], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(src_BS, src_valid_BS) for decoding; a source longer than seq_len is refused, not cut."""
+    rows = tokenizer.encode_batch(list(texts))
+    for text, ids in zip(texts, rows):
+        if not ids:
+            raise ZooDataError("an input text is empty; give at least one character")
+        if len(ids) > seq_len:
+            shown = repr(text[:40]) + ("..." if len(text) > 40 else "")
+            raise ZooDataError(f"input {shown} is {len(ids)} tokens, above the model's data.seq_len={seq_len}")
+    r = Ragged.of(rows)
+    S = padded_length(int(r.lengths.max()), seq_len)
+    idx = np.arange(len(rows))
+    return r.padded(idx, S, 0), np.arange(S)[None] < r.lengths[:, None]
+
+
+def split_pairs(cfg, tokenizer, sp: Specials) -> tuple[Pairs, Pairs]:
+    """(train, val) pairs of cfg.data, tokenized chunk by chunk; truncations printed once."""
+    d = cfg.data
+    parts, hashes, n_src, n_tgt = [], [], 0, 0
+    for sources, targets in pair_chunks(d, tokenizer):
+        pairs, ns, nt = encode_pairs(tokenizer, sp, sources, targets, d.seq_len)
+        parts.append(pairs)
+        hashes += [zdata.doc_hash(s + "\x00" + t) for s, t in zip(sources, targets)]
+        n_src, n_tgt = n_src + ns, n_tgt + nt
+    pairs = Pairs(Ragged.concat([p.src for p in parts]), Ragged.concat([p.tgt for p in parts]))
+    if n_src or n_tgt:
+        print(f"data: truncated {n_src} sources and {n_tgt} targets (target + EOS) of {len(pairs)} pairs to "
+              f"data.seq_len={d.seq_len} tokens", flush=True)
+    is_val = zdata.val_documents(np.asarray(hashes), d.val_fraction)
+    return pairs.take(np.flatnonzero(~is_val)), pairs.take(np.flatnonzero(is_val))
+
+
+# ---- batches ------------------------------------------------------------------------------------
+def padded_length(longest: int, seq_len: int) -> int:
+    return min(max(MIN_PAD, 1 << max(longest - 1, 0).bit_length()), seq_len)
+
+
+def make_batch(pairs: Pairs, idx: np.ndarray, rows: slice, sp: Specials, seq_len: int,
+               weights_B: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """This process's `rows` of the global batch `idx`, padded to the global batch's lengths."""
+    S = padded_length(int(pairs.src.lengths[idx].max()), seq_len)
+    T = padded_length(int(pairs.tgt.lengths[idx].max()), seq_len)
+    local = idx[rows]
+    tgt_BT = pairs.tgt.padded(local, T, sp.pad)
+    w_B = np.ones(len(local), np.float32) if weights_B is None else weights_B[rows]
+    return {"src": pairs.src.padded(local, S, sp.pad),
+            "src_valid": np.arange(S)[None] < pairs.src.lengths[local, None],
+            "tgt_in": np.concatenate([np.full((len(local), 1), sp.bos, np.int32), tgt_BT[:, :-1]], axis=1),
+            "tgt_out": tgt_BT,
+            "weights": ((np.arange(T)[None] < pairs.tgt.lengths[local, None]) * w_B[:, None]).astype(np.float32)}
+
+
+class Seq2SeqBatches:
+    """step -> this process's rows of the global batch: epoch-wise permutations from (seed, epoch)."""
+
+    def __init__(self, pairs: Pairs, sp: Specials, seq_len: int, global_batch: int, seed: int,
+                 process_index: int = 0, process_count: int = 1):
+        if seed < 0:
+            raise ZooDataError(f"seed={seed} must be >= 0 (train.seed)")
+        self.pairs, self.sp, self.seq_len, self.global_batch, self.seed = pairs, sp, seq_len, global_batch, seed
+        self.rows = zdata._process_rows(global_batch, process_index, process_count)
+        self._perms: dict[int, np.ndarray] = {}
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            if len(self._perms) > 4:
+                self._perms.clear()
+            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(len(self.pairs))
+        return self._perms[epoch]
+
+    def __call__(self, step: int) -> dict[str, np.ndarray]:
+        n = len(self.pairs)
+        pos = step * self.global_batch + np.arange(self.global_batch)
+        idx = np.asarray([self._perm(int(p // n))[p % n] for p in pos])
+        return make_batch(self.pairs, idx, self.rows, self.sp, self.seq_len)
+
+
+def eval_batches(pairs: Pairs, sp: Specials, seq_len: int, global_batch: int, num_batches: int,
+                 process_index: int = 0, process_count: int = 1) -> list[dict[str, np.ndarray]]:
+    """The first num_batches * B validation pairs in order; a short last batch is filled with weight-0 rows."""
+    rows = zdata._process_rows(global_batch, process_index, process_count)
+    out = []
+    for b in range(min(num_batches, math.ceil(len(pairs) / global_batch))):
+        pos = np.arange(b * global_batch, (b + 1) * global_batch)
+        real = pos < len(pairs)
+        out.append(make_batch(pairs, np.where(real, pos, 0), rows, sp, seq_len, real.astype(np.float32)))
+    return out
+
+
+def seq2seq_data(cfg, process_index: int, process_count: int):
+    """tasks.Data for the seq2seq task."""
+    from zoo.tasks import Data
+    tokenizer = zdata.get_tokenizer(cfg.data.tokenizer)
+    sp = check_vocab(cfg.model, tokenizer)
+    train, val = split_pairs(cfg, tokenizer, sp)
+    d, t = cfg.data, cfg.train
+    return Data(train=Seq2SeqBatches(train, sp, d.seq_len, t.batch_size, t.seed, process_index, process_count),
+                eval=eval_batches(val, sp, d.seq_len, t.batch_size, t.eval_batches, process_index, process_count),
+                tokenizer=tokenizer)

@@ -1,0 +1,62 @@
+"""Translate with a trained seq2seq run: greedy (--beam 1) or beam search, one output line per input.
+
+    python -m zoo.translate runs/s2s --text "the class object is created by calling" --beam 4
+    printf 'first input\\nsecond input\\n' | python -m zoo.translate runs/s2s --beam 1
+
+Inputs longer than the run's data.seq_len tokens are refused (training truncated them; decoding
+does not guess). Output length is capped by --max-len (default: the run's data.seq_len).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from zoo import decoding, seq2seq_data
+
+
+def load(workdir: str):
+    """(model, params, tokenizer, config) of a seq2seq run's latest checkpoint."""
+    from zoo import checkpoint, sample
+    family = checkpoint.load_config(workdir).model.family
+    if family != "encdec":
+        raise ValueError(f"{workdir!r} holds a {family} model; zoo.translate needs an encdec (seq2seq) run")
+    return sample.load(workdir)
+
+
+def translate(model, params, tokenizer, cfg, texts: list[str], *, beam: int = 4, length_penalty: float = 0.6,
+              max_len: int | None = None) -> list[str]:
+    decoding.check_beam(beam)
+    sp = seq2seq_data.check_vocab(cfg.model, tokenizer)
+    src_BS, valid_BS = seq2seq_data.encode_sources(tokenizer, texts, cfg.data.seq_len)
+    out = decoding.generate(model, params, src_BS, valid_BS, max_len=max_len or cfg.data.seq_len, bos_id=sp.bos,
+                            eos_id=sp.eos, vocab_limit=tokenizer.n_vocab, beam=beam, length_penalty=length_penalty)
+    return [tokenizer.decode(ids) for ids in out]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m zoo.translate", description=__doc__.split("\n")[0])
+    ap.add_argument("workdir", help="a seq2seq run directory with checkpoints (train.py --workdir)")
+    ap.add_argument("--text", action="append", help="an input (repeatable); default: one per line from stdin")
+    ap.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy decoding")
+    ap.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha; 0 ranks by log-probability")
+    ap.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the run's data.seq_len)")
+    a = ap.parse_args(argv)
+    try:
+        decoding.check_beam(a.beam)
+        texts = a.text if a.text else [line.rstrip("\n") for line in sys.stdin if line.strip()]
+        if not texts:
+            raise ValueError("no input: give --text or lines on stdin")
+        model, params, tok, cfg = load(a.workdir)
+        outs = translate(model, params, tok, cfg, texts, beam=a.beam, length_penalty=a.length_penalty,
+                         max_len=a.max_len)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for line in outs:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
