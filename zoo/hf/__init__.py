@@ -3,6 +3,11 @@
     from_hf(path_or_id, run_dir)  -> a zoo run directory (weights-only checkpoint, config, tokenizer)
     to_hf(run_dir, out_dir)       -> config.json + model.safetensors (+ tokenizer files) for transformers
     from_pretrained(path)         -> (model, params, tokenizer, config) from either kind of directory
+
+A converter module (gpt2.py, bert.py) gives ARCHITECTURES, PREFIXES, IGNORED, config_from_hf /
+config_to_hf and params_from_hf / params_to_hf. One whose zoo task follows the checkpoint's head
+(BERT) also gives task_for(hf_cfg, keys) (its params_from_hf then takes the task), data_fields
+(DataConfig fields of the converted run) and head_config (the architecture to export as).
 """
 
 from __future__ import annotations
@@ -13,13 +18,14 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from zoo.hf import gpt2, io
+from zoo.hf import bert, gpt2, io
 from zoo.hf.tokenizer import save_dir
 from zoo.hf.io import ConversionError
 
-# model_type -> (converter module, task)
-CONVERTERS = {"gpt2": (gpt2, "gpt_lm")}
-FAMILY_TO_TYPE = {"gpt": "gpt2"}
+# model_type -> (converter module, task); task None: the converter's `task_for` reads it off the
+# checkpoint's head (BERT: bare encoder, masked LM or classifier).
+CONVERTERS = {"gpt2": (gpt2, "gpt_lm"), "bert": (bert, None)}
+FAMILY_TO_TYPE = {"gpt": "gpt2", "bert": "bert"}
 
 
 def supported() -> str:
@@ -27,18 +33,35 @@ def supported() -> str:
 
 
 def _converter(hf_cfg: dict):
-    model_type = hf_cfg.get("model_type")
-    if model_type not in CONVERTERS:
-        archs = ", ".join(hf_cfg.get("architectures") or ["?"])
-        raise ConversionError(f"unsupported architecture {archs} (model_type={model_type!r}); "
+    model_type, archs = hf_cfg.get("model_type"), hf_cfg.get("architectures") or []
+    # A known model_type with an unknown head (BertForTokenClassification) is refused too.
+    if model_type not in CONVERTERS or (archs and not set(archs) & set(CONVERTERS[model_type][0].ARCHITECTURES)):
+        raise ConversionError(f"unsupported architecture {', '.join(archs or ['?'])} (model_type={model_type!r}); "
                               f"supported: {supported()}")
     return CONVERTERS[model_type]
 
 
-def _run_config(model_cfg, task: str, tokenizer_dir: str | None):
+def _load(src: str, hf_cfg: dict):
+    """(converter, task, model config, params, keys) of a Hugging Face checkpoint directory."""
+    conv, task = _converter(hf_cfg)
+    keys = io.Keys(io.read_tensors(src), conv.PREFIXES)
+    model_cfg = conv.config_from_hf(hf_cfg)
+    if task is None:
+        task = conv.task_for(hf_cfg, keys)
+        params = conv.params_from_hf(keys, model_cfg, task)
+    else:
+        params = conv.params_from_hf(keys, model_cfg)
+    return conv, task, model_cfg, params, keys
+
+
+def _run_config(model_cfg, task: str, tokenizer_dir: str | None, **data_fields):
     from zoo.config import Config, DataConfig
-    data = DataConfig(tokenizer=tokenizer_dir or "bytes", seq_len=min(model_cfg.max_len, 1024))
+    data = DataConfig(tokenizer=tokenizer_dir or "bytes", seq_len=min(model_cfg.max_len, 1024), **data_fields)
     return Config(task=task, model=model_cfg, data=data)
+
+
+def _data_fields(conv, hf_cfg: dict, task: str) -> dict:
+    return conv.data_fields(hf_cfg, task) if hasattr(conv, "data_fields") else {}
 
 
 def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True) -> dict:
@@ -47,13 +70,10 @@ def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True) -> dict:
     from zoo import checkpoint, tasks
     src = io.resolve(path_or_id)
     hf_cfg = io.read_config(src)
-    conv, task_name = _converter(hf_cfg)
-    model_cfg = conv.config_from_hf(hf_cfg)
-    keys = io.Keys(io.read_tensors(src), conv.PREFIXES)
-    params = conv.params_from_hf(keys, model_cfg)
+    conv, task_name, model_cfg, params, keys = _load(src, hf_cfg)
     tok_dir = os.path.join(os.path.abspath(run_dir), "tokenizer")
     copied = save_dir(src, tok_dir)
-    cfg = _run_config(model_cfg, task_name, tok_dir if copied else None)
+    cfg = _run_config(model_cfg, task_name, tok_dir if copied else None, **_data_fields(conv, hf_cfg, task_name))
     expected = jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))
     _check_tree(params, nn.unbox(expected))
     if checkpoint.latest_step(run_dir) is not None:
@@ -93,7 +113,10 @@ def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
         raise ConversionError("the run uses model.scan_layers=True; export supports unscanned layers only")
     params = jax.device_get(load_params_unsharded(run_dir, cfg))
     tensors = conv.params_to_hf(params, cfg.model)
-    io.write(out_dir, conv.config_to_hf(cfg.model), tensors)
+    hf_cfg = conv.config_to_hf(cfg.model)
+    if hasattr(conv, "head_config"):  # the architecture follows the run's task (BERT's heads)
+        hf_cfg.update(conv.head_config(cfg, run_dir))
+    io.write(out_dir, hf_cfg, tensors)
     tok = cfg.data.tokenizer
     if os.path.isdir(tok):
         save_dir(tok, out_dir)
@@ -121,10 +144,8 @@ def from_pretrained(path: str):
     else:
         src = io.resolve(path)
         hf_cfg = io.read_config(src)
-        conv, task_name = _converter(hf_cfg)
-        model_cfg = conv.config_from_hf(hf_cfg)
-        params = conv.params_from_hf(io.Keys(io.read_tensors(src), conv.PREFIXES), model_cfg)
+        conv, task_name, model_cfg, params, _ = _load(src, hf_cfg)
         has_tok = any(os.path.isfile(os.path.join(src, f)) for f in ("vocab.json", "vocab.txt", "tokenizer.json"))
-        cfg = _run_config(model_cfg, task_name, src if has_tok else None)
+        cfg = _run_config(model_cfg, task_name, src if has_tok else None, **_data_fields(conv, hf_cfg, task_name))
     task = tasks.build(cfg)
     return task.model, params, data.get_tokenizer(cfg.data.tokenizer), cfg

@@ -2,6 +2,10 @@
 
 - GPT-2 byte-level BPE (vocab.json + merges.txt) becomes a tiktoken encoding built from the files
   alone (no download), with the checkpoint's own ids.
+- BERT WordPiece (tokenizer.json, else vocab.txt + tokenizer_config.json) goes through the
+  `tokenizers` package, which tiktoken cannot stand in for (lower-casing, accent stripping, "##"
+  continuations). Its `encode` gives the text's ids without [CLS] / [SEP] (zoo frames rows itself),
+  and `special_ids` / `ordinary_ids` hand the vocabulary's own specials to zoo.mlm.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 import tiktoken
@@ -86,11 +91,84 @@ def gpt2_bpe(directory: str) -> TiktokenTokenizer:
                        name=os.path.abspath(directory), fingerprint=_fingerprint(directory, ["vocab.json", "merges.txt"]))
 
 
+class WordPiece:
+    """A `tokenizers.Tokenizer` with a WordPiece model behind the zoo tokenizer surface.
+
+    Documents are separated by [SEP] (`eot_token`), as BERT's pretraining data was. As in Hugging
+    Face, a literal "[SEP]" or "[MASK]" in the text is that special token.
+    """
+
+    def __init__(self, tok, name: str, fingerprint: str, names: dict[str, str]):
+        tok.no_padding()  # a checkpoint's tokenizer.json may pad and truncate (MiniLM: to 128)
+        tok.no_truncation()
+        self.tok, self.name, self.fingerprint = tok, name, fingerprint
+        vocab = tok.get_vocab(with_added_tokens=True)
+        missing = [t for t in names.values() if t not in vocab]
+        if missing:
+            raise ZooDataError(f"data.tokenizer={name!r}: the vocabulary has no {', '.join(missing)}")
+        self.n_vocab = max(vocab.values()) + 1
+        self.special_ids = {k: vocab[t] for k, t in names.items() if k != "unk"}
+        self.eot_token = self.special_ids["sep"]
+        self.ordinary_ids = _ordinary_ids(vocab, self.n_vocab)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+def _ordinary_ids(vocab: dict[str, int], n_vocab: int) -> range:
+    """The longest run of ids holding no bracketed token ([PAD], [unused7], [CLS], ...): what MLM
+    masking may draw as a random replacement and fill-mask may predict ([999, 30522) for BERT's)."""
+    bracketed = sorted(i for t, i in vocab.items() if re.fullmatch(r"\[[^\[\]\s]+\]", t))
+    edges = [-1, *bracketed, n_vocab]
+    lo, hi = max(zip(edges, edges[1:]), key=lambda e: e[1] - e[0])
+    return range(lo + 1, hi)
+
+
+def wordpiece(directory: str) -> WordPiece:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    conf = {}
+    if os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
+        with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
+            conf = json.load(f)
+    token = lambda k, default: conf[k]["content"] if isinstance(conf.get(k), dict) else conf.get(k) or default
+    names = {k: token(f"{k}_token", f"[{k.upper()}]") for k in ("cls", "sep", "mask", "pad", "unk")}
+    files = [f for f in ("tokenizer.json", "tokenizer_config.json") if os.path.isfile(os.path.join(directory, f))]
+    if "tokenizer.json" in files:  # the whole pipeline as Hugging Face runs it
+        tok = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+    else:  # a slow-tokenizer checkpoint: rebuild BertTokenizer's pipeline from its settings
+        files = ["vocab.txt", *files]
+        tok = Tokenizer(models.WordPiece.from_file(os.path.join(directory, "vocab.txt"), unk_token=names["unk"]))
+        tok.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=conf.get("tokenize_chinese_chars", True),
+            strip_accents=conf.get("strip_accents"), lowercase=conf.get("do_lower_case", True))
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        # Matched whole in raw text, as transformers does; one the vocabulary lacks is reported, not added.
+        tok.add_special_tokens([t for t in names.values() if tok.token_to_id(t) is not None])
+    return WordPiece(tok, os.path.abspath(directory), _fingerprint(directory, files), names)
+
+
+def _is_wordpiece(directory: str) -> bool:
+    path = os.path.join(directory, "tokenizer.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return json.load(f).get("model", {}).get("type") == "WordPiece"
+    return os.path.isfile(os.path.join(directory, "vocab.txt"))
+
+
 def load_dir(directory: str):
     if os.path.isfile(os.path.join(directory, "vocab.json")) and os.path.isfile(os.path.join(directory, "merges.txt")):
         return gpt2_bpe(directory)
+    if _is_wordpiece(directory):
+        return wordpiece(directory)
     raise ZooDataError(f"data.tokenizer={directory!r} is a directory without a known tokenizer "
-                       f"(expected vocab.json + merges.txt)")
+                       f"(expected vocab.json + merges.txt, a WordPiece tokenizer.json, or vocab.txt)")
 
 
 def save_dir(src: str, dst: str) -> list[str]:

