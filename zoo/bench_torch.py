@@ -17,6 +17,12 @@ def _hf_model(hf: dict, lm: bool = True):
     if arch == "gpt2":
         cfg = transformers.GPT2Config(**kw, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         return transformers.GPT2LMHeadModel(cfg)
+    if arch == "bert":
+        return transformers.BertForMaskedLM(transformers.BertConfig(**kw, hidden_dropout_prob=0.0,
+                                                                   attention_probs_dropout_prob=0.0))
+    if arch == "t5":
+        return transformers.T5ForConditionalGeneration(transformers.T5Config(**kw, dropout_rate=0.0, pad_token_id=0,
+                                                                             decoder_start_token_id=0))
     raise ValueError(f"no transformers peer for {arch!r}")
 
 
@@ -27,7 +33,16 @@ class TorchTrain:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.1)
         B, T, V = spec["batch"], spec["seq_len"], spec["hf"]["vocab_size"]
         self.x = torch.randint(0, V, (B, T))
+        self.kwargs = {"input_ids": self.x, "labels": self.x}
         self.tokens, self.batch, self.times = B * T, B, []
+        if spec["hf"]["arch"] == "bert":  # MLM: loss on 15% of positions, like zoo's masking
+            labels = self.x.clone()
+            labels[torch.rand(B, T) >= 0.15] = -100
+            self.kwargs["labels"] = labels
+        if spec["hf"]["arch"] == "t5":
+            y = torch.randint(0, V, (B, spec["target_len"]))
+            self.kwargs = {"input_ids": self.x, "labels": y}
+            self.tokens = B * (T + spec["target_len"])
         t = time.perf_counter()
         self._steps(1)
         self.compile_s = time.perf_counter() - t
@@ -37,7 +52,7 @@ class TorchTrain:
 
     def _steps(self, n):
         for _ in range(n):
-            loss = self.model(input_ids=self.x, labels=self.x).loss
+            loss = self.model(**self.kwargs).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.opt.step()
@@ -92,4 +107,4 @@ class TorchGenerate:
                 "time_to_first_token_s": prefill + decode / self.new, "peak_memory_mb": _rss_mb()}
 
 
-PEERS = {"gpt_train": TorchTrain, "generate": TorchGenerate}
+PEERS = {"gpt_train": TorchTrain, "bert_mlm": TorchTrain, "encdec_train": TorchTrain, "generate": TorchGenerate}

@@ -42,8 +42,8 @@ class ZooTrain:
         self.step = jax.jit(trainer.make_train_step(s.task, s.tx, s.schedule, cfg.train.grad_accum),
                             in_shardings=(s.state_shardings, sharding.batch_sharding(s.mesh)),
                             out_shardings=(s.state_shardings, sharding.replicated(s.mesh)), donate_argnums=0)
-        data = s.task.make_data(cfg, 0, 1)
-        self.prefetch = Prefetcher(lambda i: trainer.to_device(data.train(i), s.mesh), 0, 10**9)
+        make = synthetic_batches(spec, cfg) if spec.get("synthetic") else s.task.make_data(cfg, 0, 1).train
+        self.prefetch = Prefetcher(lambda i: trainer.to_device(make(i), s.mesh), 0, 10**9)
         self.i, self.wait, self.times = 0, 0.0, []
         t = time.perf_counter()
         self._steps(1)
@@ -85,6 +85,20 @@ class ZooTrain:
         return {"tokens_per_s": tps, "sequences_per_s": self.batch / step,
                 "tokens_per_s_per_device": tps / len(self.devices), "mfu": tps * self.flops_per_token / self.peak,
                 "peak_memory_mb": _peak_memory_mb(self.devices[0])}
+
+
+def synthetic_batches(spec, cfg):
+    """Exact-shape seq2seq batches (source S, target T, no padding): the offline task's phrases are
+    short, and the benchmark shapes are fixed."""
+    import numpy as np
+    B, S, T, V = spec["batch"], spec["seq_len"], spec["target_len"], cfg.model.vocab_size
+
+    def make(step):
+        rng = np.random.default_rng(step)
+        tgt = rng.integers(3, V, (B, T + 1), dtype=np.int32)
+        return {"src": rng.integers(3, V, (B, S), dtype=np.int32), "src_valid": np.ones((B, S), bool),
+                "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:], "weights": np.ones((B, T), np.float32)}
+    return make
 
 
 def _apply_preset(cfg, spec):
