@@ -210,28 +210,18 @@ class ClsBatches:
     """step -> this process's rows of the global batch: epoch-wise permutations from (seed, epoch)."""
 
     def __init__(self, ex: Examples, global_batch: int, seed: int, process_index: int = 0, process_count: int = 1):
-        self.ex, self.global_batch, self.seed = ex, global_batch, seed
-        self.rows = zdata._process_rows(global_batch, process_index, process_count)
-        self._perms: dict[int, np.ndarray] = {}
-
-    def _perm(self, epoch: int) -> np.ndarray:
-        if epoch not in self._perms:
-            if len(self._perms) > 4:
-                self._perms.clear()
-            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(len(self.ex))
-        return self._perms[epoch]
+        self.ex, self.order = ex, zdata.EpochOrder(len(ex), global_batch, seed)
+        self.rows = zdata.process_rows(global_batch, process_index, process_count)
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
-        n = len(self.ex)
-        pos = (step * self.global_batch + np.arange(self.global_batch))[self.rows]
-        idx = np.asarray([self._perm(int(p // n))[p % n] for p in pos])
+        idx = self.order(step)[self.rows]
         return self.ex.rows(idx)
 
 
 def eval_batches(ex: Examples, global_batch: int, num_batches: int, process_index: int = 0,
                  process_count: int = 1) -> list[dict[str, np.ndarray]]:
     """The first num_batches * B validation examples in order; a short last batch is padded with weight 0."""
-    rows = zdata._process_rows(global_batch, process_index, process_count)
+    rows = zdata.process_rows(global_batch, process_index, process_count)
     out = []
     for b in range(min(num_batches, math.ceil(len(ex) / global_batch))):
         pos = np.arange(b * global_batch, (b + 1) * global_batch)

@@ -273,7 +273,7 @@ def prepare(cfg: DataConfig, tokenizer=None):
 
 
 # ---- batches ------------------------------------------------------------------------------------
-def _process_rows(global_batch: int, process_index: int, process_count: int) -> slice:
+def process_rows(global_batch: int, process_index: int, process_count: int) -> slice:
     if not 0 <= process_index < process_count:
         raise ZooDataError(f"process_index={process_index} is outside [0, process_count={process_count})")
     if global_batch % process_count:
@@ -281,6 +281,28 @@ def _process_rows(global_batch: int, process_index: int, process_count: int) -> 
                            f"make train.batch_size a multiple of {process_count}")
     per = global_batch // process_count
     return slice(process_index * per, (process_index + 1) * per)
+
+
+class EpochOrder:
+    """Example indices of a step's global batch: one permutation per epoch, drawn from (seed, epoch),
+    so every example is seen once per epoch and the batch of step s is a pure function of (seed, s)."""
+
+    def __init__(self, n: int, global_batch: int, seed: int):
+        if seed < 0:
+            raise ZooDataError(f"seed={seed} must be >= 0 (train.seed)")
+        self.n, self.global_batch, self.seed = n, global_batch, seed
+        self._perms: dict[int, np.ndarray] = {}
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            if len(self._perms) > 4:  # a step spans at most two epochs: keep the cache small
+                self._perms.clear()
+            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+        return self._perms[epoch]
+
+    def __call__(self, step: int) -> np.ndarray:
+        pos = step * self.global_batch + np.arange(self.global_batch)
+        return np.asarray([self._perm(int(p // self.n))[p % self.n] for p in pos])
 
 
 def _check_tokens(tokens: np.ndarray, seq_len: int) -> None:
@@ -306,7 +328,7 @@ class Batches:
         if seed < 0:
             raise ZooDataError(f"seed={seed} must be >= 0 (train.seed)")
         self.tokens, self.seq_len, self.global_batch, self.seed = tokens, seq_len, global_batch, seed
-        self.rows = _process_rows(global_batch, process_index, process_count)
+        self.rows = process_rows(global_batch, process_index, process_count)
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, step])
@@ -319,7 +341,7 @@ def eval_batches(tokens: np.ndarray, seq_len: int, global_batch: int, num_batche
                  process_index: int = 0, process_count: int = 1) -> list[dict[str, np.ndarray]]:
     """Fixed validation batches: consecutive windows from the start, wrapping around a short stream."""
     _check_tokens(tokens, seq_len)
-    rows = _process_rows(global_batch, process_index, process_count)
+    rows = process_rows(global_batch, process_index, process_count)
     n_windows = (len(tokens) - 1) // seq_len
     out = []
     for b in range(num_batches):

@@ -126,7 +126,7 @@ class MlmBatches:
             raise ZooDataError(f"seed={seed} must be >= 0 (train.seed)")
         self.tokens, self.seq_len, self.global_batch, self.seed, self.eot, self.sp = \
             tokens, seq_len, global_batch, seed, eot, sp
-        self.rows = zdata._process_rows(global_batch, process_index, process_count)
+        self.rows = zdata.process_rows(global_batch, process_index, process_count)
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         starts = np.random.default_rng([self.seed, step]).integers(
@@ -139,7 +139,7 @@ class MlmBatches:
 def eval_batches(tokens, seq_len: int, global_batch: int, num_batches: int, eot: int, sp: Specials,
                  process_index: int = 0, process_count: int = 1) -> list[dict[str, np.ndarray]]:
     """Fixed validation batches: consecutive windows (wrapping a short stream), fixed masks."""
-    rows = zdata._process_rows(global_batch, process_index, process_count)
+    rows = zdata.process_rows(global_batch, process_index, process_count)
     W = seq_len - 2
     n_windows = max(len(tokens) // W, 1)
     out = []

@@ -258,30 +258,19 @@ class Seq2SeqBatches:
 
     def __init__(self, pairs: Pairs, sp: Specials, seq_len: int, global_batch: int, seed: int,
                  process_index: int = 0, process_count: int = 1):
-        if seed < 0:
-            raise ZooDataError(f"seed={seed} must be >= 0 (train.seed)")
-        self.pairs, self.sp, self.seq_len, self.global_batch, self.seed = pairs, sp, seq_len, global_batch, seed
-        self.rows = zdata._process_rows(global_batch, process_index, process_count)
-        self._perms: dict[int, np.ndarray] = {}
-
-    def _perm(self, epoch: int) -> np.ndarray:
-        if epoch not in self._perms:
-            if len(self._perms) > 4:
-                self._perms.clear()
-            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(len(self.pairs))
-        return self._perms[epoch]
+        self.pairs, self.sp, self.seq_len = pairs, sp, seq_len
+        self.order = zdata.EpochOrder(len(pairs), global_batch, seed)
+        self.rows = zdata.process_rows(global_batch, process_index, process_count)
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
-        n = len(self.pairs)
-        pos = step * self.global_batch + np.arange(self.global_batch)
-        idx = np.asarray([self._perm(int(p // n))[p % n] for p in pos])
+        idx = self.order(step)
         return make_batch(self.pairs, idx, self.rows, self.sp, self.seq_len)
 
 
 def eval_batches(pairs: Pairs, sp: Specials, seq_len: int, global_batch: int, num_batches: int,
                  process_index: int = 0, process_count: int = 1) -> list[dict[str, np.ndarray]]:
     """The first num_batches * B validation pairs in order; a short last batch is filled with weight-0 rows."""
-    rows = zdata._process_rows(global_batch, process_index, process_count)
+    rows = zdata.process_rows(global_batch, process_index, process_count)
     out = []
     for b in range(min(num_batches, math.ceil(len(pairs) / global_batch))):
         pos = np.arange(b * global_batch, (b + 1) * global_batch)
