@@ -68,7 +68,13 @@ def test_batches_are_a_pure_function_of_seed_and_step_and_split_over_processes()
     a, b = make()(5), make()(5)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
-    assert set(a) == {"inputs", "targets", "weights", "segment_ids", "valid"}
+    assert set(a) == {"inputs", "targets", "weights", "positions", "segment_ids", "valid"}
+    # Exactly round(15%) of the 30 ordinary positions per row, listed in `positions` (K = ceil(0.15 * 32)).
+    ordinary = ~SP.is_special(a["targets"])
+    np.testing.assert_array_equal(a["weights"].sum(1), np.maximum(1, np.floor(0.15 * ordinary.sum(1) + 0.5)))
+    assert a["positions"].shape == (8, mlm.max_predictions(32)) == (8, 5)
+    for w, pos in zip(a["weights"], a["positions"]):
+        assert pos[:int(w.sum())].tolist() == np.flatnonzero(w).tolist() and not pos[int(w.sum()):].any()
     assert all(v.shape[0] == 8 for v in a.values())
     assert not np.array_equal(a["inputs"], make()(6)["inputs"])
     assert not np.array_equal(a["weights"], make(seed=1)(5)["weights"])

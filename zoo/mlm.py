@@ -8,9 +8,12 @@ checkpoint's WordPiece) says so with `special_ids` ({"cls", "sep", "mask", "pad"
 
 A training row is a window of T - 2 tokens from the flat token store (documents joined by eot),
 framed as [CLS] window [SEP]; each document boundary inside it becomes a [SEP] too, and segment
-ids alternate 0/1 from one document to the next. Then 15% of the non-special positions are chosen
-(independently per position); of those 80% become [MASK], 10% a random ordinary token, 10% stay.
-The loss is taken on the chosen positions only (`weights`). Windows and masks are drawn from
+ids alternate 0/1 from one document to the next. Then, as in the original BERT, round(15%) of each
+row's non-special positions are chosen (at least one, uniformly without replacement); of those 80%
+become [MASK], 10% a random ordinary token, 10% stay. The loss is taken on the chosen positions
+only (`weights`), and `positions` [B, K] lists them (K = max_predictions(T), padded with position 0,
+the never-chosen [CLS]), so the model runs its MLM head and the [V]-wide output on those K rows
+instead of all T (BERT's masked_lm_positions). Windows and masks are drawn from
 `np.random.default_rng([seed, step, ...])`, so the batch of a step is a pure function of
 (seed, step): resume replays it exactly, and every process draws the same global batch and keeps
 its own rows.
@@ -18,6 +21,7 @@ its own rows.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,9 +91,21 @@ def frame(windows_BW: np.ndarray, eot: int, sp: Specials) -> tuple[np.ndarray, n
     return ids_BT, segment_ids_BT
 
 
+def max_predictions(seq_len: int) -> int:
+    """K: the most positions a row of length T can have chosen (ceil(15% of T) >= round(15% of T - 2))."""
+    return math.ceil(MASK_PROB * seq_len)
+
+
 def choose(rng: np.random.Generator, ids_BT: np.ndarray, sp: Specials) -> tuple[np.ndarray, np.ndarray]:
-    """(chosen_BT bool, action_BT in {KEEP, MASK, RANDOM}): 15% of non-specials, split 80/10/10."""
-    chosen_BT = (rng.random(ids_BT.shape) < MASK_PROB) & ~sp.is_special(ids_BT)
+    """(chosen_BT bool, action_BT in {KEEP, MASK, RANDOM}): round(15%) of each row's non-specials (at
+    least one), split 80/10/10."""
+    eligible_BT = ~sp.is_special(ids_BT)
+    n_B = eligible_BT.sum(1)
+    want_B = np.where(n_B > 0, np.maximum(1, np.floor(MASK_PROB * n_B + 0.5)), 0).astype(np.int64)
+    # A random rank among the row's eligible positions; the `want` lowest ranks are chosen.
+    keys_BT = np.where(eligible_BT, rng.random(ids_BT.shape), np.inf)
+    rank_BT = np.argsort(np.argsort(keys_BT, axis=1, kind="stable"), axis=1, kind="stable")
+    chosen_BT = rank_BT < want_B[:, None]
     u_BT = rng.random(ids_BT.shape)
     action_BT = np.where(u_BT < MASK_TOKEN, MASK, np.where(u_BT < MASK_TOKEN + RANDOM_TOKEN, RANDOM, KEEP))
     return chosen_BT, np.where(chosen_BT, action_BT, KEEP)
@@ -104,11 +120,21 @@ def mask_tokens(rng: np.random.Generator, ids_BT: np.ndarray, sp: Specials) -> d
             "weights": chosen_BT.astype(np.float32)}
 
 
+def chosen_positions(weights_BT: np.ndarray, K: int) -> np.ndarray:
+    """positions_BK: the chosen positions of each row in order, then 0 ([CLS], never chosen) up to K."""
+    chosen_BT = weights_BT > 0
+    if chosen_BT[:, 0].any() or chosen_BT.sum(1).max(initial=0) > K:
+        raise ValueError(f"a row chooses position 0 or more than {K} positions")
+    order_BT = np.argsort(~chosen_BT, axis=1, kind="stable")[:, :K]
+    return np.where(np.take_along_axis(chosen_BT, order_BT, 1), order_BT, 0).astype(np.int32)
+
+
 def _batch(tokens, starts, seq_len: int, eot: int, sp: Specials, rng) -> dict[str, np.ndarray]:
     windows_BW = np.asarray(tokens[starts[:, None] + np.arange(seq_len - 2)], dtype=np.int64)
     ids_BT, segment_ids_BT = frame(windows_BW, eot, sp)
-    return {**mask_tokens(rng, ids_BT, sp), "segment_ids": segment_ids_BT,
-            "valid": np.ones(ids_BT.shape, bool)}  # packed rows have no padding
+    masked = mask_tokens(rng, ids_BT, sp)
+    return {**masked, "positions": chosen_positions(masked["weights"], max_predictions(seq_len)),
+            "segment_ids": segment_ids_BT, "valid": np.ones(ids_BT.shape, bool)}  # packed rows have no padding
 
 
 def _rows(batch: dict, rows: slice) -> dict:

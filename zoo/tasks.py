@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from zoo import data as zdata
+from zoo import losses
 from zoo.config import Config
 
 
@@ -80,9 +81,10 @@ def gpt_lm(cfg: Config) -> Task:
         return model.init(rng, jnp.zeros((1, cfg.data.seq_len), jnp.int32))["params"]
 
     def loss(params, batch, rng, train):
-        logits_BTV = model.apply({"params": params}, batch["inputs"], deterministic=not train,
-                                 rngs={"dropout": rng})
-        loss_sum, correct = token_cross_entropy(logits_BTV, batch["targets"], batch["weights"])
+        h_BTD = model.apply({"params": params}, batch["inputs"], deterministic=not train, hidden=True,
+                            rngs={"dropout": rng})
+        loss_sum, correct = losses.linear_cross_entropy(h_BTD, params["wte"]["embedding"], batch["targets"],
+                                                        batch["weights"])
         weight = jnp.sum(batch["weights"])
         return loss_sum, {"weight": weight, "correct": correct, "tokens": weight}
 
@@ -118,15 +120,28 @@ def bert_mlm(cfg: Config) -> Task:
     init = _bert_init(model, cfg.data.seq_len)
 
     def loss(params, batch, rng, train):
-        logits_BTV = model.apply({"params": params}, batch["inputs"], batch["segment_ids"], batch["valid"],
-                                 deterministic=not train, rngs={"dropout": rng})
-        loss_sum, correct = token_cross_entropy(logits_BTV, batch["targets"], batch["weights"])
+        # The head and the [V]-wide output run on the K chosen positions only (BERT's masked_lm_positions).
+        pos_BK = batch["positions"]
+        h_BKD = model.apply({"params": params}, batch["inputs"], batch["segment_ids"], batch["valid"],
+                            deterministic=not train, positions_BK=pos_BK, hidden=True, rngs={"dropout": rng})
+        pick = lambda x_BT: jnp.take_along_axis(x_BT, pos_BK, axis=1)
+        loss_sum, correct = losses.linear_cross_entropy(
+            h_BKD, params["bert"]["embed"]["word"]["embedding"], pick(batch["targets"]), pick(batch["weights"]),
+            bias_V=params["mlm_head"]["bias"])
         return loss_sum, {"weight": jnp.sum(batch["weights"]), "correct": correct,
                           "tokens": jnp.sum(batch["valid"].astype(jnp.float32))}
 
-    # The word embedding stays in 6N: it is also the (tied) output matmul.
+    # The word embedding stays in 6N: it is also the (tied) output matmul. That matmul and the head's
+    # transform run on K of T positions, so they count K/T per token.
     exclude = ("['position']", "['segment']")
-    return Task("bert_mlm", model, init, loss, mlm.mlm_data, _encoder_flops(init, cfg.model, exclude),
+    boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
+    head = _count(boxed["mlm_head"]) + _count(boxed["bert"]["embed"]["word"])
+    encoder_flops = _encoder_flops(init, cfg.model, exclude)
+
+    def flops_per_token(seq_len):
+        return encoder_flops(seq_len) - 6 * head * (1 - mlm.max_predictions(seq_len) / seq_len)
+
+    return Task("bert_mlm", model, init, loss, mlm.mlm_data, flops_per_token,
                 lambda boxed: _count(boxed, exclude=exclude))
 
 

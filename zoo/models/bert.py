@@ -169,12 +169,12 @@ class MlmHead(nn.Module):
     cfg: BertConfig
 
     @nn.compact
-    def __call__(self, x_BTD, attend):
+    def __call__(self, x_BTD, attend, hidden: bool = False):
         cfg, kw = self.cfg, _dtypes(self.cfg)
         h_BTD = gelu(_dense(cfg, "transform")(x_BTD))
         h_BTD = layers.layer_norm(cfg.ln_eps, name="ln", **kw)(h_BTD)
         bias_V = self.param("bias", layers.zeros(("vocab",)), (cfg.vocab_size,), kw["param_dtype"])
-        return attend(h_BTD) + bias_V.astype(jnp.float32)
+        return h_BTD if hidden else attend(h_BTD) + bias_V.astype(jnp.float32)
 
 
 def pool(cfg: BertConfig, x_BTD):
@@ -210,15 +210,23 @@ class ClsHead(nn.Module):
 
 
 class BertMlm(nn.Module):
-    """Masked-LM: (ids_BT, segment_ids_BT, valid_BT) -> logits_BTV (float32)."""
+    """Masked-LM: (ids_BT, segment_ids_BT, valid_BT) -> logits_BTV (float32).
+
+    With positions_BK only those K positions of each row go through the head: logits_BKV. With
+    hidden=True the head stops before its output layer (h_BKD), for a fused loss (zoo.losses) that
+    applies the tied word embedding and params["mlm_head"]["bias"] itself.
+    """
 
     cfg: BertConfig
 
     @nn.compact
-    def __call__(self, ids_BT, segment_ids_BT, valid_BT, *, deterministic: bool = True):
+    def __call__(self, ids_BT, segment_ids_BT, valid_BT, *, deterministic: bool = True, positions_BK=None,
+                 hidden: bool = False):
         bert = Bert(self.cfg, name="bert")
         x_BTD = bert(ids_BT, segment_ids_BT, valid_BT, deterministic)
-        return MlmHead(self.cfg, name="mlm_head")(x_BTD, bert.attend)
+        if positions_BK is not None:
+            x_BTD = jnp.take_along_axis(x_BTD, positions_BK[..., None], axis=1)
+        return MlmHead(self.cfg, name="mlm_head")(x_BTD, bert.attend, hidden)
 
 
 class BertClassifier(nn.Module):

@@ -28,12 +28,14 @@ def attention_impl(name: str) -> str | None:
 
 
 class Gpt(nn.Module):
-    """ids_BT -> logits_BTV (float32). `decode=True` runs incrementally against the "cache" collection."""
+    """ids_BT -> logits_BTV (float32). `decode=True` runs incrementally against the "cache" collection;
+    `hidden=True` returns the final hidden states x_BTD instead, for a fused loss (zoo.losses) that
+    applies the tied output projection params["wte"]["embedding"] itself."""
 
     cfg: GptConfig
 
     @nn.compact
-    def __call__(self, ids_BT, *, deterministic: bool = True, decode: bool = False):
+    def __call__(self, ids_BT, *, deterministic: bool = True, decode: bool = False, hidden: bool = False):
         cfg = self.cfg
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         T = ids_BT.shape[1]
@@ -58,4 +60,4 @@ class Gpt(nn.Module):
         # mask None + is_causal: the attention backend builds the causal mask (cheapest on cuDNN).
         x_BTD = blocks(x_BTD, None, deterministic, decode, positions_T)
         x_BTD = layers.layer_norm(cfg.ln_eps, dtype, param_dtype, name="ln_f")(x_BTD)
-        return wte.attend(x_BTD)
+        return x_BTD if hidden else wte.attend(x_BTD)

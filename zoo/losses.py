@@ -1,0 +1,141 @@
+"""Cross-entropy of a tied (or untied) output projection, fused: the [B, T, V] logits never exist whole.
+
+`linear_cross_entropy(h_BTD, w_VD, targets_BT, weights_BT)` is what `token_cross_entropy(h @ w.T, ...)`
+computes (loss sum and correct-prediction sum), but:
+
+- the rows are taken in chunks of the length axis (a `lax.scan` when there are several), so the
+  largest live buffer is [B, T/chunks, V] instead of [B, T, V] logits plus their gradient;
+- the gradient with respect to h, w and the bias is produced in the same pass as the loss
+  (softmax - one-hot, then the two backward matmuls per chunk) and kept as the residual of a
+  `jax.custom_vjp`: no logits are saved for the backward pass and none are recomputed, there is no
+  scatter for the one-hot and no argmax. The loss is linear in its cotangent, so the backward rule
+  only scales the stored gradients. Without differentiation (eval) only the loss is computed.
+
+The batch axis stays whole in every chunk, so data-parallel sharding over B is untouched; a vocab
+axis sharded over `tensor` reduces across shards as usual.
+
+A prediction counts as correct when the target's logit equals the row maximum (argmax without the
+tie-break toward the lower id; ties between float32 logits do not occur in practice).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+# Chunk the length axis so that one chunk's float32 logits stay at or below this many bytes.
+CHUNK_BYTES = 64 * 2 ** 20
+
+
+def num_chunks(B: int, T: int, V: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """The fewest chunks of the length axis T (a divisor of T) whose [B, T/n, V] float32 logits fit chunk_bytes."""
+    for n in range(1, T + 1):
+        if T % n == 0 and B * (T // n) * V * 4 <= chunk_bytes:
+            return n
+    return T
+
+
+def _chunk_stats(h_BCD, w_VD, bias_V, t_BC, smoothing: float, with_grad: bool):
+    """Loss and correct per row of one chunk, and (with_grad) d loss / d logits weighted later."""
+    logits_BCV = jnp.einsum("BCD,VD->BCV", h_BCD, w_VD.astype(h_BCD.dtype), preferred_element_type=jnp.float32)
+    if bias_V is not None:
+        logits_BCV = logits_BCV + bias_V.astype(jnp.float32)
+    max_BC = jnp.max(logits_BCV, -1)
+    e_BCV = jnp.exp(logits_BCV - max_BC[..., None])
+    sum_BC = jnp.sum(e_BCV, -1)
+    onehot_BCV = jnp.arange(logits_BCV.shape[-1])[None, None] == t_BC[..., None]
+    target_BC = jnp.sum(jnp.where(onehot_BCV, logits_BCV, 0.0), -1)
+    loss_BC = max_BC + jnp.log(sum_BC) - target_BC
+    if smoothing:
+        # Against (1 - s) one-hot + s uniform: lse - (1 - s) z_t - s mean(z).
+        loss_BC = loss_BC + smoothing * (target_BC - jnp.mean(logits_BCV, -1))
+    correct_BC = (target_BC >= max_BC).astype(jnp.float32)
+    if not with_grad:
+        return loss_BC, correct_BC, None
+    dz_BCV = e_BCV / sum_BC[..., None] - jnp.where(onehot_BCV, 1.0 - smoothing, 0.0)
+    if smoothing:
+        dz_BCV = dz_BCV - smoothing / logits_BCV.shape[-1]
+    return loss_BC, correct_BC, dz_BCV
+
+
+def _split(x, n):
+    """[B, T, ...] -> [n, B, T/n, ...]: chunks of the length axis, batch axis kept whole."""
+    return jnp.moveaxis(x.reshape(x.shape[0], n, x.shape[1] // n, *x.shape[2:]), 1, 0)
+
+
+def _merge(x):
+    """[n, B, C, ...] -> [B, n*C, ...]."""
+    x = jnp.moveaxis(x, 0, 1)
+    return x.reshape(x.shape[0], -1, *x.shape[3:])
+
+
+def _run(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, with_grad):
+    """(loss_sum, correct_sum), and with_grad: (dh_BTD, dw_VD, dbias_V) of loss_sum."""
+    def chunk(h_BCD, t_BC, wt_BC):
+        loss_BC, correct_BC, dz_BCV = _chunk_stats(h_BCD, w_VD, bias_V, t_BC, smoothing, with_grad)
+        sums = (jnp.sum(loss_BC * wt_BC), jnp.sum(correct_BC * wt_BC))
+        if not with_grad:
+            return sums, None
+        dz_BCV = (dz_BCV * wt_BC[..., None]).astype(h_BCD.dtype)
+        dh_BCD = jnp.einsum("BCV,VD->BCD", dz_BCV, w_VD.astype(h_BCD.dtype), preferred_element_type=jnp.float32)
+        # As D x V then transposed: the contraction runs over the leading axes of both operands, and this
+        # order keeps the big dz as the row-major right-hand side (no [V, B*C] transpose of dz on CPU).
+        dw_VD = jnp.einsum("BCD,BCV->DV", h_BCD, dz_BCV, preferred_element_type=jnp.float32).T
+        db_V = None if bias_V is None else jnp.sum(dz_BCV.astype(jnp.float32), (0, 1))
+        return sums, (dh_BCD.astype(h_BCD.dtype), dw_VD, db_V)
+
+    if n == 1:
+        return chunk(h_BTD, targets_BT, weights_BT)
+
+    def body(carry, xs):
+        sums, grads = chunk(*xs)
+        (loss, correct), acc = carry
+        new = (loss + sums[0], correct + sums[1])
+        if not with_grad:
+            return (new, acc), None
+        dh_BCD, dw_VD, db_V = grads
+        acc = (acc[0] + dw_VD, None if db_V is None else acc[1] + db_V)
+        return (new, acc), dh_BCD
+
+    zero = jnp.zeros((), jnp.float32)
+    acc0 = (jnp.zeros(w_VD.shape, jnp.float32), None if bias_V is None else jnp.zeros(bias_V.shape, jnp.float32)) \
+        if with_grad else None
+    (sums, acc), dh_nBCD = jax.lax.scan(body, ((zero, zero), acc0),
+                                        (_split(h_BTD, n), _split(targets_BT, n), _split(weights_BT, n)))
+    if not with_grad:
+        return sums, None
+    return sums, (_merge(dh_nBCD), acc[0], acc[1])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _fused(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n):
+    return _run(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, False)[0]
+
+
+def _fused_fwd(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n):
+    sums, (dh_BTD, dw_VD, db_V) = _run(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, True)
+    grads = (dh_BTD, dw_VD.astype(w_VD.dtype), None if db_V is None else db_V.astype(bias_V.dtype))
+    return sums, (grads, targets_BT, weights_BT)
+
+
+def _fused_bwd(smoothing, n, res, g):
+    grads, targets_BT, weights_BT = res
+    g_loss = g[0]  # the correct-count output is not differentiable
+    dh_BTD, dw_VD, db_V = (None if x is None else x * g_loss.astype(x.dtype) for x in grads)
+    return (dh_BTD, dw_VD, db_V, jnp.zeros(targets_BT.shape, jax.dtypes.float0), jnp.zeros_like(weights_BT))
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def linear_cross_entropy(h_BTD, w_VD, targets_BT, weights_BT, *, bias_V=None, label_smoothing: float = 0.0,
+                         chunks: int | None = None):
+    """(sum of weighted token cross-entropies, sum of weighted correct predictions) of logits
+    h_BTD @ w_VD.T (+ bias_V), float32. `chunks` (a divisor of T) defaults to num_chunks(B, T, V)."""
+    B, T, _ = h_BTD.shape
+    n = chunks or num_chunks(B, T, w_VD.shape[0])
+    if T % n:
+        raise ValueError(f"chunks={n} does not divide the length {T}")
+    return _fused(h_BTD, w_VD, bias_V, targets_BT, weights_BT.astype(jnp.float32), float(label_smoothing), n)
