@@ -45,8 +45,7 @@ def _chunk_stats(h_BCD, w_VD, bias_V, t_BC, smoothing: float, with_grad: bool):
     max_BC = jnp.max(logits_BCV, -1)
     e_BCV = jnp.exp(logits_BCV - max_BC[..., None])
     sum_BC = jnp.sum(e_BCV, -1)
-    onehot_BCV = jnp.arange(logits_BCV.shape[-1])[None, None] == t_BC[..., None]
-    target_BC = jnp.sum(jnp.where(onehot_BCV, logits_BCV, 0.0), -1)
+    target_BC = jnp.take_along_axis(logits_BCV, t_BC[..., None], -1)[..., 0]
     loss_BC = max_BC + jnp.log(sum_BC) - target_BC
     if smoothing:
         # Against (1 - s) one-hot + s uniform: lse - (1 - s) z_t - s mean(z).
@@ -54,6 +53,7 @@ def _chunk_stats(h_BCD, w_VD, bias_V, t_BC, smoothing: float, with_grad: bool):
     correct_BC = (target_BC >= max_BC).astype(jnp.float32)
     if not with_grad:
         return loss_BC, correct_BC, None
+    onehot_BCV = jnp.arange(logits_BCV.shape[-1])[None, None] == t_BC[..., None]
     dz_BCV = e_BCV / sum_BC[..., None] - jnp.where(onehot_BCV, 1.0 - smoothing, 0.0)
     if smoothing:
         dz_BCV = dz_BCV - smoothing / logits_BCV.shape[-1]

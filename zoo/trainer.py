@@ -63,13 +63,17 @@ def make_train_step(task, tx, schedule, grad_accum: int):
         # The loss is a sum over tokens; one division by the token count gives the mean's gradient.
         grads = jax.tree.map(lambda g: g / sums["weight"], grads)
         grad_norm = optax.tree.norm(grads)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        # A non-finite step is not applied, so the state stays the last good one; the host stops.
+        # A non-finite step is not applied, so the state stays the last good one; the host stops. A
+        # cond rather than a select per leaf: the update then writes the donated buffers in place,
+        # where a select keeps both versions alive and XLA copies every param and moment first.
         finite = jnp.isfinite(sums["loss_sum"]) & jnp.isfinite(grad_norm)
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-        new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
-                                  opt_state=keep(opt_state, state.opt_state))
+
+        def apply(params, opt_state):
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        params, opt_state = jax.lax.cond(finite, apply, lambda p, o: (p, o), state.params, state.opt_state)
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         metrics = {**sums, "grad_norm": grad_norm, "param_norm": optax.tree.norm(params),
                    "lr": schedule(state.step), "finite": finite}
         return new_state, metrics
