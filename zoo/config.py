@@ -15,6 +15,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 DTYPES = ("float32", "bfloat16", "float16")
+# einsum: zoo's own softmax attention (zoo.layers.einsum_attention), what `auto` runs on CPU; xla and cudnn
+# are jax.nn.dot_product_attention's backends (cudnn: flash attention on NVIDIA GPUs).
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
+# With remat on, what the backward pass keeps instead of recomputing: nothing (full), every matmul output
+# (dots), or the matmul outputs without a batch dimension in the contraction: the projections and MLP,
+# not the attention scores (dots_no_batch). See zoo.layers.REMAT_POLICIES.
+REMAT_POLICIES = ("full", "dots", "dots_no_batch")
 
 
 class ConfigError(ValueError):
@@ -47,7 +54,8 @@ class GptConfig:
     param_dtype: str = "float32"  # storage dtype of parameters
     scan_layers: bool = False  # one nn.scan over stacked blocks: compile time independent of L
     remat: bool = False  # recompute block activations in the backward pass to save memory
-    attention_impl: str = "auto"  # jax.nn.dot_product_attention backend: auto | xla | cudnn
+    remat_policy: str = "full"  # with remat: full | dots | dots_no_batch (what is saved, see REMAT_POLICIES)
+    attention_impl: str = "auto"  # auto (einsum on CPU, else jax.nn.dot_product_attention's pick) | xla | cudnn | einsum
 
     def __post_init__(self):
         for name in ("vocab_size", "max_len", "num_layers", "d_model", "num_heads", "d_ff"):
@@ -57,8 +65,10 @@ class GptConfig:
         _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
         _check_dtype("model.dtype", self.dtype)
         _check_dtype("model.param_dtype", self.param_dtype)
-        _check(self.attention_impl in ("auto", "xla", "cudnn"),
-               f"model.attention_impl={self.attention_impl!r}; choose one of auto, xla, cudnn")
+        _check(self.attention_impl in ATTENTION_IMPLS,
+               f"model.attention_impl={self.attention_impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}")
+        _check(self.remat_policy in REMAT_POLICIES,
+               f"model.remat_policy={self.remat_policy!r}; choose one of {', '.join(REMAT_POLICIES)}")
 
     @property
     def head_dim(self) -> int:
@@ -85,7 +95,8 @@ class BertConfig:
     param_dtype: str = "float32"  # storage dtype of parameters
     scan_layers: bool = False  # one nn.scan over stacked blocks: compile time independent of L
     remat: bool = False  # recompute block activations in the backward pass to save memory
-    attention_impl: str = "auto"  # jax.nn.dot_product_attention backend: auto | xla | cudnn
+    remat_policy: str = "full"  # with remat: full | dots | dots_no_batch (what is saved, see REMAT_POLICIES)
+    attention_impl: str = "auto"  # auto (einsum on CPU, else jax.nn.dot_product_attention's pick) | xla | cudnn | einsum
 
     def __post_init__(self):
         for name in ("vocab_size", "max_len", "type_vocab_size", "num_layers", "d_model", "num_heads", "d_ff",
@@ -96,8 +107,10 @@ class BertConfig:
         _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
         _check_dtype("model.dtype", self.dtype)
         _check_dtype("model.param_dtype", self.param_dtype)
-        _check(self.attention_impl in ("auto", "xla", "cudnn"),
-               f"model.attention_impl={self.attention_impl!r}; choose one of auto, xla, cudnn")
+        _check(self.attention_impl in ATTENTION_IMPLS,
+               f"model.attention_impl={self.attention_impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}")
+        _check(self.remat_policy in REMAT_POLICIES,
+               f"model.remat_policy={self.remat_policy!r}; choose one of {', '.join(REMAT_POLICIES)}")
 
     @property
     def head_dim(self) -> int:
@@ -143,7 +156,7 @@ class EncDecConfig:
     param_dtype: str = "float32"  # storage dtype of parameters
     scan_layers: bool = False  # one nn.scan per stack: compile time independent of the depth
     remat: bool = False  # recompute block activations in the backward pass to save memory
-    attention_impl: str = "auto"  # jax.nn.dot_product_attention backend: auto | xla | cudnn
+    attention_impl: str = "auto"  # auto (einsum on CPU, else jax.nn.dot_product_attention's pick) | xla | cudnn | einsum
 
     def __post_init__(self):
         for name in ("vocab_size", "max_len", "num_encoder_layers", "num_decoder_layers", "d_model", "num_heads",
@@ -153,7 +166,7 @@ class EncDecConfig:
         _check(self.d_kv > 0 or self.d_model % self.num_heads == 0,
                f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads} (or set model.d_kv)")
         for name, choices in (("positions", ENCDEC_POSITIONS), ("norm", ENCDEC_NORMS),
-                              ("activation", ENCDEC_ACTIVATIONS), ("attention_impl", ("auto", "xla", "cudnn"))):
+                              ("activation", ENCDEC_ACTIVATIONS), ("attention_impl", ATTENTION_IMPLS)):
             _check(getattr(self, name) in choices,
                    f"model.{name}={getattr(self, name)!r} is unknown; choose one of {', '.join(choices)}")
         _check(self.positions != "sinusoidal" or self.d_model % 2 == 0,

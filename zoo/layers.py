@@ -148,8 +148,48 @@ def padding_mask(valid_BS, valid_BT=None):
     return valid_BT[:, None, :, None] & valid_BS[:, None, None, :]
 
 
+NEG_LARGE = -1e30  # a masked logit: finite, so a row with every key masked stays finite (uniform)
+
+
+def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None, is_causal=False):
+    """softmax(q k^T * scale + bias, masked) v, as plain einsums: zoo's attention on CPU.
+
+    Cheaper than jax.nn.dot_product_attention's XLA path on CPU: the scale goes on q ([B, T, N, H])
+    rather than the logits ([B, N, T, S]), the row maximum is a constant for autodiff (it cancels),
+    and the softmax is normalised after the value product, on [B, T, N, H], not on [B, N, T, S].
+    Grouped keys/values (K < N heads) are repeated to N.
+    """
+    B, T, N, H = q_BTNH.shape
+    S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+    if K != N:
+        k_BSKH, v_BSKH = (jnp.repeat(x, N // K, axis=2) for x in (k_BSKH, v_BSKH))
+    scale = H ** -0.5 if scale is None else scale
+    s_BNTS = jnp.einsum("BTNH,BSNH->BNTS", q_BTNH * jnp.asarray(scale, q_BTNH.dtype), k_BSKH,
+                        preferred_element_type=jnp.float32)
+    if bias is not None:
+        s_BNTS = s_BNTS + bias.astype(jnp.float32)
+    if is_causal:
+        causal_TS = jnp.arange(S)[None, :] <= jnp.arange(T)[:, None]  # as jax.nn.dot_product_attention
+        mask = causal_TS if mask is None else mask & causal_TS
+    if mask is not None:
+        s_BNTS = jnp.where(mask, s_BNTS, NEG_LARGE)
+    e_BNTS = jnp.exp(s_BNTS - jax.lax.stop_gradient(jnp.max(s_BNTS, -1, keepdims=True)))
+    out_BTNH = jnp.einsum("BNTS,BSNH->BTNH", e_BNTS.astype(v_BSKH.dtype), v_BSKH, preferred_element_type=jnp.float32)
+    return (out_BTNH / jnp.sum(e_BNTS, -1).transpose(0, 2, 1)[..., None]).astype(q_BTNH.dtype)
+
+
+def attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None, is_causal=False, implementation=None):
+    """implementation "einsum", or None on CPU: einsum_attention; otherwise jax.nn.dot_product_attention
+    with that backend (None: its own pick, cuDNN flash attention on a GPU when the shapes allow)."""
+    if implementation == "einsum" or (implementation is None and jax.default_backend() == "cpu"):
+        return einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias, mask, scale=scale, is_causal=is_causal)
+    return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=bias, mask=mask, scale=scale,
+                                        is_causal=is_causal, implementation=implementation)
+
+
 class Attention(nn.Module):
-    """Multi-head attention through jax.nn.dot_product_attention (cuDNN flash on GPU, XLA on CPU).
+    """Multi-head attention: zoo's einsum softmax on CPU, jax.nn.dot_product_attention elsewhere
+    (cuDNN flash on GPU), see `attention`.
 
     Self-attention when `kv_BSD` is None, cross-attention otherwise. With `decode=True` keys and
     values are written into a cache (collection "cache", length fixed when the cache is created)
@@ -166,7 +206,7 @@ class Attention(nn.Module):
     scale: float | None = None  # logits scale; None: 1/sqrt(H) (T5 folds it into the init: 1.0)
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
-    implementation: str | None = None  # None (auto) | "xla" | "cudnn"
+    implementation: str | None = None  # None (auto) | "xla" | "cudnn" | "einsum"
 
     def _proj(self, name, features, heads, x):
         return Einsum((features, heads, self.head_dim), ("embed", "heads", "kv"), "BTD,DNH->BTNH",
@@ -188,9 +228,8 @@ class Attention(nn.Module):
         if decode and kv_BSD is None:
             k_BSKH, v_BSKH, mask_B1TS = self._update_cache(k_BSKH, v_BSKH, positions_T, mask_B1TS)
             is_causal = False
-        out_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=bias_BNTS, mask=mask_B1TS,
-                                                scale=self.scale, is_causal=is_causal,
-                                                implementation=self.implementation)
+        out_BTNH = attention(q_BTNH, k_BSKH, v_BSKH, bias=bias_BNTS, mask=mask_B1TS, scale=self.scale,
+                             is_causal=is_causal, implementation=self.implementation)
         return Einsum((self.num_heads, self.head_dim, D), ("heads", "kv", "embed"), "BTNH,NHD->BTD",
                       std=self.out_std, bias_axes=("embed",) if self.use_bias else None,
                       dtype=self.dtype, param_dtype=self.param_dtype, name="out")(out_BTNH)
@@ -296,7 +335,13 @@ class PreLnBlock(nn.Module):
         return (x_BTD, None) if self.scanned else x_BTD
 
 
-def stack_blocks(block_cls, num_layers: int, *, scan: bool, remat: bool, name: str, **block_kw):
+# zoo.config.REMAT_POLICIES -> the jax.checkpoint policy (None: save nothing, recompute the whole block).
+REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_saveable,
+                  "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def stack_blocks(block_cls, num_layers: int, *, scan: bool, remat: bool, name: str, remat_policy: str = "full",
+                 **block_kw):
     """L blocks as a Python loop (params h_0..h_{L-1}) or as one nn.scan (params h[L, ...]).
 
     Returns a callable (x, *args) -> x. Positional args after x are broadcast to every layer.
@@ -304,7 +349,7 @@ def stack_blocks(block_cls, num_layers: int, *, scan: bool, remat: bool, name: s
     cls = block_cls
     if remat:
         # deterministic and decode (args 3, 4 counting self) are Python bools: static.
-        cls = nn.remat(cls, static_argnums=(3, 4), prevent_cse=not scan)
+        cls = nn.remat(cls, static_argnums=(3, 4), prevent_cse=not scan, policy=REMAT_POLICIES[remat_policy])
     if scan:
         stack = nn.scan(cls, variable_axes={"params": 0, "cache": 0}, split_rngs={"params": True, "dropout": True},
                         in_axes=nn.broadcast, length=num_layers,

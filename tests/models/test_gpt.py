@@ -4,6 +4,7 @@ import dataclasses
 
 import flax.linen as nn
 import jax
+import jax.ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -70,12 +71,12 @@ def _stack(params, L):
     return params
 
 
-@pytest.mark.parametrize("remat", [False, True])
-def test_scan_and_remat_match_the_loop(remat):
+@pytest.mark.parametrize("remat,policy", [(False, "full"), (True, "full"), (True, "dots"), (True, "dots_no_batch")])
+def test_scan_and_remat_match_the_loop(remat, policy):
     ids = jax.random.randint(jax.random.PRNGKey(3), (2, 16), 0, 384)
     loop = Gpt(_tiny())
     params = nn.unbox(loop.init(jax.random.PRNGKey(0), ids)["params"])
-    scanned = Gpt(_tiny(scan_layers=True, remat=remat))
+    scanned = Gpt(_tiny(scan_layers=True, remat=remat, remat_policy=policy))
     sparams = _stack(dict(params), 2)
     np.testing.assert_allclose(scanned.apply({"params": sparams}, ids), loop.apply({"params": params}, ids),
                                atol=1e-5, rtol=1e-5)
@@ -91,3 +92,17 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     v = model.init(jax.random.PRNGKey(0), ids)
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(v["params"]))
     assert model.apply(v, ids).dtype == jnp.float32
+
+
+def test_remat_policies_save_what_they_name(capsys):
+    """full saves the least for the backward pass, dots the most; dots_no_batch recomputes attention scores."""
+    ids = jax.random.randint(jax.random.PRNGKey(3), (2, 16), 0, 384)
+
+    def saved(**kw):
+        model = Gpt(_tiny(**kw))
+        params = nn.unbox(model.init(jax.random.PRNGKey(0), ids)["params"])
+        jax.ad_checkpoint.print_saved_residuals(lambda p: model.apply({"params": p}, ids).sum(), params)
+        return capsys.readouterr().out.count("\n")
+
+    full, no_batch, dots = (saved(remat=True, remat_policy=p) for p in ("full", "dots_no_batch", "dots"))
+    assert full < no_batch < dots <= saved(remat=False)

@@ -129,7 +129,8 @@ class Encoder(nn.Module):
         cfg, kw = self.cfg, _dtypes(self.cfg)
         impl = None if cfg.attention_impl == "auto" else cfg.attention_impl
         blocks = layers.stack_blocks(
-            BertBlock, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, name="layer",
+            BertBlock, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, remat_policy=cfg.remat_policy,
+            name="layer",
             num_heads=cfg.num_heads, d_ff=cfg.d_ff, dropout=cfg.dropout, ln_eps=cfg.ln_eps, pre_ln=cfg.pre_ln,
             implementation=impl, **kw)
         x_BTD = blocks(x_BTD, mask_B1TS, deterministic, False)

@@ -53,7 +53,8 @@ class Gpt(nn.Module):
         x_BTD = nn.Dropout(cfg.dropout)(x_BTD, deterministic=deterministic)
         x_BTD = layers.constrain(x_BTD, ("batch", "length", "embed"))
         blocks = layers.stack_blocks(
-            layers.PreLnBlock, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, name="h",
+            layers.PreLnBlock, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, remat_policy=cfg.remat_policy,
+            name="h",
             num_heads=cfg.num_heads, d_ff=cfg.d_ff, dropout=cfg.dropout, ln_eps=cfg.ln_eps,
             out_std=layers.residual_std(cfg.num_layers), dtype=dtype, param_dtype=param_dtype,
             implementation=attention_impl(cfg.attention_impl))
