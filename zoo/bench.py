@@ -87,7 +87,7 @@ def _median(xs):
 def summarise(spec: dict, results: dict) -> dict:
     ready, rounds, final = results["zoo"]
     row = {"workload": spec["workload"], "shape": spec["name"], **{k: ready[k] for k in
-           ("device_kind", "device_count", "compile_s", "peak_flops") if k in ready}}
+           ("device_kind", "device_count", "compile_s", "peak_flops", "settings") if k in ready}}
     for key in rounds[0]:
         if key.endswith("_s"):  # per-round durations: median and min
             row[f"{key}_median"] = _median([r[key] for r in rounds])
@@ -130,6 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--peer", choices=("hf-torch",), help="run transformers (PyTorch) on the same shapes")
     ap.add_argument("--out", help="append one JSON line per shape to this file")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for zoo's side, repeatable (e.g. model.attention_impl=xla, model.remat=true)")
     a = ap.parse_args(argv)
     try:
         specs = bench_shapes.specs(a.workload or list(bench_shapes.WORKLOADS), a.shapes, preset=a.preset,
@@ -139,8 +141,13 @@ def main(argv=None) -> int:
         return 2
     rows = []
     for spec in specs:
+        spec["overrides"] = spec.get("overrides", []) + a.set
         t = time.perf_counter()
-        row = run_spec(spec, a.peer, a.rounds)
+        try:
+            row = run_spec(spec, a.peer, a.rounds)
+        except RuntimeError as e:  # zoo's worker refused the spec (bad --set) or died: one line, no traceback
+            print(f"error: {spec['workload']} {spec['name']}: {e}", file=sys.stderr)
+            return 2
         row["bench_wall_s"] = time.perf_counter() - t
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -56,6 +56,7 @@ class ZooTrain:
         self.devices = s.mesh.devices.flatten().tolist()
         self.peak = flops.total_peak(self.devices)
         self.batch = cfg.train.batch_size
+        self.settings = settings(cfg.model)
 
     def _steps(self, n):
         for _ in range(n):
@@ -69,7 +70,7 @@ class ZooTrain:
     def ready(self):
         d = self.devices[0]
         return {"device_kind": d.device_kind, "device_count": len(self.devices), "compile_s": self.compile_s,
-                "peak_flops": self.peak}
+                "peak_flops": self.peak, "settings": self.settings}
 
     def round(self):
         self.wait = 0.0
@@ -85,6 +86,17 @@ class ZooTrain:
         return {"tokens_per_s": tps, "sequences_per_s": self.batch / step,
                 "tokens_per_s_per_device": tps / len(self.devices), "mfu": tps * self.flops_per_token / self.peak,
                 "peak_memory_mb": _peak_memory_mb(self.devices[0])}
+
+
+def settings(model_cfg) -> dict:
+    """The model switches that decide speed, as run: dtype, attention backend, remat, layer scan."""
+    import jax
+    impl = model_cfg.attention_impl
+    if impl == "auto":
+        impl = "einsum" if jax.default_backend() == "cpu" else "auto (jax.nn.dot_product_attention)"
+    return {"dtype": model_cfg.dtype, "attention": impl,
+            "remat": getattr(model_cfg, "remat_policy", "full") if getattr(model_cfg, "remat", False) else "none",
+            "scan_layers": getattr(model_cfg, "scan_layers", False)}
 
 
 def synthetic_batches(spec, cfg):
