@@ -1,5 +1,6 @@
 """Greedy and beam-search decoding: cached greedy equals full recomputation, beam 1 equals greedy,
-a wide beam finds the exhaustive best, one compile per shape, bad beam sizes refused."""
+a wide beam finds the exhaustive best (GNMT and transformers' scoring), one compile per shape, bad beam
+sizes and styles refused. (Token-for-token equality with transformers' generate: tests/hf.)"""
 
 import itertools
 
@@ -66,25 +67,62 @@ def test_beam_one_equals_greedy(setup):
         np.testing.assert_array_equal(np.asarray(beam), greedy)
 
 
-def test_wide_beam_finds_the_exhaustive_best(setup):
+# Tokens 0, 1 and EOS = 2; at most 3 output tokens: every EOS-terminated sequence of length <= 3 and every
+# unfinished one of length 3.
+V3, EOS3, N3 = 3, 2, 3
+CANDS = [list(p) + [EOS3] for k in range(N3) for p in itertools.product(range(2), repeat=k)] + \
+    [list(p) for p in itertools.product(range(2), repeat=N3)]
+
+
+@pytest.fixture(scope="module")
+def exhaustive(setup):
+    """Per row, the log-probability of every candidate by teacher forcing (one batched forward per row)."""
     model, params, src, valid = setup
-    V, eos, n = 3, 2, 3  # tokens 0, 1 and EOS = 2; at most 3 output tokens
-    ids, scores = decoding.beam_search(params, src, valid, model=model, beam=9, max_len=n, length_penalty=0.0,
-                                       bos_id=BOS, eos_id=eos, vocab_limit=V)
-    # Every EOS-terminated sequence of length <= 3 and every unfinished one of length 3, by teacher forcing.
-    cands = [list(p) + [eos] for k in range(n) for p in itertools.product(range(2), repeat=k)]
-    cands += [list(p) for p in itertools.product(range(2), repeat=n)]
+    tgt_in = jnp.asarray([[BOS] + c[:-1] + [0] * (N3 - len(c)) for c in CANDS])  # causal: the fill never matters
+    forward, rows = jax.jit(model.apply), []
     for b in range(src.shape[0]):
-        best, best_score = None, -np.inf
-        for c in cands:
-            tgt = jnp.asarray([[BOS] + c[:-1]])
-            logits = model.apply({"params": params}, src[b:b + 1], valid[b:b + 1], tgt)[0, :, :V]
-            s = float(jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits), jnp.asarray(c)[:, None], 1)))
-            if s > best_score:
-                best, best_score = c, s
+        logp_CTV = jax.nn.log_softmax(forward({"params": params}, jnp.repeat(src[b:b + 1], len(CANDS), 0),
+                                              jnp.repeat(valid[b:b + 1], len(CANDS), 0), tgt_in)[:, :, :V3])
+        rows.append([float(sum(logp_CTV[i, t, tok] for t, tok in enumerate(c))) for i, c in enumerate(CANDS)])
+    return rows
+
+
+def check_best(ids, scores, rows, score_of):
+    for b, logps in enumerate(rows):
+        ranked = [score_of(lp, c) for lp, c in zip(logps, CANDS)]
+        best = int(np.argmax(ranked))
         got = np.asarray(ids[b]).tolist()
-        assert (got[:got.index(eos) + 1] if eos in got else got) == best
-        assert float(scores[b]) == pytest.approx(best_score, rel=1e-5)
+        assert (got[:got.index(EOS3) + 1] if EOS3 in got else got) == CANDS[best]
+        assert float(scores[b]) == pytest.approx(ranked[best], rel=1e-5)
+
+
+def test_wide_beam_finds_the_exhaustive_best(setup, exhaustive):
+    model, params, src, valid = setup
+    ids, scores = decoding.beam_search(params, src, valid, model=model, beam=9, max_len=N3, length_penalty=0.0,
+                                       bos_id=BOS, eos_id=EOS3, vocab_limit=V3)
+    check_best(ids, scores, exhaustive, lambda logp, c: logp)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_hf_style_wide_beam_with_early_stopping_never_finds_the_exhaustive_best(setup, exhaustive, alpha):
+    """transformers' rule: "never" (with alpha > 0, judged at max_len) is exact, and the score is
+    log p / length^alpha (GNMT's ((5 + length) / 6)^alpha would give another value)."""
+    model, params, src, valid = setup
+    ids, scores = decoding.beam_search(params, src, valid, model=model, beam=9, max_len=N3, length_penalty=alpha,
+                                       bos_id=BOS, eos_id=EOS3, vocab_limit=V3, style="hf", early_stopping="never")
+    check_best(ids, scores, exhaustive, lambda logp, c: logp / len(c) ** alpha)
+
+
+def test_hf_style_beam_one_equals_greedy(setup):
+    model, params, src, valid = setup
+    raw = np.asarray(decoding.greedy(params, src, valid, model=model, max_len=L, bos_id=BOS, eos_id=36,
+                                     vocab_limit=36))
+    kw = dict(model=model, max_len=L, bos_id=BOS, eos_id=int(raw[1, 2]), vocab_limit=36)  # some rows end early
+    greedy = np.asarray(decoding.greedy(params, src, valid, **kw))
+    for early in (False, True):
+        beam, _ = decoding.beam_search(params, src, valid, beam=1, length_penalty=1.0, style="hf",
+                                       early_stopping=early, **kw)
+        np.testing.assert_array_equal(np.asarray(beam), greedy)
 
 
 def test_decoding_compiles_once_per_shape(setup):
@@ -98,7 +136,12 @@ def test_decoding_compiles_once_per_shape(setup):
     assert decoding.greedy._cache_size() == before + 1
 
 
-def test_beam_size_below_one_is_refused(setup):
+def test_beam_size_below_one_and_unknown_styles_are_refused(setup):
     model, params, src, valid = setup
+    kw = dict(max_len=L, bos_id=BOS, eos_id=36, vocab_limit=36)
     with pytest.raises(ValueError, match="beam size 0 must be >= 1"):
-        decoding.generate(model, params, src, valid, max_len=L, bos_id=BOS, eos_id=36, vocab_limit=36, beam=0)
+        decoding.generate(model, params, src, valid, beam=0, **kw)
+    with pytest.raises(ValueError, match="beam style 'fairseq' is unknown; choose one of gnmt, hf"):
+        decoding.generate(model, params, src, valid, beam=2, style="fairseq", **kw)
+    with pytest.raises(ValueError, match="early_stopping='always'; choose True, False or 'never'"):
+        decoding.generate(model, params, src, valid, beam=2, style="hf", early_stopping="always", **kw)

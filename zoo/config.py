@@ -127,7 +127,7 @@ class EncDecConfig:
     """Encoder-decoder transformer (Vaswani, T5, BART are presets): the variants are switches here."""
 
     family: ClassVar[str] = "encdec"
-    vocab_size: int = 37000  # rows of the token embedding; >= the tokenizer's vocabulary + 2 (BOS, PAD)
+    vocab_size: int = 37000  # rows of the token embedding; >= the tokenizer's vocabulary + 2 (zoo's BOS, PAD)
     max_len: int = 256  # longest source and longest target (rows of learned position tables)
     num_encoder_layers: int = 6  # encoder blocks
     num_decoder_layers: int = 6  # decoder blocks (self-attention, cross-attention, MLP)
@@ -150,7 +150,8 @@ class EncDecConfig:
     embed_scale: bool = False  # multiply token embeddings by sqrt(D) (Vaswani)
     share_embeddings: bool = True  # source and target tokens use one embedding table
     tie_output: bool = True  # output projection = the target embedding, transposed
-    output_scale: bool = False  # decoder output times D^-0.5 before the tied projection (T5)
+    output_scale: bool = False  # decoder output times D^-0.5 before the output projection (T5 v1.0)
+    logits_bias: bool = False  # a learned bias [V] added to the logits (BART's final_logits_bias)
     label_smoothing: float = 0.0  # training loss only; eval loss and perplexity stay plain cross-entropy
     dtype: str = "float32"  # compute dtype of activations and matmuls
     param_dtype: str = "float32"  # storage dtype of parameters

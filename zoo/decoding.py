@@ -9,8 +9,10 @@ max_len, beam) shape compiles once, not once per token.
 Beam search keeps `beam` alive hypotheses and `beam` finished ones per input; a hypothesis whose
 EOS ranks among the step's top `beam` candidates finishes, scored log p / ((5 + length) / 6)^alpha
 (GNMT length penalty, alpha = length_penalty); the search stops when no alive hypothesis can beat
-the worst finished one. With beam 1 and alpha 0 this is exactly greedy decoding. Token ids
->= vocab_limit (BOS, PAD, unused embedding rows) are never produced.
+the worst finished one. With beam 1 and alpha 0 this is exactly greedy decoding. style="hf" ranks
+and stops as transformers' `generate` does instead (log p / length^alpha and its `early_stopping`
+rule; converted T5 / BART checkpoints decode this way), token for token. Token ids >= vocab_limit
+(BOS, PAD, unused embedding rows) are never produced.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def _start(model, params, src_BS, src_valid_BS, max_len: int, repeat: int = 1):
     return cache, enc_BSD, src_valid_BS
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_len", "bos_id", "eos_id", "vocab_limit"))
+@functools.partial(jax.jit, static_argnames=("model", "max_len", "vocab_limit"))
 def greedy(params, src_BS, src_valid_BS, *, model, max_len: int, bos_id: int, eos_id: int, vocab_limit: int):
     """ids [B, max_len]: the argmax token at each step; EOS from a row's first EOS on."""
     B = src_BS.shape[0]
@@ -61,9 +63,14 @@ def greedy(params, src_BS, src_valid_BS, *, model, max_len: int, bos_id: int, eo
     return jax.lax.while_loop(cond, body, init)[3]
 
 
-def length_penalty_of(length, alpha: float):
-    """GNMT (Wu et al. 2016): ((5 + length) / 6)^alpha; alpha 0 ranks by plain log-probability."""
-    return ((5.0 + length) / 6.0) ** alpha
+BEAM_STYLES = ("gnmt", "hf")
+
+
+def length_penalty_of(length, alpha, style: str = "gnmt"):
+    """The divisor of a finished hypothesis' log-probability. gnmt (Wu et al. 2016): ((5 + length) / 6)^alpha;
+    hf (transformers): length^alpha. alpha 0 ranks by plain log-probability either way."""
+    length = jnp.asarray(length, jnp.float32)
+    return ((5.0 + length) / 6.0) ** alpha if style == "gnmt" else length ** alpha
 
 
 def _reorder(cache, rows, batch_axis: int):
@@ -75,27 +82,56 @@ def _reorder(cache, rows, batch_axis: int):
     return jax.tree_util.tree_map_with_path(pick, cache)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam", "max_len", "length_penalty", "bos_id", "eos_id",
-                                             "vocab_limit"))
 def beam_search(params, src_BS, src_valid_BS, *, model, beam: int, max_len: int, length_penalty: float,
-                bos_id: int, eos_id: int, vocab_limit: int):
-    """(ids [B, max_len], scores [B]) of the best hypothesis per row, finished or still alive at max_len."""
+                bos_id: int, eos_id: int, vocab_limit: int, style: str = "gnmt", early_stopping=False):
+    """(ids [B, max_len], scores [B]) of the best hypothesis per row.
+
+    style "gnmt": GNMT penalty; a row stops when no alive hypothesis can beat its worst finished one
+    (exact: log-probabilities only fall and the penalty is largest at max_len); hypotheses still
+    alive at max_len compete too. style "hf": transformers' beam search step for step: penalty
+    length^alpha; at max_len the top `beam` candidates all finish; `early_stopping` True stops a
+    row once it has `beam` finished, False (its heuristic) once the best alive log-probability over
+    the current length^alpha cannot beat the worst finished, "never" the same over max_len^alpha
+    (alpha > 0); a stopped row takes no new finished hypotheses. Penalty, ids and stopping rule are
+    traced: one compile per (shapes, beam, style).
+    """
+    check_beam(beam, style, early_stopping)
+    return _beam_search(params, src_BS, src_valid_BS, jnp.float32(length_penalty), jnp.int32(bos_id),
+                        jnp.int32(eos_id), jnp.asarray(early_stopping is True), jnp.asarray(early_stopping == "never"),
+                        model=model, beam=beam, max_len=max_len, vocab_limit=vocab_limit, style=style)
+
+
+def _hf_still_open(open_B, alive_logp_BK, fin_score_BK, steps, alpha):
+    """transformers' early-stop heuristic after a step: a row with K finished stops (for good) once its
+    best alive log-probability over steps^alpha cannot beat its worst finished score."""
+    best_alive_B = alive_logp_BK[:, 0] / length_penalty_of(steps, alpha, "hf")
+    return open_B & ~(_full(fin_score_BK) & (best_alive_B <= fin_score_BK[:, -1]))
+
+
+def _full(fin_score_BK):
+    return jnp.all(fin_score_BK > NEG_INF / 2, axis=1)  # K finished hypotheses
+
+
+@functools.partial(jax.jit, static_argnames=("model", "beam", "max_len", "vocab_limit", "style"))
+def _beam_search(params, src_BS, src_valid_BS, alpha, bos_id, eos_id, stop_when_full, never, *, model, beam: int,
+                 max_len: int, vocab_limit: int, style: str):
     B, K, L = src_BS.shape[0], beam, max_len
+    hf = style == "hf"
     cache, enc_BSD, src_valid_BS = _start(model, params, src_BS, src_valid_BS, L, repeat=K)
     batch_axis = 1 if model.cfg.scan_layers else 0  # scanned stacks put the layer axis first
-    max_penalty = length_penalty_of(L, length_penalty)
+    max_penalty = length_penalty_of(L, alpha, style)
     b_B1 = jnp.arange(B)[:, None]
 
     def cond(c):
-        i, _, _, alive_logp_BK, _, fin_score_BK, _ = c
+        i, _, _, alive_logp_BK, _, fin_score_BK, _, open_B = c
+        if hf:
+            return (i < L) & jnp.any(open_B) & ~(jnp.all(_full(fin_score_BK)) & stop_when_full)
         # An alive hypothesis' log-prob only falls; its best possible score is at the longest length.
-        best_alive_B = alive_logp_BK[:, 0] / max_penalty
-        full_B = jnp.all(fin_score_BK > NEG_INF / 2, axis=1)
-        done_B = full_B & (fin_score_BK[:, -1] > best_alive_B)
+        done_B = _full(fin_score_BK) & (fin_score_BK[:, -1] > alive_logp_BK[:, 0] / max_penalty)
         return (i < L) & ~jnp.all(done_B)
 
     def body(c):
-        i, cache, alive_BKL, alive_logp_BK, fin_BKL, fin_score_BK, last_BK = c
+        i, cache, alive_BKL, alive_logp_BK, fin_BKL, fin_score_BK, last_BK, open_B = c
         cache, logits_NV = _decode_call(model, params, cache, last_BK.reshape(B * K, 1), enc_BSD, src_valid_BS)
         logp_BKV = jax.nn.log_softmax(logits_NV[:, :vocab_limit].astype(jnp.float32)).reshape(B, K, -1)
         V = logp_BKV.shape[-1]
@@ -103,27 +139,36 @@ def beam_search(params, src_BS, src_valid_BS, *, model, beam: int, max_len: int,
         cand_logp_BC, flat_BC = jax.lax.top_k((alive_logp_BK[..., None] + logp_BKV).reshape(B, K * V), 2 * K)
         origin_BC, tok_BC = flat_BC // V, (flat_BC % V).astype(jnp.int32)
         cand_BCL = alive_BKL[b_B1, origin_BC].at[:, :, i].set(tok_BC)
-        is_eos_BC = tok_BC == eos_id
+        # hf: reaching max_len finishes every candidate, as transformers' max-length criterion does.
+        ends_BC = (tok_BC == eos_id) | (hf & (i == L - 1))
         # Alive: the K best candidates that did not just end.
-        alive_logp_BK, pick_BK = jax.lax.top_k(jnp.where(is_eos_BC, NEG_INF, cand_logp_BC), K)
+        alive_logp_BK, pick_BK = jax.lax.top_k(jnp.where(ends_BC, NEG_INF, cand_logp_BC), K)
         alive_BKL, last_BK = cand_BCL[b_B1, pick_BK], tok_BC[b_B1, pick_BK]
         rows = (b_B1 * K + origin_BC[b_B1, pick_BK]).reshape(-1)
         cache = _reorder(cache, rows, batch_axis)
-        # Finished: the K best of the old finished and the candidates that just emitted EOS.
-        # An EOS candidate finishes only if it ranks among the top K (as in Hugging Face), so beam 1 is
-        # greedy; a continuation of a dead (NEG_INF) slot never does.
-        live_BC = is_eos_BC & (jnp.arange(2 * K) < K)[None] & (cand_logp_BC > NEG_INF / 2)
-        new_score_BC = jnp.where(live_BC, cand_logp_BC / length_penalty_of(i + 1, length_penalty), NEG_INF)
+        # Finished: the K best of the old finished and the candidates that just ended. A candidate
+        # finishes only if it ranks among the top K (as in Hugging Face), so beam 1 is greedy; a
+        # continuation of a dead (NEG_INF) slot never does. hf: a stopped row, or (early_stopping
+        # True) a full one, takes no more.
+        live_BC = ends_BC & (jnp.arange(2 * K) < K)[None] & (cand_logp_BC > NEG_INF / 2)
+        if hf:
+            live_BC = live_BC & (open_B & ~(_full(fin_score_BK) & stop_when_full))[:, None]
+        new_score_BC = jnp.where(live_BC, cand_logp_BC / length_penalty_of(i + 1, alpha, style), NEG_INF)
         fin_score_BK, keep_BK = jax.lax.top_k(jnp.concatenate([fin_score_BK, new_score_BC], 1), K)
         fin_BKL = jnp.concatenate([fin_BKL, cand_BCL], 1)[b_B1, keep_BK]
-        return i + 1, cache, alive_BKL, alive_logp_BK, fin_BKL, fin_score_BK, last_BK
+        if hf:  # "never" with alpha > 0 judges the alive at max_len, else at the current length
+            steps = jnp.where(never & (alpha > 0), L, i + 1)
+            open_B = _hf_still_open(open_B, alive_logp_BK, fin_score_BK, steps, alpha)
+        return i + 1, cache, alive_BKL, alive_logp_BK, fin_BKL, fin_score_BK, last_BK, open_B
 
     seqs_BKL = jnp.full((B, K, L), eos_id, jnp.int32)
     # Only beam 0 is live at the start, so the first step's K candidates are distinct.
     alive_logp_BK = jnp.where(jnp.arange(K)[None] == 0, 0.0, NEG_INF) * jnp.ones((B, 1))
     init = (jnp.int32(0), cache, seqs_BKL, alive_logp_BK, seqs_BKL, jnp.full((B, K), NEG_INF),
-            jnp.full((B, K), bos_id, jnp.int32))
-    _, _, alive_BKL, alive_logp_BK, fin_BKL, fin_score_BK, _ = jax.lax.while_loop(cond, body, init)
+            jnp.full((B, K), bos_id, jnp.int32), jnp.ones((B,), bool))
+    _, _, alive_BKL, alive_logp_BK, fin_BKL, fin_score_BK, _, _ = jax.lax.while_loop(cond, body, init)
+    if hf:  # every row finished at least one hypothesis (max_len finishes them all): the best one wins
+        return fin_BKL[:, 0], fin_score_BK[:, 0]
     # Hypotheses still alive compete too, scored at the longest length (as Hugging Face's finalize does):
     # a cut that left no room for EOS must not hand the win to a poor early finisher.
     score_B2K = jnp.concatenate([fin_score_BK, alive_logp_BK / max_penalty], 1)
@@ -132,15 +177,20 @@ def beam_search(params, src_BS, src_valid_BS, *, model, beam: int, max_len: int,
     return ids_BL, score_B2K[jnp.arange(B), best_B]
 
 
-def check_beam(beam: int) -> None:
+def check_beam(beam: int, style: str = "gnmt", early_stopping=False) -> None:
     if beam < 1:
         raise ValueError(f"beam size {beam} must be >= 1 (1 is greedy decoding)")
+    if style not in BEAM_STYLES:
+        raise ValueError(f"beam style {style!r} is unknown; choose one of {', '.join(BEAM_STYLES)}")
+    if early_stopping not in (True, False, "never"):
+        raise ValueError(f"early_stopping={early_stopping!r}; choose True, False or 'never'")
 
 
 def generate(model, params, src_BS, src_valid_BS, *, max_len: int, bos_id: int, eos_id: int, vocab_limit: int,
-             beam: int = 1, length_penalty: float = 0.6) -> list[list[int]]:
-    """Output ids per row, cut before the first EOS. beam 1 is greedy; beam > 1 is beam search."""
-    check_beam(beam)
+             beam: int = 1, length_penalty: float = 0.6, style: str = "gnmt", early_stopping=False) -> list[list[int]]:
+    """Output ids per row, cut before the first EOS. beam 1 is greedy; beam > 1 is beam search, ranked
+    and stopped as `style` says (gnmt: zoo's; hf: transformers', with its `early_stopping`)."""
+    check_beam(beam, style, early_stopping)
     cfg = model.cfg
     if cfg.positions == "learned" and max_len > cfg.max_len:
         raise ValueError(f"max_len={max_len} is above the model's learned positions (model.max_len={cfg.max_len})")
@@ -149,8 +199,8 @@ def generate(model, params, src_BS, src_valid_BS, *, max_len: int, bos_id: int, 
     if beam == 1:
         ids_BL = greedy(params, src_BS, src_valid_BS, **kw)
     else:
-        ids_BL = beam_search(params, src_BS, src_valid_BS, beam=int(beam), length_penalty=float(length_penalty),
-                             **kw)[0]
+        ids_BL = beam_search(params, src_BS, src_valid_BS, beam=int(beam), length_penalty=length_penalty, style=style,
+                             early_stopping=early_stopping, **kw)[0]
     out = []
     for row in np.asarray(ids_BL).tolist():
         out.append(row[:row.index(eos_id)] if eos_id in row else row)

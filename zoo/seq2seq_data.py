@@ -10,11 +10,15 @@ longer than data.seq_len - 1 tokens are left out (bytes, seq_len 32: 58,939 rema
 phrases are new word sequences that share words and shorter runs with training ones: the task
 tests reversal, not vocabulary.
 
-Specials, after the tokenizer's vocabulary: EOS = the tokenizer's eot id, BOS = n_vocab, PAD =
-n_vocab + 1, so the model needs vocab_size >= n_vocab + 2. A source is its tokens; a target is its
-tokens + EOS; the decoder input is BOS + target[:-1]. Longer sequences are truncated to data.seq_len
-and counted (printed once); a cut target has no EOS, so the model is never taught to stop at a cut.
-A missing column and empty or non-text rows are refused with a one-line ZooDataError.
+Specials (`Specials`): zoo's own framing puts them after the tokenizer's vocabulary: EOS = the
+tokenizer's eot id, BOS = n_vocab, PAD = n_vocab + 1, so the model needs vocab_size >= n_vocab + 2.
+A source is its tokens; a target is its tokens + EOS; the decoder input is BOS + target[:-1]. A
+converted T5 or BART checkpoint brings its own framing (seq2seq.json beside its tokenizer files, see
+zoo.hf): T5 source "text </s>", target "text </s>", decoder start <pad>; BART source "<s> text </s>",
+target "<s> text </s>", decoder start </s>. Longer sequences are truncated to data.seq_len (a
+source keeps its prefix and suffix) and counted (printed once); a cut target has no EOS, so the
+model is never taught to stop at a cut. A missing column and empty or non-text rows are refused
+with a one-line ZooDataError.
 
 Batches are padded per batch, to the smallest power of two >= the longest source (target) of the
 global batch (at least 8, at most data.seq_len), so few shapes compile. Training walks a fresh
@@ -39,26 +43,66 @@ MIN_WORDS, MAX_WORDS = 3, 8  # builtin: clause length in words
 MIN_PAD = 8  # shortest padded length of a batch
 
 
+BEAM_STYLES = ("gnmt", "hf")
+
+
 @dataclass(frozen=True)
 class Specials:
-    bos: int
-    eos: int
-    pad: int
+    """A run's special ids and sequence framing, and the beam-search ranking its decoding uses."""
+
+    decoder_start: int  # the decoder's first input (zoo: BOS after the vocabulary; T5: <pad>; BART: </s>)
+    eos: int  # ends every target; decoding stops on it
+    pad: int  # fills batches (never weighted)
+    src_prefix: tuple[int, ...] = ()  # ids before a source's tokens (BART: <s>)
+    src_suffix: tuple[int, ...] = ()  # ids after a source's tokens (T5, BART: </s>)
+    tgt_prefix: tuple[int, ...] = ()  # ids before a target's tokens (BART: <s>); EOS always follows them
+    beam_style: str = "gnmt"  # length penalty and stopping of beam search: gnmt (zoo) | hf (transformers)
+    length_penalty: float = 0.6  # default alpha of that penalty
+    early_stopping: bool | str = False  # hf only: transformers' early_stopping (True, False or "never")
+
+    @property
+    def bos(self) -> int:
+        """zoo's name for the decoder start (its own framing's BOS)."""
+        return self.decoder_start
 
     @property
     def vocab_needed(self) -> int:
-        return max(self.bos, self.eos, self.pad) + 1
+        return max(self.decoder_start, self.eos, self.pad, *self.src_prefix, *self.src_suffix, *self.tgt_prefix) + 1
+
+    def source(self, ids: list[int], seq_len: int) -> list[int]:
+        """A source's framed ids, its text cut so that the whole fits seq_len."""
+        room = max(seq_len - len(self.src_prefix) - len(self.src_suffix), 0)
+        return [*self.src_prefix, *ids[:room], *self.src_suffix]
+
+    def target(self, ids: list[int]) -> list[int]:
+        return [*self.tgt_prefix, *ids, self.eos]
 
 
 def specials(tokenizer) -> Specials:
-    return Specials(bos=tokenizer.n_vocab, eos=tokenizer.eot_token, pad=tokenizer.n_vocab + 1)
+    """The tokenizer's seq2seq framing (a converted checkpoint's seq2seq.json), else zoo's: BOS and PAD
+    after the vocabulary, EOS = the tokenizer's eot."""
+    framing = getattr(tokenizer, "seq2seq", None)
+    if framing is None:
+        return Specials(decoder_start=tokenizer.n_vocab, eos=tokenizer.eot_token, pad=tokenizer.n_vocab + 1)
+    try:
+        sp = Specials(**{k: tuple(v) if isinstance(v, list) else v for k, v in framing.items()})
+    except TypeError as e:
+        raise ZooDataError(f"data.tokenizer={tokenizer.name!r}: its seq2seq.json is malformed ({e})") from None
+    if sp.beam_style not in BEAM_STYLES:
+        raise ZooDataError(f"data.tokenizer={tokenizer.name!r}: seq2seq.json beam_style={sp.beam_style!r}; "
+                           f"choose one of {', '.join(BEAM_STYLES)}")
+    return sp
 
 
 def check_vocab(model_cfg, tokenizer) -> Specials:
     sp = specials(tokenizer)
     if model_cfg.vocab_size < sp.vocab_needed:
-        raise ZooDataError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the vocabulary of "
-                           f"data.tokenizer={tokenizer.name!r} ({tokenizer.n_vocab}) + BOS + PAD = {sp.vocab_needed}")
+        if getattr(tokenizer, "seq2seq", None) is None:
+            raise ZooDataError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the vocabulary of "
+                               f"data.tokenizer={tokenizer.name!r} ({tokenizer.n_vocab}) + BOS + PAD = "
+                               f"{sp.vocab_needed}")
+        raise ZooDataError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the special ids of "
+                           f"data.tokenizer={tokenizer.name!r} (seq2seq.json) need: {sp.vocab_needed}")
     return sp
 
 
@@ -195,15 +239,18 @@ class Pairs:
 
 def encode_pairs(tokenizer, sp: Specials, sources: list[str], targets: list[str], seq_len: int):
     """(Pairs, sources truncated, targets truncated)."""
+    n_frame = len(sp.src_prefix) + len(sp.src_suffix)
     src = tokenizer.encode_batch(sources)
-    tgt = [ids + [sp.eos] for ids in tokenizer.encode_batch(targets)]
-    n_src, n_tgt = sum(len(s) > seq_len for s in src), sum(len(t) > seq_len for t in tgt)
-    return Pairs(Ragged.of([s[:seq_len] for s in src]), Ragged.of([t[:seq_len] for t in tgt])), n_src, n_tgt
+    tgt = [sp.target(ids) for ids in tokenizer.encode_batch(targets)]
+    n_src, n_tgt = sum(len(s) + n_frame > seq_len for s in src), sum(len(t) > seq_len for t in tgt)
+    return Pairs(Ragged.of([sp.source(s, seq_len) for s in src]), Ragged.of([t[:seq_len] for t in tgt])), n_src, n_tgt
 
 
-def encode_sources(tokenizer, texts: list[str], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """(src_BS, src_valid_BS) for decoding; a source longer than seq_len is refused, not cut."""
-    rows = tokenizer.encode_batch(list(texts))
+def encode_sources(tokenizer, texts: list[str], seq_len: int, sp: Specials | None = None):
+    """(src_BS, src_valid_BS) for decoding, framed as `sp` (default: the tokenizer's); a source longer
+    than seq_len is refused, not cut."""
+    sp = sp or specials(tokenizer)
+    rows = [[*sp.src_prefix, *ids, *sp.src_suffix] if ids else [] for ids in tokenizer.encode_batch(list(texts))]
     for text, ids in zip(texts, rows):
         if not ids:
             raise ZooDataError("an input text is empty; give at least one character")
@@ -248,7 +295,7 @@ def make_batch(pairs: Pairs, idx: np.ndarray, rows: slice, sp: Specials, seq_len
     w_B = np.ones(len(local), np.float32) if weights_B is None else weights_B[rows]
     return {"src": pairs.src.padded(local, S, sp.pad),
             "src_valid": np.arange(S)[None] < pairs.src.lengths[local, None],
-            "tgt_in": np.concatenate([np.full((len(local), 1), sp.bos, np.int32), tgt_BT[:, :-1]], axis=1),
+            "tgt_in": np.concatenate([np.full((len(local), 1), sp.decoder_start, np.int32), tgt_BT[:, :-1]], axis=1),
             "tgt_out": tgt_BT,
             "weights": ((np.arange(T)[None] < pairs.tgt.lengths[local, None]) * w_B[:, None]).astype(np.float32)}
 

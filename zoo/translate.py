@@ -4,7 +4,9 @@
     printf 'first input\\nsecond input\\n' | python -m zoo.translate runs/s2s --beam 1
 
 Inputs longer than the run's data.seq_len tokens are refused (training truncated them; decoding
-does not guess). Output length is capped by --max-len (default: the run's data.seq_len).
+does not guess). Output length is capped by --max-len (default: the run's data.seq_len). A run
+converted from (or fine-tuned from) a T5 or BART checkpoint frames inputs and ranks beams as
+transformers does, with the checkpoint's length_penalty and early_stopping (zoo.seq2seq_data.Specials).
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ def load(workdir: str):
     return sample.load(workdir)
 
 
-def translate(model, params, tokenizer, cfg, texts: list[str], *, beam: int = 4, length_penalty: float = 0.6,
+def translate(model, params, tokenizer, cfg, texts: list[str], *, beam: int = 4, length_penalty: float | None = None,
               max_len: int | None = None) -> list[str]:
+    """Decoded outputs; length_penalty None takes the run's (zoo: GNMT alpha 0.6; converted: the checkpoint's)."""
     decoding.check_beam(beam)
     sp = seq2seq_data.check_vocab(cfg.model, tokenizer)
-    src_BS, valid_BS = seq2seq_data.encode_sources(tokenizer, texts, cfg.data.seq_len)
-    out = decoding.generate(model, params, src_BS, valid_BS, max_len=max_len or cfg.data.seq_len, bos_id=sp.bos,
-                            eos_id=sp.eos, vocab_limit=tokenizer.n_vocab, beam=beam, length_penalty=length_penalty)
+    src_BS, valid_BS = seq2seq_data.encode_sources(tokenizer, texts, cfg.data.seq_len, sp)
+    out = decoding.generate(model, params, src_BS, valid_BS, max_len=max_len or cfg.data.seq_len,
+                            bos_id=sp.decoder_start, eos_id=sp.eos, vocab_limit=tokenizer.n_vocab, beam=beam,
+                            length_penalty=sp.length_penalty if length_penalty is None else length_penalty,
+                            style=sp.beam_style, early_stopping=sp.early_stopping)
     return [tokenizer.decode(ids) for ids in out]
 
 
@@ -39,7 +44,9 @@ def main(argv=None) -> int:
     ap.add_argument("workdir", help="a seq2seq run directory with checkpoints (train.py --workdir)")
     ap.add_argument("--text", action="append", help="an input (repeatable); default: one per line from stdin")
     ap.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy decoding")
-    ap.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha; 0 ranks by log-probability")
+    ap.add_argument("--length-penalty", type=float, default=None,
+                    help="alpha of the run's length penalty (default: 0.6 GNMT for zoo runs, the checkpoint's for "
+                         "converted ones); 0 ranks by log-probability")
     ap.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the run's data.seq_len)")
     a = ap.parse_args(argv)
     try:

@@ -25,7 +25,7 @@ VARIANTS = {
     "t5": EncDecConfig(**SMALL, positions="relative", relative_buckets=8, relative_max_distance=16, norm="rmsnorm",
                        pre_ln=True, use_bias=False, attention_scale=False, output_scale=True, d_kv=4),
     "bart": EncDecConfig(**SMALL, positions="learned", position_offset=2, embed_norm=True, activation="gelu",
-                         share_embeddings=False, tie_output=False),
+                         share_embeddings=False, tie_output=False, logits_bias=True),
     "gated_scan": EncDecConfig(**SMALL, positions="relative", relative_buckets=8, pre_ln=True, activation="gated_gelu",
                                scan_layers=True),
 }
@@ -66,6 +66,15 @@ def test_variant_switches_shape_the_params():
     assert not any("target_embed" in k or "lm_head" in k for k in keys["vaswani"])
     assert any("['mlp']['gate']" in k for k in keys["gated_scan"])
     assert any("ln_final" in k for k in keys["t5"]) and not any("ln_final" in k for k in keys["vaswani"])
+    assert "['logits_bias']" in keys["bart"] and not any("logits_bias" in k for k in keys["t5"])
+
+
+def test_logits_bias_is_added_to_every_position():
+    model, params, src, valid, tgt = _setup(VARIANTS["bart"])
+    base = model.apply({"params": params}, src, valid, tgt)
+    bias_V = jnp.arange(100, dtype=jnp.float32) / 10
+    out = model.apply({"params": {**params, "logits_bias": bias_V}}, src, valid, tgt)
+    np.testing.assert_allclose(out - base, jnp.broadcast_to(bias_V, base.shape), atol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))

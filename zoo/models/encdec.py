@@ -2,11 +2,11 @@
 
 One module covers the three lineages; `EncDecConfig` switches what differs: positions (sinusoidal,
 learned, T5 relative buckets), norm placement (pre/post) and kind (LayerNorm/RMSNorm), activation
-(ReLU, GELU, gated GELU), biases, scalings and tying. `EncDec.encode()` runs the encoder once per
-input; `EncDec.decode()` runs the decoder over target tokens, either whole (training, teacher
-forcing) or incrementally with `decode=True` against the "cache" collection: self-attention keys and
-values grow one position per call, cross-attention keys and values of the encoder output are
-projected once, by the call that creates the cache (see zoo.decoding).
+(ReLU, GELU, gated GELU), biases, scalings, tying and a logits bias (BART). `EncDec.encode()` runs
+the encoder once per input; `EncDec.decode()` runs the decoder over target tokens, either whole
+(training, teacher forcing) or incrementally with `decode=True` against the "cache" collection:
+self-attention keys and values grow one position per call, cross-attention keys and values of the
+encoder output are projected once, by the call that creates the cache (see zoo.decoding).
 """
 
 from __future__ import annotations
@@ -212,6 +212,9 @@ class EncDec(nn.Module):
         if not cfg.tie_output:
             self.lm_head = layers.Einsum((cfg.d_model, cfg.vocab_size), ("embed", "vocab"), "BTD,DV->BTV",
                                          std=cfg.d_model ** -0.5, **_dtypes(cfg))
+        if cfg.logits_bias:  # zero init: a converted BART checkpoint brings its own
+            self.logits_bias = self.param("logits_bias", layers.zeros(("vocab",)), (cfg.vocab_size,),
+                                          jnp.dtype(cfg.param_dtype))
 
     def _embed(self, table, ids_BT):
         x_BTD = table(ids_BT)
@@ -226,8 +229,12 @@ class EncDec(nn.Module):
         if self.cfg.output_scale:
             h_BTD = h_BTD * self.cfg.d_model ** -0.5
         if self.cfg.tie_output:
-            return self.target_embed.attend(h_BTD)
-        return self.lm_head(h_BTD).astype(jnp.float32)
+            logits_BTV = self.target_embed.attend(h_BTD)
+        else:
+            logits_BTV = self.lm_head(h_BTD).astype(jnp.float32)
+        if self.cfg.logits_bias:
+            logits_BTV = logits_BTV + self.logits_bias.astype(jnp.float32)
+        return logits_BTV
 
     def __call__(self, src_BS, src_valid_BS, tgt_in_BT, deterministic: bool = True):
         enc_BSD = self.encode(src_BS, src_valid_BS, deterministic)
