@@ -1,4 +1,4 @@
-"""Hugging Face <-> zoo checkpoint conversion.
+"""Hugging Face <-> zoo checkpoint conversion (GPT-2, BERT, T5, BART; see zoo.hf).
 
     python -m zoo.convert from-hf PATH_OR_HUB_ID runs/base    # config.json + model.safetensors (or .bin) -> zoo run
     python -m zoo.convert to-hf runs/finetuned out/            # -> config.json + model.safetensors + tokenizer files

@@ -4,28 +4,39 @@
     to_hf(run_dir, out_dir)       -> config.json + model.safetensors (+ tokenizer files) for transformers
     from_pretrained(path)         -> (model, params, tokenizer, config) from either kind of directory
 
-A converter module (gpt2.py, bert.py) gives ARCHITECTURES, PREFIXES, IGNORED, config_from_hf /
-config_to_hf and params_from_hf / params_to_hf. One whose zoo task follows the checkpoint's head
-(BERT) also gives task_for(hf_cfg, keys) (its params_from_hf then takes the task), data_fields
-(DataConfig fields of the converted run) and head_config (the architecture to export as).
+A converter module (gpt2.py, bert.py, t5.py, bart.py) gives ARCHITECTURES, PREFIXES, IGNORED,
+config_from_hf / config_to_hf and params_from_hf / params_to_hf. One whose zoo task follows the
+checkpoint's head (BERT) also gives task_for(hf_cfg, keys) (its params_from_hf then takes the task),
+data_fields (DataConfig fields of the converted run) and head_config (the architecture to export as).
+An encoder-decoder one (T5, BART) reads the weights in config_from_hf too (CONFIG_FROM_WEIGHTS: is
+the output tied?) and gives seq2seq_framing (how the checkpoint frames sequences: seq2seq.json beside
+the run's tokenizer files, read by zoo.seq2seq_data) and run_fields (config.json ids from the run).
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import flax.linen as nn
 import jax
 import numpy as np
 
-from zoo.hf import bert, gpt2, io
-from zoo.hf.tokenizer import save_dir
+from zoo.hf import bart, bert, gpt2, io, seq2seq, t5
+from zoo.hf.tokenizer import SEQ2SEQ_FILE, save_dir
 from zoo.hf.io import ConversionError
 
 # model_type -> (converter module, task); task None: the converter's `task_for` reads it off the
 # checkpoint's head (BERT: bare encoder, masked LM or classifier).
-CONVERTERS = {"gpt2": (gpt2, "gpt_lm"), "bert": (bert, None)}
-FAMILY_TO_TYPE = {"gpt": "gpt2", "bert": "bert"}
+CONVERTERS = {"gpt2": (gpt2, "gpt_lm"), "bert": (bert, None), "t5": (t5, "seq2seq"), "bart": (bart, "seq2seq")}
+FAMILY_TO_TYPE = {"gpt": "gpt2", "bert": "bert", "encdec": "t5 or bart"}
+
+
+def export_type(model_cfg) -> str:
+    """The model_type a zoo model exports as; an encoder-decoder by its positions (relative: T5, else BART)."""
+    if model_cfg.family == "encdec":
+        return "t5" if model_cfg.positions == "relative" else "bart"
+    return FAMILY_TO_TYPE[model_cfg.family]
 
 
 def supported() -> str:
@@ -45,7 +56,8 @@ def _load(src: str, hf_cfg: dict):
     """(converter, task, model config, params, keys) of a Hugging Face checkpoint directory."""
     conv, task = _converter(hf_cfg)
     keys = io.Keys(io.read_tensors(src), conv.PREFIXES)
-    model_cfg = conv.config_from_hf(hf_cfg)
+    model_cfg = conv.config_from_hf(hf_cfg, keys) if getattr(conv, "CONFIG_FROM_WEIGHTS", False) else \
+        conv.config_from_hf(hf_cfg)
     if task is None:
         task = conv.task_for(hf_cfg, keys)
         params = conv.params_from_hf(keys, model_cfg, task)
@@ -73,6 +85,9 @@ def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True) -> dict:
     conv, task_name, model_cfg, params, keys = _load(src, hf_cfg)
     tok_dir = os.path.join(os.path.abspath(run_dir), "tokenizer")
     copied = save_dir(src, tok_dir)
+    if copied and hasattr(conv, "seq2seq_framing"):  # the checkpoint's own framing travels with its tokenizer
+        with open(os.path.join(tok_dir, SEQ2SEQ_FILE), "w") as f:
+            json.dump(conv.seq2seq_framing(hf_cfg, io.read_generation_config(src)), f, indent=2)
     cfg = _run_config(model_cfg, task_name, tok_dir if copied else None, **_data_fields(conv, hf_cfg, task_name))
     expected = jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))
     _check_tree(params, nn.unbox(expected))
@@ -86,6 +101,13 @@ def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True) -> dict:
         n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
         print(f"converted {', '.join(hf_cfg.get('architectures') or [hf_cfg['model_type']])} from {src}: "
               f"{n:,} params -> {run_dir}" + (f"; unused keys: {', '.join(unused)}" if unused else ""))
+        if hasattr(conv, "seq2seq_framing"):
+            skipped = seq2seq.unsupported_generation(hf_cfg, io.read_generation_config(src))
+            if skipped:
+                print(f"note: zoo.decoding does not apply the checkpoint's {', '.join(skipped)}")
+            if not copied:
+                print("note: the checkpoint has no tokenizer files; the run uses data.tokenizer=bytes and zoo's "
+                      "own seq2seq framing")
     return {"config": cfg, "unused": unused, "params": params}
 
 
@@ -108,7 +130,7 @@ def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     if family not in FAMILY_TO_TYPE:
         raise ConversionError(f"exporting a {family} model is not supported; supported families: "
                               f"{', '.join(FAMILY_TO_TYPE)}")
-    conv, _ = CONVERTERS[FAMILY_TO_TYPE[family]]
+    conv, _ = CONVERTERS[export_type(cfg.model)]
     if getattr(cfg.model, "scan_layers", False):
         raise ConversionError("the run uses model.scan_layers=True; export supports unscanned layers only")
     params = jax.device_get(load_params_unsharded(run_dir, cfg))
@@ -116,6 +138,8 @@ def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     hf_cfg = conv.config_to_hf(cfg.model)
     if hasattr(conv, "head_config"):  # the architecture follows the run's task (BERT's heads)
         hf_cfg.update(conv.head_config(cfg, run_dir))
+    if hasattr(conv, "run_fields"):  # special ids from the run's seq2seq framing
+        hf_cfg.update(conv.run_fields(cfg))
     io.write(out_dir, hf_cfg, tensors)
     tok = cfg.data.tokenizer
     if os.path.isdir(tok):
@@ -137,6 +161,7 @@ def from_pretrained(path: str):
     """(model, params, tokenizer, config) from a zoo run directory or a Hugging Face checkpoint
     directory (converted in memory, nothing written)."""
     from zoo import data, tasks
+    framing = None
     if os.path.isdir(os.path.join(path, "checkpoints")):
         from zoo import checkpoint
         cfg = checkpoint.load_config(path)
@@ -145,7 +170,12 @@ def from_pretrained(path: str):
         src = io.resolve(path)
         hf_cfg = io.read_config(src)
         conv, task_name, model_cfg, params, _ = _load(src, hf_cfg)
-        has_tok = any(os.path.isfile(os.path.join(src, f)) for f in ("vocab.json", "vocab.txt", "tokenizer.json"))
+        has_tok = any(os.path.isfile(os.path.join(src, f)) for f in ("vocab.json", "vocab.txt", "tokenizer.json",
+                                                                      "spiece.model"))
         cfg = _run_config(model_cfg, task_name, src if has_tok else None, **_data_fields(conv, hf_cfg, task_name))
-    task = tasks.build(cfg)
-    return task.model, params, data.get_tokenizer(cfg.data.tokenizer), cfg
+        if has_tok and hasattr(conv, "seq2seq_framing"):  # what from_hf would write as seq2seq.json
+            framing = conv.seq2seq_framing(hf_cfg, io.read_generation_config(src))
+    task, tokenizer = tasks.build(cfg), data.get_tokenizer(cfg.data.tokenizer)
+    if framing is not None:
+        tokenizer.seq2seq = framing
+    return task.model, params, tokenizer, cfg

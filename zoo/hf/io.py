@@ -29,8 +29,9 @@ def resolve(path_or_id: str) -> str:
         raise ConversionError(f"{path_or_id!r} is a file; pass the directory holding config.json and the weights")
     try:
         from huggingface_hub import snapshot_download
-        return snapshot_download(path_or_id, allow_patterns=["config.json", "*.safetensors", "*.safetensors.index.json",
-                                                             "pytorch_model.bin", *TOKENIZER_FILES])
+        return snapshot_download(path_or_id, allow_patterns=["config.json", "generation_config.json", "*.safetensors",
+                                                             "*.safetensors.index.json", "pytorch_model.bin",
+                                                             *TOKENIZER_FILES])
     except Exception as e:  # offline, unknown repo, gated
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise ConversionError(f"{path_or_id!r} is not a local directory and could not be fetched from the "
@@ -41,6 +42,15 @@ def read_config(directory: str) -> dict:
     path = os.path.join(directory, "config.json")
     if not os.path.isfile(path):
         raise ConversionError(f"{directory!r} has no config.json")
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_generation_config(directory: str) -> dict:
+    """generation_config.json (decoding defaults transformers prefers over config.json), or {}."""
+    path = os.path.join(directory, "generation_config.json")
+    if not os.path.isfile(path):
+        return {}
     with open(path) as f:
         return json.load(f)
 
@@ -97,6 +107,11 @@ class Keys:
             raise ConversionError(f"missing key {key!r} in the checkpoint")
         self.used.add(key)
         return np.asarray(self.tensors[key], dtype=np.float32)
+
+    def optional(self, key: str) -> np.ndarray | None:
+        """The tensor if the checkpoint has it (marked used), else None: for weights that a checkpoint
+        may leave out because they are tied to another (lm_head, embed_tokens)."""
+        return self[key] if key in self.tensors else None
 
     def unused(self, ignore: tuple = ()) -> list[str]:
         return sorted(k for k in self.tensors if k not in self.used and not any(i in k for i in ignore))

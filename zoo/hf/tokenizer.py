@@ -2,10 +2,18 @@
 
 - GPT-2 byte-level BPE (vocab.json + merges.txt) becomes a tiktoken encoding built from the files
   alone (no download), with the checkpoint's own ids.
+  BART's files are the same kind (its <s> <pad> </s> <unk> come first; </s> is its `eot_token`).
 - BERT WordPiece (tokenizer.json, else vocab.txt + tokenizer_config.json) goes through the
   `tokenizers` package, which tiktoken cannot stand in for (lower-casing, accent stripping, "##"
   continuations). Its `encode` gives the text's ids without [CLS] / [SEP] (zoo frames rows itself),
   and `special_ids` / `ordinary_ids` hand the vocabulary's own specials to zoo.mlm.
+- Any other tokenizer.json (T5's SentencePiece unigram) goes through `tokenizers` as it is; a T5
+  directory with only spiece.model is rebuilt into the same pipeline transformers builds from it.
+  `encode` gives ids without the checkpoint's specials; `eot_token` is its </s>.
+
+A converted encoder-decoder's directory also holds seq2seq.json (zoo's, written by zoo.hf.from_hf):
+how the checkpoint frames sources and targets. It is attached as the tokenizer's `seq2seq` dict,
+which zoo.seq2seq_data.specials reads.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ import numpy as np
 import tiktoken
 
 from zoo.tokenizers import ENDOFTEXT, TiktokenTokenizer, ZooDataError, encoding_spec
+
+SEQ2SEQ_FILE = "seq2seq.json"  # zoo's: the seq2seq framing of a converted T5 / BART checkpoint
 
 
 def _fingerprint(directory: str, names) -> str:
@@ -82,9 +92,10 @@ def gpt2_bpe(directory: str) -> TiktokenTokenizer:
         if merged not in ranks:
             ranks[merged] = len(rank_ids)
             rank_ids.append(vocab.get(a + b, -1))
-    eot = vocab.get(ENDOFTEXT, len(vocab))
+    eot = vocab.get(ENDOFTEXT, vocab.get("</s>", len(vocab)))  # GPT-2's <|endoftext|>, BART's </s>
     special = {ENDOFTEXT: len(rank_ids)}
-    rank_ids.append(eot)
+    # Decoding <|endoftext|> gives its text; BART's </s> (like its <s> <pad> <mask>) decodes to nothing.
+    rank_ids.append(eot if ENDOFTEXT in vocab else -1)
     enc = tiktoken.Encoding(name=f"bpe:{os.path.abspath(directory)}", pat_str=encoding_spec("r50k_base")[0],
                             mergeable_ranks=ranks, special_tokens=special)
     return RemappedBpe(enc, np.asarray(rank_ids), max(max(vocab.values()) + 1, eot + 1), eot,
@@ -154,21 +165,78 @@ def wordpiece(directory: str) -> WordPiece:
     return WordPiece(tok, os.path.abspath(directory), _fingerprint(directory, files), names)
 
 
-def _is_wordpiece(directory: str) -> bool:
+class Pretrained:
+    """Any other `tokenizers.Tokenizer` (T5's SentencePiece unigram) behind the zoo tokenizer surface:
+    ids without the checkpoint's specials; `eot_token` is its EOS (</s>); decoding skips specials."""
+
+    def __init__(self, tok, name: str, fingerprint: str, eos: str):
+        tok.no_padding()
+        tok.no_truncation()
+        self.tok, self.name, self.fingerprint = tok, name, fingerprint
+        vocab = tok.get_vocab(with_added_tokens=True)
+        if eos not in vocab:
+            raise ZooDataError(f"data.tokenizer={name!r}: the vocabulary has no EOS token {eos!r}")
+        self.n_vocab, self.eot_token = max(vocab.values()) + 1, vocab[eos]
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+def _tokenizer_config(directory: str) -> dict:
+    path = os.path.join(directory, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _token(conf: dict, key: str, default: str) -> str:
+    value = conf.get(key)
+    return value["content"] if isinstance(value, dict) else value or default
+
+
+def pretrained(directory: str) -> Pretrained:
+    from tokenizers import Tokenizer
+    files = [f for f in ("tokenizer.json", "tokenizer_config.json") if os.path.isfile(os.path.join(directory, f))]
+    tok = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+    eos = _token(_tokenizer_config(directory), "eos_token", "</s>")
+    return Pretrained(tok, os.path.abspath(directory), _fingerprint(directory, files), eos)
+
+
+def _model_type(directory: str) -> str | None:
     path = os.path.join(directory, "tokenizer.json")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            return json.load(f).get("model", {}).get("type") == "WordPiece"
-    return os.path.isfile(os.path.join(directory, "vocab.txt"))
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("model", {}).get("type")
 
 
 def load_dir(directory: str):
-    if os.path.isfile(os.path.join(directory, "vocab.json")) and os.path.isfile(os.path.join(directory, "merges.txt")):
-        return gpt2_bpe(directory)
-    if _is_wordpiece(directory):
-        return wordpiece(directory)
-    raise ZooDataError(f"data.tokenizer={directory!r} is a directory without a known tokenizer "
-                       f"(expected vocab.json + merges.txt, a WordPiece tokenizer.json, or vocab.txt)")
+    """The tokenizer of a Hugging Face directory (with its seq2seq framing attached, if it has one)."""
+    from zoo.hf.spiece import t5_sentencepiece
+    kind = _model_type(directory)
+    has = lambda name: os.path.isfile(os.path.join(directory, name))
+    if has("vocab.json") and has("merges.txt"):
+        tok = gpt2_bpe(directory)
+    elif kind == "WordPiece" or (kind is None and has("vocab.txt")):
+        tok = wordpiece(directory)
+    elif kind is not None:
+        tok = pretrained(directory)
+    elif has("spiece.model"):
+        tok = t5_sentencepiece(directory)
+    else:
+        raise ZooDataError(f"data.tokenizer={directory!r} is a directory without a known tokenizer (expected "
+                           f"vocab.json + merges.txt, tokenizer.json, vocab.txt or spiece.model)")
+    if has(SEQ2SEQ_FILE):
+        with open(os.path.join(directory, SEQ2SEQ_FILE), encoding="utf-8") as f:
+            tok.seq2seq = json.load(f)
+    return tok
 
 
 def save_dir(src: str, dst: str) -> list[str]:

@@ -1,0 +1,299 @@
+"""T5 from and to Hugging Face: v1.0 (ReLU, tied, scaled output) and v1.1 (gated GELU, untied) logits
+match transformers under padding; round trips are exact; greedy and beam search equal `generate`;
+relative-position buckets, SentencePiece ids and the "text </s>" framing equal transformers'; a
+converted T5 fine-tunes through the trainer and translates as its export does in transformers."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+from zoo import decoding, hf, layers, seq2seq_data, trainer, translate  # noqa: E402
+from zoo.config import Config, DataConfig, OptimConfig, TrainConfig  # noqa: E402
+from zoo.hf import t5  # noqa: E402
+from zoo.hf.io import ConversionError  # noqa: E402
+
+V, EXTRA = 256, 4  # model rows; the tokenizer has 250 pieces + 4 sentinels
+SMALL = dict(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+             relative_attention_max_distance=20, decoder_start_token_id=0, dropout_rate=0.0)
+# v1.0 gets a deeper decoder (transformers' generate fails on that: its cache follows num_layers; the
+# generation test uses v1.1).
+VARIANTS = {"v1.0": dict(feed_forward_proj="relu", num_decoder_layers=3),
+            "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)}
+SENTENCES = ["The if statement is used for conditional execution.", "Classes are callable",
+             "  spaces\tand\nnewlines  ", "x <extra_id_0> y"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models: torch's threads only contend with XLA's on a small CPU (2 threads: ~100x slower here)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def train_unigram(out_dir, texts):
+    """A 250-piece unigram (tokenizers) wrapped as transformers' T5Tokenizer and saved (tokenizer.json)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()])
+    tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=250, special_tokens=["<pad>", "</s>", "<unk>"],
+                                                           unk_token="<unk>"))
+    vocab = [tuple(v) for v in json.loads(tok.to_str())["model"]["vocab"]]
+    hf_tok = transformers.T5Tokenizer(vocab=vocab, extra_ids=EXTRA)
+    hf_tok.save_pretrained(out_dir)
+    return hf_tok
+
+
+@pytest.fixture(scope="module")
+def hf_tok(tmp_path_factory):
+    from pydoc_data.topics import topics
+    d = tmp_path_factory.mktemp("t5_tok")
+    return str(d), train_unigram(d, list(topics.values())[:40])
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory, hf_tok):
+    """v1.0 and v1.1 over one small random config, every weight perturbed; the trained tokenizer saved
+    beside the weights."""
+    out = {}
+    for i, (name, extra) in enumerate(VARIANTS.items()):
+        torch.manual_seed(i)
+        model = transformers.T5ForConditionalGeneration(transformers.T5Config(**SMALL, **extra)).eval()
+        with torch.no_grad():
+            if name == "v1.1":  # untie: transformers 5 keeps an lm_head saved with other values
+                model.lm_head.weight = torch.nn.Parameter(0.2 * torch.randn(V, 32))
+            for p in model.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+        d = tmp_path_factory.mktemp(name)
+        model.save_pretrained(d)
+        hf_tok[1].save_pretrained(d)
+        out[name] = (str(d), model)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(hf_dirs, tmp_path_factory):
+    """name -> (run directory, from_hf's report) of each converted checkpoint."""
+    out = {}
+    for name, (src, _) in hf_dirs.items():
+        run = str(tmp_path_factory.mktemp(name) / "run")
+        out[name] = (run, hf.from_hf(src, run, verbose=False))
+    return out
+
+
+def padded_sources(lengths=(24, 15, 5), seed=0):
+    """Sources as HF's tokenizer pads them: pad id 0 after the text."""
+    rng = np.random.default_rng(seed)
+    B, S = len(lengths), max(lengths)
+    valid = np.arange(S)[None] < np.array(lengths)[:, None]
+    return np.where(valid, rng.integers(3, V, (B, S)), 0).astype(np.int32), valid
+
+
+def hf_logits(model, src, valid, tgt):
+    with torch.no_grad():
+        t = lambda x: torch.tensor(np.asarray(x), dtype=torch.long)
+        return model(input_ids=t(src), attention_mask=t(valid), decoder_input_ids=t(tgt)).logits.numpy()
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_logits_match_transformers_under_padding(hf_dirs, runs, name):
+    run, out = runs[name]
+    m = out["config"].model
+    assert out["unused"] == [] and out["config"].task == "seq2seq"
+    assert (m.activation, m.tie_output, m.output_scale, m.num_decoder_layers) == \
+        {"v1.0": ("relu", True, True, 3), "v1.1": ("gated_gelu", False, False, 2)}[name]
+    zmodel, params, _, _ = hf.from_pretrained(run)  # the weights as the run saved them
+    src, valid = padded_sources()
+    tgt = np.random.default_rng(1).integers(0, V, (3, 12)).astype(np.int32)
+    ours = np.asarray(jax.jit(zmodel.apply)({"params": params}, src, valid, tgt))
+    diff = np.abs(ours - hf_logits(hf_dirs[name][1], src, valid, tgt)).max()
+    print(f"T5 {name}: max abs logit diff {diff:.2e}")
+    assert diff <= 1e-4
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_round_trip_is_exact_and_export_loads_in_transformers(hf_dirs, runs, tmp_path, name):
+    run, out = runs[name]
+    hf.to_hf(run, str(tmp_path / "out"), verbose=False)
+    a, b = out["params"], hf.from_pretrained(str(tmp_path / "out"))[1]  # zoo -> HF -> zoo (in memory)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+    exported, info = transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path / "out"),
+                                                                              output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    cfg = json.load(open(tmp_path / "out" / "config.json"))
+    assert (cfg["decoder_start_token_id"], cfg["eos_token_id"], cfg["pad_token_id"]) == (0, 1, 0)
+    src, valid = padded_sources(seed=2)
+    tgt = np.random.default_rng(3).integers(0, V, (3, 7)).astype(np.int32)
+    theirs = hf_logits(hf_dirs[name][1], src, valid, tgt)
+    np.testing.assert_array_equal(hf_logits(exported.eval(), src, valid, tgt), theirs)
+    assert "tokenizer.json" in os.listdir(tmp_path / "out") and "seq2seq.json" not in os.listdir(tmp_path / "out")
+
+
+def test_relative_position_buckets_equal_transformers():
+    rel = torch.arange(-300, 301)[None, :] - torch.zeros(1, 1, dtype=torch.long)
+    for bidirectional, buckets, distance in [(True, 32, 128), (False, 32, 128), (True, 8, 20), (False, 12, 40)]:
+        theirs = transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket(
+            rel, bidirectional=bidirectional, num_buckets=buckets, max_distance=distance).numpy()
+        ours = np.asarray(jax.jit(layers.relative_position_bucket, static_argnums=(1, 2, 3))(
+            rel.numpy(), bidirectional, buckets, distance))
+        np.testing.assert_array_equal(ours, theirs)
+        # every bucket in use, the log-spaced ones too (bidirectional: offset +0 has no bucket of its own)
+        assert len(np.unique(theirs)) == buckets - bidirectional
+
+
+def hf_generate(model, src, valid, eos, **kw):
+    """Generated ids per row, cut before the first EOS (transformers pads after it)."""
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor(src, dtype=torch.long), eos_token_id=eos,
+                             attention_mask=torch.tensor(valid, dtype=torch.long), do_sample=False, **kw)
+    rows = [r[1:] for r in out.tolist()]  # drop the decoder start
+    return [r[:r.index(eos)] if eos in r else r for r in rows]
+
+
+# (num_beams, length_penalty, early_stopping): greedy, transformers' default, and "never" with a
+# short-favouring penalty (tests/hf/test_bart.py runs early_stopping True and a negative penalty).
+SETTINGS = [(1, 1.0, False), (3, 1.0, False), (3, 0.5, "never")]
+
+
+def eos_for_variety(raw_BL) -> int:
+    """The token whose first emission by greedy decoding varies most across rows ("never" counts, and
+    wins ties): taken as EOS, the random model stops at different steps per row, some rows not at all."""
+    rows = np.asarray(raw_BL).tolist()
+    outcome = lambda t: {r.index(t) if t in r else None for r in rows}
+    return max(sorted({t for r in rows for t in r}), key=lambda t: (len(outcome(t)), None in outcome(t)))
+
+
+def test_greedy_and_beam_search_equal_transformers_generate(hf_dirs):
+    src_dir, model = hf_dirs["v1.1"]
+    zmodel, params, _, _ = hf.from_pretrained(src_dir)
+    src, valid = padded_sources((12, 9, 5, 7), seed=4)
+    eos = eos_for_variety(decoding.greedy(params, jnp.asarray(src), jnp.asarray(valid), model=zmodel, max_len=10,
+                                          bos_id=0, eos_id=V, vocab_limit=V))  # eos_id V: never emitted
+    lengths = set()
+    for beam, alpha, early in SETTINGS:
+        theirs = hf_generate(model, src, valid, eos, max_new_tokens=10, num_beams=beam, length_penalty=alpha,
+                             early_stopping=early)
+        ours = decoding.generate(zmodel, params, src, valid, max_len=10, bos_id=0, eos_id=eos, vocab_limit=V,
+                                 beam=beam, length_penalty=alpha, style="hf", early_stopping=early)
+        assert ours == theirs, (beam, alpha, early)
+        lengths |= {len(r) for r in ours}
+    assert len(lengths) >= 3 and 10 in lengths  # rows that stop at EOS at different steps, and rows cut at 10
+
+
+def test_tokenizer_ids_and_framing_equal_transformers(hf_tok, hf_dirs, runs):
+    from zoo.data import get_tokenizer
+    tok_dir, theirs = hf_tok
+    ours = get_tokenizer(runs["v1.0"][1]["config"].data.tokenizer)  # the converted run's copy + seq2seq.json
+    assert type(ours).__name__ == "Pretrained" and (ours.n_vocab, ours.eot_token) == (250 + EXTRA, 1)
+    sp = seq2seq_data.specials(ours)
+    assert (sp.decoder_start, sp.eos, sp.pad, sp.beam_style) == (0, 1, 0, "hf")
+    model = hf_dirs["v1.0"][1]
+    for text in SENTENCES:
+        ids = ours.encode(text)
+        assert ids == theirs(text, add_special_tokens=False).input_ids
+        assert sp.source(ids, 64) == theirs(text).input_ids  # "text </s>"
+        labels = theirs(text_target=text).input_ids
+        assert sp.target(ids) == labels
+        shifted = model.prepare_decoder_input_ids_from_labels(torch.tensor([labels]))[0].tolist()
+        assert [sp.decoder_start, *sp.target(ids)[:-1]] == shifted
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+    assert ours.decode(ours.encode(SENTENCES[0])) == SENTENCES[0]
+
+
+def test_spiece_model_alone_gives_transformers_ids(tmp_path):
+    spm = pytest.importorskip("sentencepiece", reason="sentencepiece is not installed: it trains the test's "
+                                                      "spiece.model (zoo reads the file without it)")
+    pytest.importorskip("google.protobuf", reason="protobuf is not installed: transformers needs it to read "
+                                                  "spiece.model")
+    from pydoc_data.topics import topics
+    from zoo.data import get_tokenizer
+    lines = "\n".join(list(topics.values())[:40]).splitlines()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(tmp_path / "spiece"),
+                                   vocab_size=300, model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+                                   character_coverage=1.0, minloglevel=2)
+    os.remove(tmp_path / "spiece.vocab")
+    ours, theirs = get_tokenizer(str(tmp_path)), transformers.T5Tokenizer.from_pretrained(str(tmp_path))
+    assert type(ours).__name__ == "Pretrained" and ours.n_vocab == len(theirs) == 400  # 300 pieces + 100 sentinels
+    for text in [*SENTENCES, "naïve café — ünïcödé", topics["if"][:400]]:
+        assert ours.encode(text) + [1] == theirs(text).input_ids
+        assert ours.decode(ours.encode(text)) == theirs.decode(theirs(text).input_ids, skip_special_tokens=True)
+
+
+def word_pairs(path, n=32):
+    """A local jsonl of n (phrase, its words reversed) pairs: a seq2seq source that tokenizes in no time."""
+    words = "the class object is created by calling its type with arguments and returns a new instance".split()
+    rng = np.random.default_rng(0)
+    with open(path, "w") as f:
+        for _ in range(n):
+            phrase = " ".join(rng.choice(words, rng.integers(3, 6)))
+            f.write(json.dumps({"source": phrase, "target": " ".join(phrase.split()[::-1])}) + "\n")
+    return str(path)
+
+
+def test_converted_t5_fine_tunes_and_translates_as_transformers(hf_tok, tmp_path, capsys):
+    """init_from a converted v1.1 checkpoint (1+1 layers: the trainer compiles it fast): batches framed as
+    T5 frames them, a training step moves the weights, and zoo.translate of the fine-tuned run equals
+    transformers' generate of its export."""
+    torch.manual_seed(5)
+    src = tmp_path / "hf"
+    transformers.T5ForConditionalGeneration(transformers.T5Config(**{**SMALL, "num_layers": 1}, **VARIANTS["v1.1"])
+                                            ).save_pretrained(src)
+    hf_tok[1].save_pretrained(src)
+    conv = hf.from_hf(str(src), str(tmp_path / "run"), verbose=False)
+    cfg = Config(task="seq2seq", model=conv["config"].model, init_from=str(tmp_path / "run"),
+                 data=DataConfig(source=word_pairs(tmp_path / "pairs.jsonl"), tokenizer=conv["config"].data.tokenizer,
+                                 seq_len=16),
+                 optim=OptimConfig(lr=1e-3, warmup=0), train=TrainConfig(steps=1, batch_size=8, log_every=1,
+                                                                          eval_every=0, save_every=1))
+    batch = seq2seq_data.seq2seq_data(cfg, 0, 1).train(0)
+    ends = batch["src_valid"].sum(1) - 1
+    assert (batch["src"][np.arange(8), ends] == 1).all() and (batch["src"][~batch["src_valid"]] == 0).all()
+    assert (batch["tgt_in"][:, 0] == 0).all()  # decoder start = <pad>
+    work = str(tmp_path / "tuned")
+    out = trainer.train(cfg, work, progress=False, devices=jax.devices()[:1])
+    path = ("decoder", "layers_0", "mlp", "gate", "kernel")
+    start, tuned = conv["params"], out["state"].params
+    for k in path:
+        start, tuned = start[k], tuned[k]
+    assert 0 < np.abs(np.asarray(tuned) - np.asarray(start)).max() <= 2e-3  # init_from carried them; one Adam step
+    hf.to_hf(work, str(tmp_path / "out"), verbose=False)
+    exported = transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path / "out")).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    texts = ["Classes are callable", "the if statement is used for"]
+    enc = hf_tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        gen = exported.generate(**enc, max_new_tokens=16, num_beams=2, do_sample=False)
+    want = hf_tok.batch_decode(gen, skip_special_tokens=True)
+    assert translate.main([work, *[a for t in texts for a in ("--text", t)], "--beam", "2"]) == 0
+    assert capsys.readouterr().out.splitlines() == want
+
+
+def test_unsupported_variants_and_missing_keys_are_named(hf_dirs, tmp_path):
+    src = hf_dirs["v1.0"][0]
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    for name, change, match in [
+            ("silu", {"feed_forward_proj": "gated-silu"},
+             r"T5 feed_forward_proj='gated-silu' is not supported; supported: relu, gelu, gated-gelu"),
+            ("missing", {}, r"missing key 'decoder.block.1.layer.1.EncDecAttention.k.weight'")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({**cfg, **change}))
+        dropped = "decoder.block.1.layer.1.EncDecAttention.k.weight" if name == "missing" else None
+        save_file({k: v for k, v in tensors.items() if k != dropped}, str(tmp_path / name / "model.safetensors"))
+        with pytest.raises(ConversionError, match=match):
+            hf.from_hf(str(tmp_path / name), str(tmp_path / f"run_{name}"), verbose=False)
+    model_cfg = hf.from_pretrained(src)[3].model
+    import dataclasses
+    with pytest.raises(ConversionError, match=r"model.use_bias=True; Hugging Face T5 needs model.use_bias=False"):
+        t5.config_to_hf(dataclasses.replace(model_cfg, use_bias=True))
