@@ -199,17 +199,23 @@ def test_evaluation_records_bleu_and_exact_match(s2s_cfg, tmp_path):
     assert 0 <= last["eval_bleu"] <= 100 and 0 <= last["eval_exact_match"] <= 1
 
 
-def test_label_smoothing_applies_to_the_training_loss_only(s2s_cfg):
-    task = tasks.build(replace(s2s_cfg, model=dict(dropout=0.0)))
+@pytest.mark.parametrize("head", [{}, dict(tie_output=False, share_embeddings=False, logits_bias=True)])
+def test_label_smoothing_applies_to_the_training_loss_only(s2s_cfg, head):
+    """The task's fused loss (any output head: tied, or an untied lm_head with a logits bias) against
+    cross-entropy of the model's logits: values, and gradients of the training loss."""
+    task = tasks.build(replace(s2s_cfg, model=dict(dropout=0.0, **head)))
     params = nn.unbox(task.init(jax.random.PRNGKey(0)))
+    if "logits_bias" in params:
+        params["logits_bias"] = jax.random.normal(jax.random.PRNGKey(2), params["logits_bias"].shape)
     batch = task.make_data(s2s_cfg, 0, 1).train(0)
-    logits = task.model.apply({"params": params}, batch["src"], batch["src_valid"], batch["tgt_in"])
-    plain, _ = tasks.token_cross_entropy(logits, batch["tgt_out"], batch["weights"])
+    logits = lambda p: task.model.apply({"params": p}, batch["src"], batch["src_valid"], batch["tgt_in"])
+    plain, _ = tasks.token_cross_entropy(logits(params), batch["tgt_out"], batch["weights"])
     eval_loss, aux = task.loss(params, batch, jax.random.PRNGKey(1), False)
-    train_loss, _ = task.loss(params, batch, jax.random.PRNGKey(1), True)
+    smoothed = lambda p: tasks.smoothed_cross_entropy(logits(p), batch["tgt_out"], batch["weights"], 0.1)
+    train_loss, grads = jax.value_and_grad(lambda p: task.loss(p, batch, jax.random.PRNGKey(1), True)[0])(params)
     np.testing.assert_allclose(eval_loss, plain, rtol=1e-6)
-    np.testing.assert_allclose(train_loss, tasks.smoothed_cross_entropy(logits, batch["tgt_out"], batch["weights"],
-                                                                         0.1), rtol=1e-5)
+    np.testing.assert_allclose(train_loss, smoothed(params), rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, jax.grad(smoothed)(params))
     assert aux["tokens"] == batch["src_valid"].sum() + batch["weights"].sum()  # source + target tokens
 
 

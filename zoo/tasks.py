@@ -215,7 +215,7 @@ def seq2seq(cfg: Config) -> Task:
     perplexity are plain cross-entropy. `tokens` counts source + target tokens.
     """
     from zoo import bleu, seq2seq_data
-    from zoo.models.encdec import EncDec
+    from zoo.models.encdec import EncDec, output_projection
     model, m, T = EncDec(cfg.model), cfg.model, cfg.data.seq_len
 
     def init(rng):
@@ -223,12 +223,12 @@ def seq2seq(cfg: Config) -> Task:
         return model.init(rng, ids, jnp.ones((1, T), bool), ids)["params"]
 
     def loss(params, batch, rng, train):
-        logits_BTV = model.apply({"params": params}, batch["src"], batch["src_valid"], batch["tgt_in"],
-                                 deterministic=not train, rngs={"dropout": rng})
+        h_BTD = model.apply({"params": params}, batch["src"], batch["src_valid"], batch["tgt_in"],
+                            deterministic=not train, hidden=True, rngs={"dropout": rng})
         w_BT, tgt_BT = batch["weights"], batch["tgt_out"]
-        loss_sum, correct = token_cross_entropy(logits_BTV, tgt_BT, w_BT)
-        if train and m.label_smoothing > 0:
-            loss_sum = smoothed_cross_entropy(logits_BTV, tgt_BT, w_BT, m.label_smoothing)
+        w_VD, bias_V = output_projection(m, params)
+        loss_sum, correct = losses.linear_cross_entropy(h_BTD, w_VD, tgt_BT, w_BT, bias_V=bias_V,
+                                                        label_smoothing=m.label_smoothing if train else 0.0)
         tokens = jnp.sum(batch["src_valid"].astype(jnp.float32)) + jnp.sum(w_BT)
         return loss_sum, {"weight": jnp.sum(w_BT), "correct": correct, "tokens": tokens}
 

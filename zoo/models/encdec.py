@@ -143,7 +143,8 @@ def _stack_input(cfg: EncDecConfig, x_BTD, positions_T, deterministic: bool):
 
 
 def _blocks(cfg: EncDecConfig, block_cls, num_layers: int):
-    return layers.stack_blocks(block_cls, num_layers, scan=cfg.scan_layers, remat=cfg.remat, name="layers",
+    return layers.stack_blocks(block_cls, num_layers, scan=cfg.scan_layers, remat=cfg.remat,
+                               remat_policy=cfg.remat_policy, name="layers",
                                cfg=cfg, out_std=layers.residual_std(num_layers))
 
 
@@ -223,11 +224,16 @@ class EncDec(nn.Module):
     def encode(self, src_BS, src_valid_BS, deterministic: bool = True):
         return self.encoder(self._embed(self.embed, src_BS), src_valid_BS, deterministic)
 
-    def decode(self, tgt_in_BT, enc_BSD, src_valid_BS, deterministic: bool = True, decode: bool = False):
+    def decode(self, tgt_in_BT, enc_BSD, src_valid_BS, deterministic: bool = True, decode: bool = False,
+               hidden: bool = False):
+        """logits_BTV; hidden=True: the decoder output h_BTD instead (scaled as the output projection
+        takes it), for a fused loss that applies `output_projection(cfg, params)` itself."""
         h_BTD = self.decoder(self._embed(self.target_embed, tgt_in_BT), enc_BSD, src_valid_BS, deterministic,
                              decode)
         if self.cfg.output_scale:
             h_BTD = h_BTD * self.cfg.d_model ** -0.5
+        if hidden:
+            return h_BTD
         if self.cfg.tie_output:
             logits_BTV = self.target_embed.attend(h_BTD)
         else:
@@ -236,9 +242,19 @@ class EncDec(nn.Module):
             logits_BTV = logits_BTV + self.logits_bias.astype(jnp.float32)
         return logits_BTV
 
-    def __call__(self, src_BS, src_valid_BS, tgt_in_BT, deterministic: bool = True):
+    def __call__(self, src_BS, src_valid_BS, tgt_in_BT, deterministic: bool = True, hidden: bool = False):
         enc_BSD = self.encode(src_BS, src_valid_BS, deterministic)
-        return self.decode(tgt_in_BT, enc_BSD, src_valid_BS, deterministic)
+        return self.decode(tgt_in_BT, enc_BSD, src_valid_BS, deterministic, hidden=hidden)
+
+
+def output_projection(cfg: EncDecConfig, params) -> tuple:
+    """(w_VD, bias_V or None): the decoder's output projection as stored in `params` (the tied target
+    embedding, or the lm_head kernel transposed) and the logits bias."""
+    if cfg.tie_output:
+        w_VD = params["embed" if cfg.share_embeddings else "target_embed"]["embedding"]
+    else:
+        w_VD = params["lm_head"]["kernel"].T
+    return w_VD, params["logits_bias"] if cfg.logits_bias else None
 
 
 def with_vocab(cfg: EncDecConfig, n_vocab: int, multiple: int = 128) -> EncDecConfig:
