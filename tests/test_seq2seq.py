@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from conftest import replace
+from tests.helpers import plain_losses
 from zoo import seq2seq_data, tasks, trainer, translate
 from zoo.config import Config, ConfigError, DataConfig, EncDecConfig, OptimConfig, TrainConfig
 from zoo.tokenizers import ByteTokenizer, ZooDataError
@@ -153,7 +154,7 @@ def test_label_smoothing_matches_optax():
     tgt = jax.random.randint(jax.random.PRNGKey(1), (2, 5), 0, 11)
     w = jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], jnp.float32)
     ref = optax.softmax_cross_entropy(logits, optax.smooth_labels(jax.nn.one_hot(tgt, 11), 0.1))
-    got = tasks.smoothed_cross_entropy(logits, tgt, w, 0.1)
+    got = plain_losses.smoothed_cross_entropy(logits, tgt, w, 0.1)
     np.testing.assert_allclose(got, jnp.sum(ref * w), rtol=1e-5)
 
 
@@ -209,9 +210,9 @@ def test_label_smoothing_applies_to_the_training_loss_only(s2s_cfg, head):
         params["logits_bias"] = jax.random.normal(jax.random.PRNGKey(2), params["logits_bias"].shape)
     batch = task.make_data(s2s_cfg, 0, 1).train(0)
     logits = lambda p: task.model.apply({"params": p}, batch["src"], batch["src_valid"], batch["tgt_in"])
-    plain, _ = tasks.token_cross_entropy(logits(params), batch["tgt_out"], batch["weights"])
+    plain, _ = plain_losses.token_cross_entropy(logits(params), batch["tgt_out"], batch["weights"])
     eval_loss, aux = task.loss(params, batch, jax.random.PRNGKey(1), False)
-    smoothed = lambda p: tasks.smoothed_cross_entropy(logits(p), batch["tgt_out"], batch["weights"], 0.1)
+    smoothed = lambda p: plain_losses.smoothed_cross_entropy(logits(p), batch["tgt_out"], batch["weights"], 0.1)
     train_loss, grads = jax.value_and_grad(lambda p: task.loss(p, batch, jax.random.PRNGKey(1), True)[0])(params)
     np.testing.assert_allclose(eval_loss, plain, rtol=1e-6)
     np.testing.assert_allclose(train_loss, smoothed(params), rtol=1e-5)

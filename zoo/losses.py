@@ -1,7 +1,7 @@
 """Cross-entropy of a tied (or untied) output projection, fused: the [B, T, V] logits never exist whole.
 
-`linear_cross_entropy(h_BTD, w_VD, targets_BT, weights_BT)` is what `token_cross_entropy(h @ w.T, ...)`
-computes (loss sum and correct-prediction sum), but:
+`linear_cross_entropy(h_BTD, w_VD, targets_BT, weights_BT)` is the weighted cross-entropy of the
+logits h @ w.T (loss sum and correct-prediction sum), but:
 
 - the rows are taken in chunks of the length axis (a `lax.scan` when there are several), so the
   largest live buffer is [B, T/chunks, V] instead of [B, T, V] logits plus their gradient;

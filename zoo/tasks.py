@@ -45,13 +45,6 @@ class Task:
     evaluate_extra: Callable | None = None  # (params, Data) -> {name: value} after each eval (decoding)
 
 
-def token_cross_entropy(logits_BTV, targets_BT, weights_BT):
-    """Sum of weighted token cross-entropies and of correct argmax predictions (float32)."""
-    ce_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), targets_BT)
-    correct_BT = (jnp.argmax(logits_BTV, -1) == targets_BT).astype(jnp.float32)
-    return jnp.sum(ce_BT * weights_BT), jnp.sum(correct_BT * weights_BT)
-
-
 def lm_data(cfg: Config, process_index: int, process_count: int) -> Data:
     tokenizer = zdata.get_tokenizer(cfg.data.tokenizer)
     if tokenizer.n_vocab > cfg.model.vocab_size:  # checked before the corpus is tokenized
@@ -199,13 +192,6 @@ def bert_encoder(cfg: Config) -> Task:
     exclude = ("['position']", "['segment']", "['word']")
     return Task("bert_encoder", model, init, no_objective, no_objective, _encoder_flops(init, cfg.model, exclude),
                 lambda boxed: _count(boxed, exclude=exclude))
-
-
-def smoothed_cross_entropy(logits_BTV, targets_BT, weights_BT, smoothing: float):
-    """Weighted sum of cross-entropies against (1 - s) * one-hot + s * uniform over V (no [B, T, V] one-hot)."""
-    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32))
-    nll_BT = -jnp.take_along_axis(logp_BTV, targets_BT[..., None], -1)[..., 0]
-    return jnp.sum(((1 - smoothing) * nll_BT - smoothing * jnp.mean(logp_BTV, -1)) * weights_BT)
 
 
 def seq2seq(cfg: Config) -> Task:
