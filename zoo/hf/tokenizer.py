@@ -102,25 +102,14 @@ def gpt2_bpe(directory: str) -> TiktokenTokenizer:
                        name=os.path.abspath(directory), fingerprint=_fingerprint(directory, ["vocab.json", "merges.txt"]))
 
 
-class WordPiece:
-    """A `tokenizers.Tokenizer` with a WordPiece model behind the zoo tokenizer surface.
+class HfTokenizer:
+    """A `tokenizers.Tokenizer` behind the zoo tokenizer surface: ids without the checkpoint's
+    specials (zoo frames rows itself), decoding skips specials."""
 
-    Documents are separated by [SEP] (`eot_token`), as BERT's pretraining data was. As in Hugging
-    Face, a literal "[SEP]" or "[MASK]" in the text is that special token.
-    """
-
-    def __init__(self, tok, name: str, fingerprint: str, names: dict[str, str]):
+    def __init__(self, tok, name: str, fingerprint: str):
         tok.no_padding()  # a checkpoint's tokenizer.json may pad and truncate (MiniLM: to 128)
         tok.no_truncation()
         self.tok, self.name, self.fingerprint = tok, name, fingerprint
-        vocab = tok.get_vocab(with_added_tokens=True)
-        missing = [t for t in names.values() if t not in vocab]
-        if missing:
-            raise ZooDataError(f"data.tokenizer={name!r}: the vocabulary has no {', '.join(missing)}")
-        self.n_vocab = max(vocab.values()) + 1
-        self.special_ids = {k: vocab[t] for k, t in names.items() if k != "unk"}
-        self.eot_token = self.special_ids["sep"]
-        self.ordinary_ids = _ordinary_ids(vocab, self.n_vocab)
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
@@ -130,6 +119,24 @@ class WordPiece:
 
     def decode(self, ids) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+class WordPiece(HfTokenizer):
+    """A WordPiece model (BERT). Documents are separated by [SEP] (`eot_token`), as BERT's
+    pretraining data was. As in Hugging Face, a literal "[SEP]" or "[MASK]" in the text is that
+    special token.
+    """
+
+    def __init__(self, tok, name: str, fingerprint: str, names: dict[str, str]):
+        super().__init__(tok, name, fingerprint)
+        vocab = tok.get_vocab(with_added_tokens=True)
+        missing = [t for t in names.values() if t not in vocab]
+        if missing:
+            raise ZooDataError(f"data.tokenizer={name!r}: the vocabulary has no {', '.join(missing)}")
+        self.n_vocab = max(vocab.values()) + 1
+        self.special_ids = {k: vocab[t] for k, t in names.items() if k != "unk"}
+        self.eot_token = self.special_ids["sep"]
+        self.ordinary_ids = _ordinary_ids(vocab, self.n_vocab)
 
 
 def _ordinary_ids(vocab: dict[str, int], n_vocab: int) -> range:
@@ -165,27 +172,16 @@ def wordpiece(directory: str) -> WordPiece:
     return WordPiece(tok, os.path.abspath(directory), _fingerprint(directory, files), names)
 
 
-class Pretrained:
-    """Any other `tokenizers.Tokenizer` (T5's SentencePiece unigram) behind the zoo tokenizer surface:
-    ids without the checkpoint's specials; `eot_token` is its EOS (</s>); decoding skips specials."""
+class Pretrained(HfTokenizer):
+    """Any other `tokenizers.Tokenizer` (T5's SentencePiece unigram, BART's tokenizer.json);
+    `eot_token` is its EOS (</s>)."""
 
     def __init__(self, tok, name: str, fingerprint: str, eos: str):
-        tok.no_padding()
-        tok.no_truncation()
-        self.tok, self.name, self.fingerprint = tok, name, fingerprint
+        super().__init__(tok, name, fingerprint)
         vocab = tok.get_vocab(with_added_tokens=True)
         if eos not in vocab:
             raise ZooDataError(f"data.tokenizer={name!r}: the vocabulary has no EOS token {eos!r}")
         self.n_vocab, self.eot_token = max(vocab.values()) + 1, vocab[eos]
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
-
-    def decode(self, ids) -> str:
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
 def _tokenizer_config(directory: str) -> dict:
