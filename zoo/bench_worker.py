@@ -90,11 +90,9 @@ class ZooTrain:
 
 def settings(model_cfg) -> dict:
     """The model switches that decide speed, as run: dtype, attention backend, remat, layer scan."""
-    import jax
-    impl = model_cfg.attention_impl
-    if impl == "auto":
-        impl = "einsum" if jax.default_backend() == "cpu" else "auto (jax.nn.dot_product_attention)"
-    return {"dtype": model_cfg.dtype, "attention": impl,
+    from zoo import layers
+    impl = layers.resolve_attention(model_cfg.attention_impl)
+    return {"dtype": model_cfg.dtype, "attention": impl or "auto (jax.nn.dot_product_attention)",
             "remat": getattr(model_cfg, "remat_policy", "full") if getattr(model_cfg, "remat", False) else "none",
             "scan_layers": getattr(model_cfg, "scan_layers", False)}
 

@@ -178,10 +178,19 @@ def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None
     return (out_BTNH / jnp.sum(e_BNTS, -1).transpose(0, 2, 1)[..., None]).astype(q_BTNH.dtype)
 
 
+def resolve_attention(implementation: str | None) -> str | None:
+    """The backend `attention` runs for model.attention_impl: "einsum" for "einsum", and for "auto" (or
+    None) on CPU; otherwise the name passed to jax.nn.dot_product_attention (None: its own pick, cuDNN
+    flash attention on a GPU when the shapes allow)."""
+    if implementation in (None, "auto"):
+        return "einsum" if jax.default_backend() == "cpu" else None
+    return implementation
+
+
 def attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None, is_causal=False, implementation=None):
-    """implementation "einsum", or None on CPU: einsum_attention; otherwise jax.nn.dot_product_attention
-    with that backend (None: its own pick, cuDNN flash attention on a GPU when the shapes allow)."""
-    if implementation == "einsum" or (implementation is None and jax.default_backend() == "cpu"):
+    """einsum_attention or jax.nn.dot_product_attention, as `resolve_attention(implementation)` says."""
+    implementation = resolve_attention(implementation)
+    if implementation == "einsum":
         return einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias, mask, scale=scale, is_causal=is_causal)
     return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=bias, mask=mask, scale=scale,
                                         is_causal=is_causal, implementation=implementation)
@@ -206,7 +215,7 @@ class Attention(nn.Module):
     scale: float | None = None  # logits scale; None: 1/sqrt(H) (T5 folds it into the init: 1.0)
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
-    implementation: str | None = None  # None (auto) | "xla" | "cudnn" | "einsum"
+    implementation: str | None = None  # model.attention_impl: auto (or None) | xla | cudnn | einsum
 
     def _proj(self, name, features, heads, x):
         return Einsum((features, heads, self.head_dim), ("embed", "heads", "kv"), "BTD,DNH->BTNH",

@@ -127,12 +127,11 @@ class Encoder(nn.Module):
     @nn.compact
     def __call__(self, x_BTD, mask_B1TS, deterministic: bool):
         cfg, kw = self.cfg, _dtypes(self.cfg)
-        impl = None if cfg.attention_impl == "auto" else cfg.attention_impl
         blocks = layers.stack_blocks(
             BertBlock, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, remat_policy=cfg.remat_policy,
             name="layer",
             num_heads=cfg.num_heads, d_ff=cfg.d_ff, dropout=cfg.dropout, ln_eps=cfg.ln_eps, pre_ln=cfg.pre_ln,
-            implementation=impl, **kw)
+            implementation=cfg.attention_impl, **kw)
         x_BTD = blocks(x_BTD, mask_B1TS, deterministic, False)
         if cfg.pre_ln:
             x_BTD = layers.layer_norm(cfg.ln_eps, name="final_ln", **kw)(x_BTD)

@@ -58,7 +58,7 @@ def _norm(cfg: EncDecConfig, name: str):
 def _attention(cfg: EncDecConfig, out_std: float, name: str) -> layers.Attention:
     return layers.Attention(cfg.num_heads, cfg.head_dim, out_std=out_std, use_bias=cfg.use_bias,
                             scale=None if cfg.attention_scale else 1.0,
-                            implementation=None if cfg.attention_impl == "auto" else cfg.attention_impl,
+                            implementation=cfg.attention_impl,
                             name=name, **_dtypes(cfg))
 
 

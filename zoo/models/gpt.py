@@ -23,10 +23,6 @@ PRESETS = {"gpt_tiny": GPT_TINY, "gpt2_small": GPT2_SMALL, "gpt2_medium": GPT2_M
            "gpt2_large": GPT2_LARGE, "gpt2_xl": GPT2_XL}
 
 
-def attention_impl(name: str) -> str | None:
-    return None if name == "auto" else name
-
-
 class Gpt(nn.Module):
     """ids_BT -> logits_BTV (float32). `decode=True` runs incrementally against the "cache" collection;
     `hidden=True` returns the final hidden states x_BTD instead, for a fused loss (zoo.losses) that
@@ -57,7 +53,7 @@ class Gpt(nn.Module):
             name="h",
             num_heads=cfg.num_heads, d_ff=cfg.d_ff, dropout=cfg.dropout, ln_eps=cfg.ln_eps,
             out_std=layers.residual_std(cfg.num_layers), dtype=dtype, param_dtype=param_dtype,
-            implementation=attention_impl(cfg.attention_impl))
+            implementation=cfg.attention_impl)
         # mask None + is_causal: the attention backend builds the causal mask (cheapest on cuDNN).
         x_BTD = blocks(x_BTD, None, deterministic, decode, positions_T)
         x_BTD = layers.layer_norm(cfg.ln_eps, dtype, param_dtype, name="ln_f")(x_BTD)
