@@ -78,16 +78,6 @@ def hf_dirs(tmp_path_factory, hf_tok):
     return out
 
 
-@pytest.fixture(scope="module")
-def runs(hf_dirs, tmp_path_factory):
-    """name -> (run directory, from_hf's report) of each converted checkpoint."""
-    out = {}
-    for name, (src, _) in hf_dirs.items():
-        run = str(tmp_path_factory.mktemp(name) / "run")
-        out[name] = (run, hf.from_hf(src, run, verbose=False))
-    return out
-
-
 def padded_sources(lengths=(20, 13, 5), seed=0):
     """Sources as BartTokenizer pads them: <s> text </s>, then <pad> (1)."""
     rng = np.random.default_rng(seed)

@@ -79,16 +79,6 @@ def hf_dirs(tmp_path_factory, hf_tok):
     return out
 
 
-@pytest.fixture(scope="module")
-def runs(hf_dirs, tmp_path_factory):
-    """name -> (run directory, from_hf's report) of each converted checkpoint."""
-    out = {}
-    for name, (src, _) in hf_dirs.items():
-        run = str(tmp_path_factory.mktemp(name) / "run")
-        out[name] = (run, hf.from_hf(src, run, verbose=False))
-    return out
-
-
 def padded_sources(lengths=(24, 15, 5), seed=0):
     """Sources as HF's tokenizer pads them: pad id 0 after the text."""
     rng = np.random.default_rng(seed)
