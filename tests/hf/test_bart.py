@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
+from tests.helpers import hf_runs
 from zoo import decoding, hf, seq2seq_data, translate  # noqa: E402
 from zoo.config import Config, DataConfig  # noqa: E402
 from zoo.data import get_tokenizer  # noqa: E402
@@ -76,6 +77,12 @@ def hf_dirs(tmp_path_factory, hf_tok):
         hf_tok.save_pretrained(d)  # transformers 5 writes tokenizer.json (no vocab.json / merges.txt)
         out[name] = (str(d), model)
     return out
+
+
+@pytest.fixture(scope="module")
+def runs(hf_dirs, tmp_path_factory):
+    """name -> (run directory, from_hf's report) of each converted checkpoint."""
+    return hf_runs.convert_all(hf_dirs, tmp_path_factory)
 
 
 def padded_sources(lengths=(20, 13, 5), seed=0):

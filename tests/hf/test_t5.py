@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
+from tests.helpers import hf_runs
 from zoo import decoding, hf, layers, seq2seq_data, trainer, translate  # noqa: E402
 from zoo.config import Config, DataConfig, OptimConfig, TrainConfig  # noqa: E402
 from zoo.hf import t5  # noqa: E402
@@ -77,6 +78,12 @@ def hf_dirs(tmp_path_factory, hf_tok):
         hf_tok[1].save_pretrained(d)
         out[name] = (str(d), model)
     return out
+
+
+@pytest.fixture(scope="module")
+def runs(hf_dirs, tmp_path_factory):
+    """name -> (run directory, from_hf's report) of each converted checkpoint."""
+    return hf_runs.convert_all(hf_dirs, tmp_path_factory)
 
 
 def padded_sources(lengths=(24, 15, 5), seed=0):
