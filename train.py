@@ -7,7 +7,7 @@
 
 import sys
 
-from zoo.cli import train_main
+from zoo.cli.train import train_main
 
 if __name__ == "__main__":
     sys.exit(train_main())

@@ -3,7 +3,7 @@
 
     python train.py configs/bert_tiny_mlm.py --workdir runs/mlm
     python train.py configs/bert_tiny_cls.py --workdir runs/cls --set init_from=runs/mlm
-    python -m zoo.classify runs/cls --text 'The "for" statement is used to iterate over the elements of a sequence'
+    zoo-classify runs/cls --text 'The "for" statement is used to iterate over the elements of a sequence'
 
 Expect (measured on a shared 2-core CPU: 3.7 min): eval_accuracy 0.42 and macro-F1 0.38 on the 327
 held-out paragraphs when fine-tuned from the 1000-step MLM run, against 0.37 / 0.36 from scratch

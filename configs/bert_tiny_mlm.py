@@ -1,7 +1,7 @@
 """BERT tiny, masked-LM pretraining: 2 layers, width 128, byte tokens, on the built-in corpus. CPU.
 
     python train.py configs/bert_tiny_mlm.py --workdir runs/mlm
-    python -m zoo.fill_mask runs/mlm --text 'The "wh[MASK]le" statement is used for repeated execution'
+    zoo-fill-mask runs/mlm --text 'The "wh[MASK]le" statement is used for repeated execution'
 
 Expect (measured on a shared 2-core CPU: 7.6 min, ~7.5k tokens/s): MLM loss from 5.6 (ln 264) to
 2.53 at step 1000 (the corpus' byte unigram entropy is 3.26), eval_loss 2.68, eval_accuracy 0.31

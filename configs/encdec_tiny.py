@@ -1,11 +1,11 @@
 """Encoder-decoder tiny: a 3+3-layer, width-128 byte-level transformer (1.4M params) on the offline task. CPU.
 
-The offline task (zoo.seq2seq_data): runs of 3-8 words from Python's pydoc topics, target = the
+The offline task (zoo.tasks.seq2seq_data): runs of 3-8 words from Python's pydoc topics, target = the
 same words in reverse order ("Classes are callable" -> "callable are Classes"); data.seq_len=32
 keeps the 58,939 phrases of <= 31 bytes, 5% held out.
 
     python train.py configs/encdec_tiny.py --workdir runs/s2s
-    python -m zoo.translate runs/s2s --text "a tiny model reverses words" --beam 4    # words reverses model tiny a
+    zoo-translate runs/s2s --text "a tiny model reverses words" --beam 4    # words reverses model tiny a
 
 Expect (2-core CPU shared with other jobs: 9m47s wall, ~6.6k source + target tokens/s): at step
 1500 eval_loss 0.008 (ppl 1.008), token accuracy 99.85%, and greedy decoding of the first 256

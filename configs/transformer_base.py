@@ -3,7 +3,7 @@ positions, ReLU, shared and tied embeddings scaled by sqrt(D), label smoothing 0
 with the noam schedule (lr = D^-0.5 * min(step^-0.5, step * 4000^-1.5)).
 
     python train.py configs/transformer_base.py --set data.source=hub:wmt14/de-en    # the original task, online
-    python -m zoo.translate runs/<run> --text "Ein kleiner Test." --beam 4 --length-penalty 0.6
+    zoo-translate runs/<run> --text "Ein kleiner Test." --beam 4 --length-penalty 0.6
 
 The default source is the offline task (builtin), so the file runs anywhere; with hub:wmt14/de-en the
 columns translation.de -> translation.en are read. The paper's 37k shared BPE vocabulary is not

@@ -7,9 +7,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses  # noqa: E402
 
+import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from zoo.config import Config, DataConfig, GptConfig, OptimConfig, TrainConfig  # noqa: E402
+from tests.helpers import tiny_configs  # noqa: E402
+from tests.helpers.runs import run  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -21,13 +23,23 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture
 def tiny_cfg(cache_dir):
     """A GPT small enough to train a few steps in about a second, with dropout on."""
-    return Config(
-        task="gpt_lm",
-        model=GptConfig(vocab_size=384, max_len=64, num_layers=2, d_model=64, num_heads=4, d_ff=128, dropout=0.1),
-        data=DataConfig(source="builtin", tokenizer="bytes", seq_len=32, cache_dir=cache_dir),
-        optim=OptimConfig(lr=1e-3, schedule="cosine", warmup=2),
-        train=TrainConfig(steps=6, batch_size=16, log_every=1, eval_every=0, save_every=3, keep=5),
-    )
+    return tiny_configs.gpt_lm(cache_dir)
+
+
+@pytest.fixture
+def s2s_cfg(cache_dir):
+    """A 1+1-layer encoder-decoder on the offline task, dropout and label smoothing on."""
+    return tiny_configs.seq2seq(cache_dir)
+
+
+@pytest.fixture(scope="session")
+def learned_seq2seq(tmp_path_factory):
+    """(cfg, train's result, workdir) of a 2+2-layer, width-64 model trained on the short phrases of the
+    offline task: trained once, for the task's learning test and the translate CLI's tests."""
+    root = tmp_path_factory.mktemp("learned")
+    cfg = tiny_configs.seq2seq_learnable(str(root / "cache"))
+    out = run(cfg, root / "run", devices=jax.devices()[:1])
+    return cfg, out, str(root / "run")
 
 
 def replace(cfg, **sections):

@@ -5,11 +5,12 @@ import glob
 import json
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 from zoo import tasks
-from zoo.config import Config, ConfigError, GptConfig, apply_overrides, from_dict, load_config_file
+from zoo.config import Config, apply_overrides, from_dict, load_config_file
+from zoo.errors import ConfigError
+from zoo.models.gpt import GptConfig
 
 
 def test_override_parses_types():

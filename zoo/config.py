@@ -1,8 +1,10 @@
-"""Typed, frozen configuration: one dataclass per concern, one per model family.
+"""A run's configuration: typed, frozen sections (data, optim, train, mesh) around a model config.
 
-A run is fully described by a `Config`. Config files in `configs/` build one with `get_config()`;
-the command line overrides single fields with `--set section.field=value` (type-checked here); the
-resolved config is written as JSON beside every checkpoint and read back by `load_json`.
+A run is fully described by a `Config`. Model configs live with their family (zoo.models; the
+FAMILIES registry maps `model.family` and every task name to them). Config files in `configs/`
+build a Config with `get_config()`; the command line overrides single fields with
+`--set section.field=value` (type-checked here); the resolved config is written as JSON beside every
+checkpoint and read back by `load_json`.
 """
 
 from __future__ import annotations
@@ -12,180 +14,16 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import ClassVar
 
-DTYPES = ("float32", "bfloat16", "float16")
-# einsum: zoo's own softmax attention (zoo.layers.einsum_attention), what `auto` runs on CPU; xla and cudnn
-# are jax.nn.dot_product_attention's backends (cudnn: flash attention on NVIDIA GPUs).
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
-# With remat on, what the backward pass keeps instead of recomputing: nothing (full), every matmul output
-# (dots), or the matmul outputs without a batch dimension in the contraction: the projections and MLP,
-# not the attention scores (dots_no_batch). See zoo.layers.REMAT_POLICIES.
-REMAT_POLICIES = ("full", "dots", "dots_no_batch")
+from zoo.errors import ConfigError
+from zoo.models import FAMILIES, TASK_FAMILY
+from zoo.models.gpt import GptConfig
 
-
-class ConfigError(ValueError):
-    """A config value is impossible; the message names the field and the valid choices."""
 
 
 def _check(ok: bool, msg: str) -> None:
     if not ok:
         raise ConfigError(msg)
-
-
-def _check_dtype(name: str, value: str) -> None:
-    _check(value in DTYPES, f"{name}={value!r} is not a dtype; choose one of {', '.join(DTYPES)}")
-
-
-def _check_stack(cfg, positive: tuple[str, ...]) -> None:
-    """Checks GptConfig and BertConfig share: positive sizes, heads dividing the width, dropout,
-    dtypes, attention backend and remat policy."""
-    for name in positive:
-        _check(getattr(cfg, name) > 0, f"model.{name}={getattr(cfg, name)} must be positive")
-    _check(cfg.d_model % cfg.num_heads == 0,
-           f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
-    _check(0.0 <= cfg.dropout < 1.0, f"model.dropout={cfg.dropout} must be in [0, 1)")
-    _check_dtype("model.dtype", cfg.dtype)
-    _check_dtype("model.param_dtype", cfg.param_dtype)
-    _check(cfg.attention_impl in ATTENTION_IMPLS,
-           f"model.attention_impl={cfg.attention_impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}")
-    _check(cfg.remat_policy in REMAT_POLICIES,
-           f"model.remat_policy={cfg.remat_policy!r}; choose one of {', '.join(REMAT_POLICIES)}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class GptConfig:
-    """GPT-2 architecture: learned positions, pre-LN blocks, GELU MLP, output tied to the embedding."""
-
-    family: ClassVar[str] = "gpt"
-    vocab_size: int = 50257  # rows of the token embedding; >= the tokenizer's vocabulary
-    max_len: int = 1024  # learned positions; the longest sequence the model accepts
-    num_layers: int = 12  # transformer blocks (L)
-    d_model: int = 768  # residual width (D)
-    num_heads: int = 12  # attention heads (N); D must divide by N
-    d_ff: int = 3072  # MLP hidden width (F)
-    dropout: float = 0.1  # on embeddings and on each residual branch, training only
-    ln_eps: float = 1e-5  # LayerNorm epsilon (GPT-2 uses 1e-5)
-    dtype: str = "float32"  # compute dtype of activations and matmuls
-    param_dtype: str = "float32"  # storage dtype of parameters
-    scan_layers: bool = False  # one nn.scan over stacked blocks: compile time independent of L
-    remat: bool = False  # recompute block activations in the backward pass to save memory
-    remat_policy: str = "full"  # with remat: full | dots | dots_no_batch (what is saved, see REMAT_POLICIES)
-    attention_impl: str = "auto"  # auto (CPU: einsum; else jax.nn.dot_product_attention picks) | xla | cudnn | einsum
-
-    def __post_init__(self):
-        _check_stack(self, ("vocab_size", "max_len", "num_layers", "d_model", "num_heads", "d_ff"))
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
-
-
-@dataclass(frozen=True, kw_only=True)
-class BertConfig:
-    """BERT encoder: word + position + segment embeddings, post-LN blocks (pre-LN switch), erf GELU."""
-
-    family: ClassVar[str] = "bert"
-    vocab_size: int = 30522  # rows of the word embedding; >= the tokenizer's vocabulary (+ 4 specials if it has none)
-    max_len: int = 512  # learned positions; the longest sequence the model accepts
-    type_vocab_size: int = 2  # segment (token type) embeddings: sentence A / sentence B
-    num_layers: int = 12  # encoder blocks (L)
-    d_model: int = 768  # residual width (D)
-    num_heads: int = 12  # attention heads (N); D must divide by N
-    d_ff: int = 3072  # MLP hidden width (F)
-    dropout: float = 0.1  # on embeddings, residual branches and the pooled [CLS], training only
-    ln_eps: float = 1e-12  # LayerNorm epsilon (BERT uses 1e-12)
-    pre_ln: bool = False  # LayerNorm before each sublayer (+ a final one) instead of after (BERT)
-    num_classes: int = 2  # outputs of the classification head (C); unused by masked-LM pretraining
-    dtype: str = "float32"  # compute dtype of activations and matmuls
-    param_dtype: str = "float32"  # storage dtype of parameters
-    scan_layers: bool = False  # one nn.scan over stacked blocks: compile time independent of L
-    remat: bool = False  # recompute block activations in the backward pass to save memory
-    remat_policy: str = "full"  # with remat: full | dots | dots_no_batch (what is saved, see REMAT_POLICIES)
-    attention_impl: str = "auto"  # auto (CPU: einsum; else jax.nn.dot_product_attention picks) | xla | cudnn | einsum
-
-    def __post_init__(self):
-        _check_stack(self, ("vocab_size", "max_len", "type_vocab_size", "num_layers", "d_model", "num_heads", "d_ff",
-                            "num_classes"))
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
-
-
-ENCDEC_POSITIONS = ("sinusoidal", "learned", "relative")
-ENCDEC_NORMS = ("layernorm", "rmsnorm")
-ENCDEC_ACTIVATIONS = ("relu", "gelu", "gated_gelu")
-
-
-@dataclass(frozen=True, kw_only=True)
-class EncDecConfig:
-    """Encoder-decoder transformer (Vaswani, T5, BART are presets): the variants are switches here."""
-
-    family: ClassVar[str] = "encdec"
-    vocab_size: int = 37000  # rows of the token embedding; >= the tokenizer's vocabulary + 2 (zoo's BOS, PAD)
-    max_len: int = 256  # longest source and longest target (rows of learned position tables)
-    num_encoder_layers: int = 6  # encoder blocks
-    num_decoder_layers: int = 6  # decoder blocks (self-attention, cross-attention, MLP)
-    d_model: int = 512  # residual width (D)
-    num_heads: int = 8  # attention heads (N)
-    d_kv: int = 0  # head width (H); 0: d_model // num_heads (T5 may set it apart)
-    d_ff: int = 2048  # MLP hidden width (F)
-    dropout: float = 0.1  # on embeddings and each residual branch, training only
-    positions: str = "sinusoidal"  # sinusoidal (Vaswani) | learned (BART) | relative (T5 buckets)
-    position_offset: int = 0  # learned: extra table rows before position 0 (BART keeps 2)
-    relative_buckets: int = 32  # relative: offset buckets per stack
-    relative_max_distance: int = 128  # relative: offsets beyond this share the last bucket
-    norm: str = "layernorm"  # layernorm | rmsnorm (T5: scale only, no mean, no bias)
-    pre_ln: bool = False  # norm before each sublayer + a final norm per stack (T5); else after (Vaswani, BART)
-    embed_norm: bool = False  # a norm on each stack's embedded input (BART's layernorm_embedding)
-    ln_eps: float = 1e-5  # norm epsilon
-    activation: str = "relu"  # relu | gelu | gated_gelu (T5 v1.1: gelu(x W_gate) * x W_fc)
-    use_bias: bool = True  # biases in attention and MLP projections (T5 has none)
-    attention_scale: bool = True  # divide attention logits by sqrt(H) (T5 folds it into its init)
-    embed_scale: bool = False  # multiply token embeddings by sqrt(D) (Vaswani)
-    share_embeddings: bool = True  # source and target tokens use one embedding table
-    tie_output: bool = True  # output projection = the target embedding, transposed
-    output_scale: bool = False  # decoder output times D^-0.5 before the output projection (T5 v1.0)
-    logits_bias: bool = False  # a learned bias [V] added to the logits (BART's final_logits_bias)
-    label_smoothing: float = 0.0  # training loss only; eval loss and perplexity stay plain cross-entropy
-    dtype: str = "float32"  # compute dtype of activations and matmuls
-    param_dtype: str = "float32"  # storage dtype of parameters
-    scan_layers: bool = False  # one nn.scan per stack: compile time independent of the depth
-    remat: bool = False  # recompute block activations in the backward pass to save memory
-    remat_policy: str = "full"  # with remat: full | dots | dots_no_batch (what is saved, see REMAT_POLICIES)
-    attention_impl: str = "auto"  # auto (CPU: einsum; else jax.nn.dot_product_attention picks) | xla | cudnn | einsum
-
-    def __post_init__(self):
-        for name in ("vocab_size", "max_len", "num_encoder_layers", "num_decoder_layers", "d_model", "num_heads",
-                     "d_ff", "relative_buckets", "relative_max_distance"):
-            _check(getattr(self, name) > 0, f"model.{name}={getattr(self, name)} must be positive")
-        _check(self.d_kv >= 0 and self.position_offset >= 0, "model.d_kv and model.position_offset must be >= 0")
-        _check(self.d_kv > 0 or self.d_model % self.num_heads == 0,
-               f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads} (or set model.d_kv)")
-        for name, choices in (("positions", ENCDEC_POSITIONS), ("norm", ENCDEC_NORMS),
-                              ("activation", ENCDEC_ACTIVATIONS), ("attention_impl", ATTENTION_IMPLS),
-                             ("remat_policy", REMAT_POLICIES)):
-            _check(getattr(self, name) in choices,
-                   f"model.{name}={getattr(self, name)!r} is unknown; choose one of {', '.join(choices)}")
-        _check(self.positions != "sinusoidal" or self.d_model % 2 == 0,
-               f"model.positions='sinusoidal' needs an even model.d_model, got {self.d_model}")
-        _check(self.relative_buckets >= 4, f"model.relative_buckets={self.relative_buckets} must be >= 4")
-        _check(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
-        _check(0.0 <= self.label_smoothing < 1.0, f"model.label_smoothing={self.label_smoothing} must be in [0, 1)")
-        _check_dtype("model.dtype", self.dtype)
-        _check_dtype("model.param_dtype", self.param_dtype)
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_kv or self.d_model // self.num_heads
-
-    @property
-    def num_layers(self) -> int:
-        return self.num_encoder_layers + self.num_decoder_layers
-
-
-MODEL_CONFIGS: dict[str, type] = {"gpt": GptConfig, "bert": BertConfig, "encdec": EncDecConfig}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,7 +56,7 @@ SCHEDULES = ("cosine", "linear", "noam", "constant", "wsd")
 
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-    """AdamW with global-norm clipping and a warmup schedule from the registry in zoo.optim."""
+    """AdamW with global-norm clipping and a warmup schedule from the registry in zoo.train.optim."""
 
     lr: float = 3e-4  # peak learning rate (for noam: the scale factor in front of the formula)
     schedule: str = "cosine"  # cosine | linear | noam | constant | wsd
@@ -282,9 +120,6 @@ class MeshConfig:
         _check(all(s == -1 or s > 0 for s in sizes), f"mesh: sizes must be positive or -1, got {sizes}")
 
 
-TASKS = ("gpt_lm", "bert_mlm", "bert_cls", "bert_encoder", "seq2seq")
-
-
 @dataclass(frozen=True, kw_only=True)
 class Config:
     """Everything a run needs. `task` picks the model family and loss (see zoo.tasks)."""
@@ -298,7 +133,11 @@ class Config:
     init_from: str = ""  # a zoo checkpoint dir whose params initialise the model (fine-tuning)
 
     def __post_init__(self):
-        _check(self.task in TASKS, f"task={self.task!r} is unknown; choose one of {', '.join(TASKS)}")
+        _check(self.task in TASK_FAMILY, f"task={self.task!r} is unknown; choose one of {', '.join(TASK_FAMILY)}")
+        family = FAMILIES[TASK_FAMILY[self.task]]
+        _check(self.model.family == family.name,
+               f"task={self.task!r} trains a {family.name} model but model is a {self.model.family} config; "
+               f"tasks of {self.model.family}: {', '.join(FAMILIES[self.model.family].tasks)}")
         max_len = getattr(self.model, "max_len", None)
         if max_len is not None:
             _check(self.data.seq_len <= max_len,
@@ -318,9 +157,9 @@ def from_dict(d: dict) -> Config:
     d = dict(d)
     model = dict(d.pop("model"))
     family = model.pop("family")
-    _check(family in MODEL_CONFIGS, f"model.family={family!r} is unknown; choose one of {', '.join(MODEL_CONFIGS)}")
+    _check(family in FAMILIES, f"model.family={family!r} is unknown; choose one of {', '.join(FAMILIES)}")
     sections = {f.name: f.type for f in dataclasses.fields(Config)}
-    kwargs = {"model": MODEL_CONFIGS[family](**model)}
+    kwargs = {"model": FAMILIES[family].config(**model)}
     hints = typing.get_type_hints(Config)
     for name, value in d.items():
         _check(name in sections, f"unknown config key {name!r}; valid keys: {', '.join(sections)}")
@@ -371,8 +210,9 @@ def override(cfg: Config, assignment: str) -> Config:
         leaves = [n for n, f in top.items() if not dataclasses.is_dataclass(getattr(cfg, n))]
         _check(name in leaves, f"unknown config key {key!r}; valid top-level keys: {', '.join(leaves)} "
                f"(sections: {', '.join(n for n in top if n not in leaves)})")
-        if name == "task":
-            raise ConfigError("--set task=...: the task is fixed by the config file; pick another config")
+        if name == "task":  # another task of the same family (bert_mlm -> bert_cls); the model stays
+            tasks = FAMILIES[cfg.model.family].tasks
+            _check(text in tasks, f"--set task={text!r}: a {cfg.model.family} model trains as one of {', '.join(tasks)}")
         return dataclasses.replace(cfg, **{name: _parse_value(key, text, typing.get_type_hints(Config)[name])})
     _check(len(parts) == 2 and parts[0] in top and dataclasses.is_dataclass(getattr(cfg, parts[0])),
            f"unknown config key {key!r}; sections: "

@@ -1,5 +1,5 @@
 """One process of a two-process run on 127.0.0.1 (4 CPU devices each, 8 in all), through JAX's own
-distributed runtime. Used by tests/test_multihost.py: python multihost_worker.py PID PORT WORKDIR CFG_JSON"""
+distributed runtime. Used by tests/train/test_multihost.py: python multihost_worker.py PID PORT WORKDIR CFG_JSON"""
 
 import os
 import sys
@@ -16,7 +16,7 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from zoo import trainer  # noqa: E402
+from zoo.train import trainer  # noqa: E402
 from zoo.config import load_json  # noqa: E402
 
 out = trainer.train(load_json(cfg_json), workdir, progress=False)

@@ -14,11 +14,15 @@ torch = pytest.importorskip("torch", reason="torch is not installed: HF parity t
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 from tests.helpers import hf_runs
-from zoo import decoding, hf, seq2seq_data, translate  # noqa: E402
+from zoo.infer import decoding  # noqa: E402
+from zoo import hf  # noqa: E402
+from zoo.tasks import seq2seq_data
+from zoo.tasks.seq2seq import Seq2SeqTask  # noqa: E402
+from zoo.cli import translate  # noqa: E402
 from zoo.config import Config, DataConfig  # noqa: E402
-from zoo.data import get_tokenizer  # noqa: E402
+from zoo.data.tokenizers import get_tokenizer  # noqa: E402
 from zoo.hf import bart  # noqa: E402
-from zoo.hf.io import ConversionError  # noqa: E402
+from zoo.errors import ConversionError  # noqa: E402
 
 V = 300  # the trained byte-level BPE: 5 specials, 256 bytes, 39 merges
 SMALL = dict(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -182,7 +186,7 @@ def test_tokenizer_ids_and_framing_equal_transformers(hf_tok, hf_dirs, bpe_dir, 
         ours.seq2seq = get_tokenizer(run.data.tokenizer).seq2seq
     assert type(ours).__name__ == {"tokenizer.json": "Pretrained", "vocab.json + merges.txt": "RemappedBpe"}[layout]
     assert (ours.n_vocab, ours.eot_token) == (V, 2)
-    sp = seq2seq_data.specials(ours)
+    sp = seq2seq_data.framing(ours)
     assert (sp.decoder_start, sp.eos, sp.pad, sp.src_prefix, sp.tgt_prefix) == (2, 2, 1, (0,), (0,))
     from transformers.models.bart.modeling_bart import shift_tokens_right
     for text in SENTENCES:
@@ -200,7 +204,7 @@ def test_converted_run_batches_and_translates_with_bart_ids(runs, hf_dirs, hf_to
     cfg = Config(task="seq2seq", model=out["config"].model,
                  data=DataConfig(source=word_pairs(tmp_path / "pairs.jsonl"), tokenizer=out["config"].data.tokenizer,
                                  seq_len=16))
-    b = seq2seq_data.seq2seq_data(cfg, 0, 1).train(0)
+    b = Seq2SeqTask(cfg).make_data(cfg, 0, 1).train(0)
     n = b["src_valid"].sum(1)
     assert (b["src"][:, 0] == 0).all() and (b["src"][np.arange(len(n)), n - 1] == 2).all()
     assert (b["src"][~b["src_valid"]] == 1).all()

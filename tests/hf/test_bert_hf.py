@@ -15,10 +15,17 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
-from zoo import classify, cli, fill_mask, hf, mlm, tasks  # noqa: E402
-from zoo.config import Config, ConfigError, DataConfig  # noqa: E402
-from zoo.data import ZooDataError, get_tokenizer  # noqa: E402
-from zoo.hf.io import ConversionError  # noqa: E402
+from zoo.cli import classify  # noqa: E402
+from zoo.cli import train as cli  # noqa: E402
+from zoo.cli import fill_mask  # noqa: E402
+from zoo import hf  # noqa: E402
+from zoo.tasks import mlm  # noqa: E402
+from zoo import tasks  # noqa: E402
+from zoo.config import Config, DataConfig  # noqa: E402
+from zoo.errors import ConfigError  # noqa: E402
+from zoo.errors import ZooDataError  # noqa: E402
+from zoo.data.tokenizers import get_tokenizer  # noqa: E402
+from zoo.errors import ConversionError  # noqa: E402
 
 HEADS = {"BertModel": "bert_encoder", "BertForMaskedLM": "bert_mlm", "BertForSequenceClassification": "bert_cls"}
 V = 120
@@ -154,7 +161,7 @@ def test_wordpiece_ids_equal_the_hugging_face_tokenizer(tmp_path, files):
             shutil.copy(os.path.join(src, f), tmp_path)
         src = str(tmp_path)
     ours, theirs = get_tokenizer(src), transformers.AutoTokenizer.from_pretrained(minilm_dir())
-    sp = mlm.specials(ours)
+    sp = mlm.bert_specials(ours)
     assert (sp.cls, sp.sep, sp.mask, sp.pad, ours.n_vocab) == (101, 102, 103, 0, 30522)
     assert ours.ordinary_ids == range(999, 30522)  # [PAD], [unused*], [UNK] and the specials excluded
     long_text = " ".join(SENTENCES) * 40  # > the 128 tokens tokenizer.json would truncate to
@@ -180,9 +187,9 @@ def test_wordpiece_specials_drive_masking_batches_and_fill_mask(tmp_path, cache_
     run = str(tmp_path / "run")
     zcfg = hf.from_hf(str(tmp_path / "src"), run, verbose=False)["config"]
     tok = get_tokenizer(zcfg.data.tokenizer)
-    sp = mlm.check_vocab(zcfg.model, tok)
+    sp = mlm.check_bert_vocab(zcfg.model, tok)
     with pytest.raises(ZooDataError, match=r"vocab_size=30000 .* \(30522, its own \[CLS\] .* included\)"):
-        mlm.check_vocab(dataclasses.replace(zcfg.model, vocab_size=30000), tok)
+        mlm.check_bert_vocab(dataclasses.replace(zcfg.model, vocab_size=30000), tok)
 
     ids = np.asarray([[sp.cls, *tok.encode(SENTENCES[2] + " \u2603"), sp.sep, sp.pad, sp.pad]] * 2000)
     assert 100 in ids  # [UNK] (the snowman)
@@ -194,7 +201,8 @@ def test_wordpiece_specials_drive_masking_batches_and_fill_mask(tmp_path, cache_
     assert (inp[chosen] == 103).mean() == pytest.approx(0.8, abs=0.03)  # [MASK] is the vocabulary's own
 
     data_cfg = DataConfig(source="builtin", tokenizer=zcfg.data.tokenizer, seq_len=32, cache_dir=cache_dir)
-    batch = mlm.mlm_data(Config(task="bert_mlm", model=zcfg.model, data=data_cfg), 0, 1).train(0)
+    mcfg = Config(task="bert_mlm", model=zcfg.model, data=data_cfg)
+    batch = mlm.MlmTask(mcfg).make_data(mcfg, 0, 1).train(0)
     assert (batch["targets"][:, 0] == 101).all() and (batch["targets"][:, -1] == 102).all()
     assert (batch["targets"][batch["weights"] > 0] >= 999).all()
 
@@ -213,7 +221,7 @@ def test_wordpiece_specials_drive_masking_batches_and_fill_mask(tmp_path, cache_
 
 def test_minilm_hidden_states_and_sentence_embeddings_match_transformers(minilm_run):
     zmodel, params, tok, cfg = hf.from_pretrained(minilm_run)
-    sp = mlm.specials(tok)
+    sp = mlm.bert_specials(tok)
     rows = [[sp.cls, *tok.encode(s), sp.sep] for s in SENTENCES]
     T = max(map(len, rows))
     ids = np.full((len(rows), T), sp.pad, np.int32)

@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch", reason="torch is not installed: HF parity t
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 from zoo import hf  # noqa: E402
-from zoo.hf.io import ConversionError  # noqa: E402
-from zoo.sample import generate  # noqa: E402
+from zoo.errors import ConversionError  # noqa: E402
+from zoo.infer.sample import generate  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_byte_level_bpe_from_vocab_and_merges_equals_transformers(tmp_path):
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(list(topics.values())[:30], vocab_size=600, special_tokens=["<|endoftext|>"])
     bpe.save_model(str(tmp_path))
-    from zoo.data import get_tokenizer
+    from zoo.data.tokenizers import get_tokenizer
     ours = get_tokenizer(str(tmp_path))
     theirs = transformers.GPT2TokenizerFast(vocab=str(tmp_path / "vocab.json"),
                                             merges=str(tmp_path / "merges.txt"))

@@ -15,10 +15,16 @@ torch = pytest.importorskip("torch", reason="torch is not installed: HF parity t
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 from tests.helpers import hf_runs
-from zoo import decoding, hf, layers, seq2seq_data, trainer, translate  # noqa: E402
+from zoo.infer import decoding  # noqa: E402
+from zoo import hf  # noqa: E402
+from zoo.nn import positions  # noqa: E402
+from zoo.tasks import seq2seq_data
+from zoo.tasks.seq2seq import Seq2SeqTask  # noqa: E402
+from zoo.train import trainer  # noqa: E402
+from zoo.cli import translate  # noqa: E402
 from zoo.config import Config, DataConfig, OptimConfig, TrainConfig  # noqa: E402
 from zoo.hf import t5  # noqa: E402
-from zoo.hf.io import ConversionError  # noqa: E402
+from zoo.errors import ConversionError  # noqa: E402
 
 V, EXTRA = 256, 4  # model rows; the tokenizer has 250 pieces + 4 sentinels
 SMALL = dict(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
@@ -141,7 +147,7 @@ def test_relative_position_buckets_equal_transformers():
     for bidirectional, buckets, distance in [(True, 32, 128), (False, 32, 128), (True, 8, 20), (False, 12, 40)]:
         theirs = transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket(
             rel, bidirectional=bidirectional, num_buckets=buckets, max_distance=distance).numpy()
-        ours = np.asarray(jax.jit(layers.relative_position_bucket, static_argnums=(1, 2, 3))(
+        ours = np.asarray(jax.jit(positions.relative_position_bucket, static_argnums=(1, 2, 3))(
             rel.numpy(), bidirectional, buckets, distance))
         np.testing.assert_array_equal(ours, theirs)
         # every bucket in use, the log-spaced ones too (bidirectional: offset +0 has no bucket of its own)
@@ -188,11 +194,11 @@ def test_greedy_and_beam_search_equal_transformers_generate(hf_dirs):
 
 
 def test_tokenizer_ids_and_framing_equal_transformers(hf_tok, hf_dirs, runs):
-    from zoo.data import get_tokenizer
+    from zoo.data.tokenizers import get_tokenizer
     tok_dir, theirs = hf_tok
     ours = get_tokenizer(runs["v1.0"][1]["config"].data.tokenizer)  # the converted run's copy + seq2seq.json
     assert type(ours).__name__ == "Pretrained" and (ours.n_vocab, ours.eot_token) == (250 + EXTRA, 1)
-    sp = seq2seq_data.specials(ours)
+    sp = seq2seq_data.framing(ours)
     assert (sp.decoder_start, sp.eos, sp.pad, sp.beam_style) == (0, 1, 0, "hf")
     model = hf_dirs["v1.0"][1]
     for text in SENTENCES:
@@ -213,7 +219,7 @@ def test_spiece_model_alone_gives_transformers_ids(tmp_path):
     pytest.importorskip("google.protobuf", reason="protobuf is not installed: transformers needs it to read "
                                                   "spiece.model")
     from pydoc_data.topics import topics
-    from zoo.data import get_tokenizer
+    from zoo.data.tokenizers import get_tokenizer
     lines = "\n".join(list(topics.values())[:40]).splitlines()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(tmp_path / "spiece"),
                                    vocab_size=300, model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
@@ -252,7 +258,7 @@ def test_converted_t5_fine_tunes_and_translates_as_transformers(hf_tok, tmp_path
                                  seq_len=16),
                  optim=OptimConfig(lr=1e-3, warmup=0), train=TrainConfig(steps=1, batch_size=8, log_every=1,
                                                                           eval_every=0, save_every=1))
-    batch = seq2seq_data.seq2seq_data(cfg, 0, 1).train(0)
+    batch = Seq2SeqTask(cfg).make_data(cfg, 0, 1).train(0)
     ends = batch["src_valid"].sum(1) - 1
     assert (batch["src"][np.arange(8), ends] == 1).all() and (batch["src"][~batch["src_valid"]] == 0).all()
     assert (batch["tgt_in"][:, 0] == 0).all()  # decoder start = <pad>

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from zoo import decoding
+from zoo.infer import decoding
 from zoo.models.encdec import PRESETS, EncDec, EncDecConfig
 
 # Hugging Face num_parameters() for t5-small and bart-base (tied embeddings once; bart's

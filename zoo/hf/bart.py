@@ -5,21 +5,24 @@ positions with 2 extra leading rows (position p reads row p + 2), exact GELU, bi
 and its output tied to `shared`. `final_logits_bias` ([1, V], a buffer transformers never trains)
 becomes model.logits_bias when it is non-zero; an all-zero one is dropped (exact) and written back
 as zeros on export. Projections are torch Linears [out, in]; zoo keeps query/key/value [D, N, H],
-attention output [N, H, D], MLP fc [D, F] and proj [F, D].
+attention output [N, H, D], MLP fc [D, F] and proj [F, D]. Import and export are both derived from
+`key_table` (see zoo.hf.table). D width, N heads, H head dim, F MLP width, V vocab.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from zoo.config import EncDecConfig
+from zoo.models.encdec import EncDecConfig
 from zoo.hf import seq2seq
-from zoo.hf.io import ConversionError, Keys
+from zoo.errors import ConversionError
+from zoo.hf import table
+from zoo.hf.io import Keys
 
+TASK = "seq2seq"  # the zoo task a converted checkpoint trains as
 ARCHITECTURES = ("BartForConditionalGeneration",)
 PREFIXES = ("model.",)
 IGNORED = ()
-CONFIG_FROM_WEIGHTS = True  # config_from_hf reads the weights too (tying, final_logits_bias)
 ACTIVATIONS = ("gelu", "relu")
 ATTN = ("q_proj", "k_proj", "v_proj", "out_proj")
 
@@ -64,7 +67,7 @@ def config_to_hf(cfg: EncDecConfig) -> dict:
             "encoder_ffn_dim": cfg.d_ff, "decoder_ffn_dim": cfg.d_ff, "activation_function": cfg.activation,
             "dropout": cfg.dropout, "attention_dropout": 0.0, "activation_dropout": 0.0,
             "scale_embedding": cfg.embed_scale, "tie_word_embeddings": seq2seq.tied(cfg), "is_encoder_decoder": True,
-            # zoo.decoding forces no token: the export decodes in transformers as the run does in zoo
+            # zoo.infer.decoding forces no token: the export decodes in transformers as the run does in zoo
             "forced_eos_token_id": None, "forced_bos_token_id": None, "use_cache": True, "dtype": "float32"}
 
 
@@ -79,65 +82,53 @@ def seq2seq_framing(hf: dict, gen: dict) -> dict:
 run_fields = seq2seq.run_fields
 
 
-def _ln(keys: Keys, name: str) -> dict:
-    return {"scale": keys[f"{name}.weight"], "bias": keys[f"{name}.bias"]}
+def key_table(cfg: EncDecConfig) -> list:
+    """The two-way key table of both stacks (names without the "model." wrapper). The embeddings
+    (seq2seq.embeddings_*: tying is not one-to-one) and final_logits_bias are explicit code."""
+    rows = []
+    for stack, n in (("encoder", cfg.num_encoder_layers), ("decoder", cfg.num_decoder_layers)):
+        block = [*table.attention("attn", "self_attn.", ATTN, bias=True), *table.ln("ln_attn", "self_attn_layer_norm"),
+                 *table.linear("mlp/fc", "fc1"), *table.linear("mlp/proj", "fc2"),
+                 *table.ln("ln_mlp", "final_layer_norm")]
+        if stack == "decoder":
+            block += [*table.attention("cross", "encoder_attn.", ATTN, bias=True),
+                      *table.ln("ln_cross", "encoder_attn_layer_norm")]
+        rows += table.under(stack, f"{stack}.", [
+            ("position/embedding", "embed_positions.weight", table.SAME), *table.ln("ln_embed", "layernorm_embedding"),
+            *table.layers(n, "layers_{i}", "layers.{i}.", block)])
+    return rows
 
 
-def _dense(keys: Keys, name: str) -> dict:
-    return {"kernel": keys[f"{name}.weight"].T, "bias": keys[f"{name}.bias"]}
-
-
-def _stack_from_hf(keys: Keys, stack: str, cfg: EncDecConfig) -> dict:
-    decoder = stack == "decoder"
-    out = {"position": {"embedding": keys[f"{stack}.embed_positions.weight"]},
-           "ln_embed": _ln(keys, f"{stack}.layernorm_embedding")}
-    for i in range(cfg.num_decoder_layers if decoder else cfg.num_encoder_layers):
-        p = f"{stack}.layers.{i}."
-        block = {"attn": seq2seq.attention_from_hf(keys, p + "self_attn.", ATTN, cfg, bias=True),
-                 "ln_attn": _ln(keys, p + "self_attn_layer_norm"),
-                 "mlp": {"fc": _dense(keys, p + "fc1"), "proj": _dense(keys, p + "fc2")},
-                 "ln_mlp": _ln(keys, p + "final_layer_norm")}
-        if decoder:
-            block["cross"] = seq2seq.attention_from_hf(keys, p + "encoder_attn.", ATTN, cfg, bias=True)
-            block["ln_cross"] = _ln(keys, p + "encoder_attn_layer_norm")
-        out[f"layers_{i}"] = block
-    return out
-
-
-def params_from_hf(keys: Keys, cfg: EncDecConfig) -> dict:
+def params_from_hf(keys: Keys, cfg: EncDecConfig, task: str) -> dict:
     params, _, _ = seq2seq.embeddings_from_hf(keys)
-    params["encoder"] = _stack_from_hf(keys, "encoder", cfg)
-    params["decoder"] = _stack_from_hf(keys, "decoder", cfg)
+    params.update(table.from_hf(keys, key_table(cfg), cfg))
+    # Explicit: final_logits_bias [1, V] is read (marked used) always, kept only when non-zero.
     bias = keys.optional("final_logits_bias")
     if cfg.logits_bias:
         params["logits_bias"] = bias.reshape(-1)
     return params
 
 
-LAYER_NORMS = {"ln_attn": "self_attn_layer_norm", "ln_cross": "encoder_attn_layer_norm", "ln_mlp": "final_layer_norm"}
-
-
 def params_to_hf(params: dict, cfg: EncDecConfig) -> dict:
-    f32 = seq2seq.f32
     out = seq2seq.embeddings_to_hf(params, cfg, prefix="model.")
-    bias = params.get("logits_bias")
-    out["final_logits_bias"] = (f32(bias) if bias is not None else np.zeros(cfg.vocab_size, np.float32)).reshape(1, -1)
+    bias = params.get("logits_bias")  # none (an all-zero bias was dropped on import): written back as zeros
+    out["final_logits_bias"] = (seq2seq.f32(bias) if bias is not None else
+                                np.zeros(cfg.vocab_size, np.float32)).reshape(1, -1)
+    return {**out, **table.to_hf(params, key_table(cfg), cfg, prefix="model.")}
 
-    def put(name, pair):
-        out[name + ".weight"], out[name + ".bias"] = pair
 
-    for stack in ("encoder", "decoder"):
-        s, pre = params[stack], f"model.{stack}."
-        out[pre + "embed_positions.weight"] = f32(s["position"]["embedding"])
-        put(pre + "layernorm_embedding", (f32(s["ln_embed"]["scale"]), f32(s["ln_embed"]["bias"])))
-        for i in range(cfg.num_decoder_layers if stack == "decoder" else cfg.num_encoder_layers):
-            p, b = f"{pre}layers.{i}.", s[f"layers_{i}"]
-            for zoo_name, hf_name in (("attn", "self_attn"), ("cross", "encoder_attn")):
-                if zoo_name in b:  # cross: decoder only
-                    out.update(seq2seq.attention_to_hf(b[zoo_name], f"{p}{hf_name}.", ATTN, bias=True))
-            for zoo_name, hf_name in LAYER_NORMS.items():
-                if zoo_name in b:
-                    put(p + hf_name, (f32(b[zoo_name]["scale"]), f32(b[zoo_name]["bias"])))
-            for zoo_name, hf_name in (("fc", "fc1"), ("proj", "fc2")):
-                put(p + hf_name, (f32(b["mlp"][zoo_name]["kernel"]).T, f32(b["mlp"][zoo_name]["bias"])))
-    return out
+def task_for(hf: dict, keys: Keys) -> str:
+    return TASK
+
+
+def data_fields(hf: dict, task: str) -> dict:
+    return {}
+
+
+def head_config(cfg, run_dir: str) -> dict:
+    return {}
+
+
+def exports(model_cfg) -> bool:
+    """BART: learned positions (model.positions='learned')"""
+    return model_cfg.positions == "learned"

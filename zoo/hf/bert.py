@@ -11,6 +11,8 @@ The Hugging Face head picks the zoo task, and with it the zoo model:
 Hugging Face keeps every projection as a torch Linear [out, in]; zoo keeps kernels input-major with
 heads split out: query/key/value [D, N, H], attention output [N, H, D], MLP [D, F] and [F, D]. The
 MLM decoder is tied to the word embedding (a checkpoint's decoder.weight, if saved, must equal it).
+Import and export are both derived from `key_table` (see zoo.hf.table). D width, N heads, H head
+dim, F MLP width.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import os
 
 import numpy as np
 
-from zoo.config import BertConfig
-from zoo.hf.io import ConversionError, Keys
+from zoo.models.bert import BertConfig
+from zoo.errors import ConversionError
+from zoo.hf import table
+from zoo.hf.io import Keys
 
 ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "BertForPreTraining")
 TASKS = {"BertModel": "bert_encoder", "BertForMaskedLM": "bert_mlm", "BertForPreTraining": "bert_mlm",
@@ -41,7 +45,7 @@ def task_for(hf: dict, keys: Keys) -> str:
     return "bert_cls" if "classifier.weight" in keys else "bert_encoder"
 
 
-def config_from_hf(hf: dict) -> BertConfig:
+def config_from_hf(hf: dict, keys: Keys) -> BertConfig:
     act = hf.get("hidden_act", "gelu")
     if act != "gelu":
         raise ConversionError(f"BERT hidden_act={act!r} is not supported (zoo BERT uses exact erf GELU, \"gelu\")")
@@ -63,7 +67,7 @@ def config_from_hf(hf: dict) -> BertConfig:
 
 
 def data_fields(hf: dict, task: str) -> dict:
-    """DataConfig fields of the converted run: a classifier's class names, for zoo.classify."""
+    """DataConfig fields of the converted run: a classifier's class names, for zoo-classify."""
     names = [str(v) for _, v in sorted((hf.get("id2label") or {}).items(), key=lambda kv: int(kv[0]))]
     if task == "bert_cls" and names and not any("," in n for n in names):
         return {"label_names": ",".join(names)}
@@ -97,81 +101,63 @@ def head_config(cfg, run_dir: str) -> dict:
     return out
 
 
-def _ln(keys: Keys, name: str) -> dict:
-    return {"scale": keys[f"{name}.weight"], "bias": keys[f"{name}.bias"]}
+ATTN = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense")
+LAYER = [*table.attention("attn", "", ATTN, bias=True), *table.ln("attn_ln", "attention.output.LayerNorm"),
+         *table.linear("mlp/fc", "intermediate.dense"), *table.linear("mlp/proj", "output.dense"),
+         *table.ln("mlp_ln", "output.LayerNorm")]
+HEADS = {"bert_mlm": [*table.linear("mlm_head/transform", "cls.predictions.transform.dense"),
+                      *table.ln("mlm_head/ln", "cls.predictions.transform.LayerNorm"),
+                      ("mlm_head/bias", "cls.predictions.bias", table.SAME)],
+         "bert_cls": [*table.linear("cls_head/pooler", "pooler.dense"), *table.linear("cls_head/out", "classifier")],
+         "bert_encoder": table.linear("cls_head/pooler", "pooler.dense")}
+OUTSIDE = ("cls.", "classifier.")  # head keys beside the "bert." wrapper, not under it
 
 
-def _dense(keys: Keys, name: str) -> dict:
-    return {"kernel": keys[f"{name}.weight"].T, "bias": keys[f"{name}.bias"]}
-
-
-def _layer(keys: Keys, i: int, cfg: BertConfig) -> dict:
-    D, N, H = cfg.d_model, cfg.num_heads, cfg.head_dim
-    p = f"encoder.layer.{i}."
-    attn = {n: {"kernel": keys[f"{p}attention.self.{n}.weight"].T.reshape(D, N, H),  # [out, in] -> [D, N, H]
-                "bias": keys[f"{p}attention.self.{n}.bias"].reshape(N, H)} for n in ("query", "key", "value")}
-    attn["out"] = {"kernel": keys[p + "attention.output.dense.weight"].T.reshape(N, H, D),
-                   "bias": keys[p + "attention.output.dense.bias"]}
-    return {"attn": attn, "attn_ln": _ln(keys, p + "attention.output.LayerNorm"),
-            "mlp": {"fc": _dense(keys, p + "intermediate.dense"), "proj": _dense(keys, p + "output.dense")},
-            "mlp_ln": _ln(keys, p + "output.LayerNorm")}
+def key_table(cfg: BertConfig, task: str) -> list:
+    """The two-way key table of the task's model (names without the "bert." wrapper): encoder rows,
+    then the head the task picks (MLM transform + bias; pooler; pooler + classifier)."""
+    return [("bert/embed/word/embedding", "embeddings.word_embeddings.weight", table.SAME),
+            ("bert/embed/position", "embeddings.position_embeddings.weight", table.SAME),
+            ("bert/embed/segment", "embeddings.token_type_embeddings.weight", table.SAME),
+            *table.ln("bert/embed/ln", "embeddings.LayerNorm"),
+            *table.layers(cfg.num_layers, "bert/encoder/layer_{i}", "encoder.layer.{i}.", LAYER), *HEADS[task]]
 
 
 def params_from_hf(keys: Keys, cfg: BertConfig, task: str) -> dict:
-    bert = {"embed": {"word": {"embedding": keys["embeddings.word_embeddings.weight"]},
-                      "position": keys["embeddings.position_embeddings.weight"],
-                      "segment": keys["embeddings.token_type_embeddings.weight"],
-                      "ln": _ln(keys, "embeddings.LayerNorm")},
-            "encoder": {f"layer_{i}": _layer(keys, i, cfg) for i in range(cfg.num_layers)}}
-    if task == "bert_mlm":
-        p = "cls.predictions."
-        head = {"transform": _dense(keys, p + "transform.dense"), "ln": _ln(keys, p + "transform.LayerNorm"),
-                "bias": keys[p + "bias"]}
-        for name, tied in (("decoder.weight", bert["embed"]["word"]["embedding"]), ("decoder.bias", head["bias"])):
+    params = table.from_hf(keys, key_table(cfg, task), cfg)
+    if task == "bert_mlm":  # explicit: the decoder is tied (a saved copy must equal what it is tied to)
+        p, head = "cls.predictions.", params["mlm_head"]
+        for name, tied in (("decoder.weight", params["bert"]["embed"]["word"]["embedding"]),
+                           ("decoder.bias", head["bias"])):
             if p + name in keys and not np.array_equal(keys[p + name], tied):
                 raise ConversionError(f"{p}{name} differs from the weight it is tied to: untied BERT MLM heads "
                                       f"are not supported")
-        return {"bert": bert, "mlm_head": head}
-    head = {"pooler": _dense(keys, "pooler.dense")}
-    if task == "bert_cls":
-        head["out"] = _dense(keys, "classifier")
-    return {"bert": bert, "cls_head": head}
+    return params
+
+
+def _task_of(params: dict) -> str:
+    if "mlm_head" in params:
+        return "bert_mlm"
+    return "bert_cls" if "out" in params["cls_head"] else "bert_encoder"
 
 
 def params_to_hf(params: dict, cfg: BertConfig) -> dict:
     """The Hugging Face state dict of the model the params are of: BertModel (bare encoder, no
-    prefix), BertForMaskedLM or BertForSequenceClassification (both under "bert.")."""
-    a = lambda x: np.asarray(x, np.float32)
-    lin = lambda d: (a(d["kernel"]).T, a(d["bias"]))  # [in, out] -> torch Linear [out, in]
-    D = cfg.d_model
-    pre = "" if "cls_head" in params and "out" not in params["cls_head"] else "bert."
-    e, out = params["bert"]["embed"], {}
-    out[pre + "embeddings.word_embeddings.weight"] = a(e["word"]["embedding"])
-    out[pre + "embeddings.position_embeddings.weight"] = a(e["position"])
-    out[pre + "embeddings.token_type_embeddings.weight"] = a(e["segment"])
+    prefix), BertForMaskedLM or BertForSequenceClassification (both under "bert."). The MLM decoder
+    is left out: transformers re-ties it to the word embedding on load."""
+    task = _task_of(params)
+    return table.to_hf(params, key_table(cfg, task), cfg, prefix="" if task == "bert_encoder" else "bert.",
+                       outside=OUTSIDE)
 
-    def put(name, pair):
-        out[name + ".weight"], out[name + ".bias"] = pair
 
-    put(pre + "embeddings.LayerNorm", (a(e["ln"]["scale"]), a(e["ln"]["bias"])))
+def seq2seq_framing(hf: dict, gen: dict) -> None:
+    return None
 
-    for i in range(cfg.num_layers):
-        p, h = f"{pre}encoder.layer.{i}.", params["bert"]["encoder"][f"layer_{i}"]
-        for n in ("query", "key", "value"):
-            q = h["attn"][n]  # kernel [D, N, H] -> [D, D] -> torch [out, in]
-            put(f"{p}attention.self.{n}", (a(q["kernel"]).reshape(D, D).T, a(q["bias"]).reshape(D)))
-        put(p + "attention.output.dense", (a(h["attn"]["out"]["kernel"]).reshape(D, D).T, a(h["attn"]["out"]["bias"])))
-        put(p + "attention.output.LayerNorm", (a(h["attn_ln"]["scale"]), a(h["attn_ln"]["bias"])))
-        put(p + "intermediate.dense", lin(h["mlp"]["fc"]))
-        put(p + "output.dense", lin(h["mlp"]["proj"]))
-        put(p + "output.LayerNorm", (a(h["mlp_ln"]["scale"]), a(h["mlp_ln"]["bias"])))
-    if "mlm_head" in params:
-        m = params["mlm_head"]  # the decoder is tied to the word embedding: transformers re-ties it on load
-        put("cls.predictions.transform.dense", lin(m["transform"]))
-        put("cls.predictions.transform.LayerNorm", (a(m["ln"]["scale"]), a(m["ln"]["bias"])))
-        out["cls.predictions.bias"] = a(m["bias"])
-    else:
-        put(pre + "pooler.dense", lin(params["cls_head"]["pooler"]))
-        if "out" in params["cls_head"]:
-            put("classifier", lin(params["cls_head"]["out"]))
-    return out
+
+def run_fields(cfg) -> dict:
+    return {}
+
+
+def exports(model_cfg) -> bool:
+    """BERT: every zoo BERT"""
+    return True

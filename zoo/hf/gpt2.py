@@ -2,21 +2,25 @@
 
 HF GPT-2 stores attention as a fused Conv1D `c_attn` [D, 3D] (input-major); zoo keeps separate
 query/key/value kernels [D, N, H] and an output kernel [N, H, D]. The LM head is tied to `wte`.
+Import and export are both derived from `key_table` (see zoo.hf.table). D width, N heads, H head dim.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from zoo.config import GptConfig
-from zoo.hf.io import ConversionError, Keys
+from zoo.models.gpt import GptConfig
+from zoo.errors import ConversionError
+from zoo.hf import table
+from zoo.hf.io import Keys
 
+TASK = "gpt_lm"  # the zoo task a converted checkpoint trains as
 ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
 PREFIXES = ("transformer.",)
 IGNORED = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers in old checkpoints
 
 
-def config_from_hf(hf: dict) -> GptConfig:
+def config_from_hf(hf: dict, keys: Keys) -> GptConfig:
     act = hf.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
         raise ConversionError(f"GPT-2 activation_function={act!r} is not supported (zoo GPT uses tanh-GELU)")
@@ -38,43 +42,52 @@ def config_to_hf(cfg: GptConfig) -> dict:
             "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True, "dtype": "float32"}
 
 
-def _ln(keys, name):
-    return {"scale": keys[f"{name}.weight"], "bias": keys[f"{name}.bias"]}
+def key_table(cfg: GptConfig) -> list:
+    """The two-way key table (names without the "transformer." wrapper). c_attn [D, 3D] is fused:
+    query, key and value are its three slices along the output axis."""
+    qkv = [row for j, name in enumerate(("query", "key", "value"))
+           for row in ((f"attn/{name}/kernel", "attn.c_attn.weight", table.fused(table.CONV_HEADS_IN, j, 3)),
+                       (f"attn/{name}/bias", "attn.c_attn.bias", table.fused(table.HEADS_BIAS, j, 3)))]
+    block = [*table.ln("ln_1", "ln_1"), *qkv,
+             ("attn/out/kernel", "attn.c_proj.weight", table.CONV_HEADS_OUT),
+             ("attn/out/bias", "attn.c_proj.bias", table.SAME),
+             *table.ln("ln_2", "ln_2"), *table.conv("mlp/fc", "mlp.c_fc"), *table.conv("mlp/proj", "mlp.c_proj")]
+    return [("wte/embedding", "wte.weight", table.SAME), ("wpe", "wpe.weight", table.SAME),
+            *table.ln("ln_f", "ln_f"), *table.layers(cfg.num_layers, "h_{i}", "h.{i}.", block)]
 
 
-def params_from_hf(keys: Keys, cfg: GptConfig) -> dict:
-    D, N, H = cfg.d_model, cfg.num_heads, cfg.head_dim
-    params = {"wte": {"embedding": keys["wte.weight"]}, "wpe": keys["wpe.weight"], "ln_f": _ln(keys, "ln_f")}
-    for i in range(cfg.num_layers):
-        p = f"h.{i}."
-        w, b = keys[p + "attn.c_attn.weight"], keys[p + "attn.c_attn.bias"]  # [D, 3D], [3D]
-        attn = {name: {"kernel": w[:, j * D:(j + 1) * D].reshape(D, N, H), "bias": b[j * D:(j + 1) * D].reshape(N, H)}
-                for j, name in enumerate(("query", "key", "value"))}
-        attn["out"] = {"kernel": keys[p + "attn.c_proj.weight"].reshape(N, H, D), "bias": keys[p + "attn.c_proj.bias"]}
-        params[f"h_{i}"] = {
-            "ln_1": _ln(keys, p + "ln_1"), "attn": attn, "ln_2": _ln(keys, p + "ln_2"),
-            "mlp": {"fc": {"kernel": keys[p + "mlp.c_fc.weight"], "bias": keys[p + "mlp.c_fc.bias"]},
-                    "proj": {"kernel": keys[p + "mlp.c_proj.weight"], "bias": keys[p + "mlp.c_proj.bias"]}}}
+def params_from_hf(keys: Keys, cfg: GptConfig, task: str) -> dict:
+    params = table.from_hf(keys, key_table(cfg), cfg)
+    # Explicit: the LM head is tied to wte; a checkpoint may save it, and then it must equal wte.
     if "lm_head.weight" in keys and not np.array_equal(keys["lm_head.weight"], params["wte"]["embedding"]):
         raise ConversionError("lm_head.weight differs from wte.weight: untied GPT-2 heads are not supported")
     return params
 
 
 def params_to_hf(params: dict, cfg: GptConfig) -> dict:
-    D = cfg.d_model
-    a = lambda x: np.asarray(x, np.float32)
-    out = {"transformer.wte.weight": a(params["wte"]["embedding"]), "transformer.wpe.weight": a(params["wpe"]),
-           "transformer.ln_f.weight": a(params["ln_f"]["scale"]), "transformer.ln_f.bias": a(params["ln_f"]["bias"])}
-    for i in range(cfg.num_layers):
-        p, h = f"transformer.h.{i}.", params[f"h_{i}"]
-        at = h["attn"]
-        out[p + "attn.c_attn.weight"] = np.concatenate([a(at[n]["kernel"]).reshape(D, D) for n in ("query", "key", "value")], 1)
-        out[p + "attn.c_attn.bias"] = np.concatenate([a(at[n]["bias"]).reshape(D) for n in ("query", "key", "value")])
-        out[p + "attn.c_proj.weight"] = a(at["out"]["kernel"]).reshape(D, D)
-        out[p + "attn.c_proj.bias"] = a(at["out"]["bias"])
-        for ln in ("ln_1", "ln_2"):
-            out[p + ln + ".weight"], out[p + ln + ".bias"] = a(h[ln]["scale"]), a(h[ln]["bias"])
-        for hf_name, zoo_name in (("c_fc", "fc"), ("c_proj", "proj")):
-            out[p + f"mlp.{hf_name}.weight"] = a(h["mlp"][zoo_name]["kernel"])
-            out[p + f"mlp.{hf_name}.bias"] = a(h["mlp"][zoo_name]["bias"])
-    return out
+    return table.to_hf(params, key_table(cfg), cfg, prefix="transformer.")
+
+
+def task_for(hf: dict, keys: Keys) -> str:
+    return TASK
+
+
+def data_fields(hf: dict, task: str) -> dict:
+    return {}
+
+
+def seq2seq_framing(hf: dict, gen: dict) -> None:
+    return None
+
+
+def head_config(cfg, run_dir: str) -> dict:
+    return {}
+
+
+def run_fields(cfg) -> dict:
+    return {}
+
+
+def exports(model_cfg) -> bool:
+    """GPT-2: every zoo GPT"""
+    return True

@@ -13,12 +13,8 @@ import os
 
 import numpy as np
 
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json", "spiece.model")
-
-
-class ConversionError(ValueError):
-    """A checkpoint cannot be converted; the message names the file, key or architecture."""
+from zoo.data.hf_tokenizers import TOKENIZER_FILES
+from zoo.errors import ConversionError
 
 
 def resolve(path_or_id: str) -> str:

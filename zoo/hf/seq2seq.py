@@ -1,14 +1,15 @@
-"""What the T5 and BART converters share: embedding tying, attention kernels, and the seq2seq framing.
+"""What the T5 and BART converters share: embedding tying, the seq2seq framing, run ids.
 
 Tying. Hugging Face keeps one `shared` embedding; `encoder.embed_tokens`, `decoder.embed_tokens` and
 `lm_head` are tied to it unless a checkpoint saves them with other values (transformers 5 then
 unties them on load; a BART with tie_word_embeddings False unties all three). Zoo keeps `embed`
 (source), `target_embed` (when model.share_embeddings is False) and `lm_head` (when model.tie_output
-is False), so every combination converts.
+is False), so every combination converts. Tying is not a one-to-one key mapping, so it is code
+here rather than rows of the converters' key tables (zoo.hf.table). D width, V vocab.
 
 Framing. A converted checkpoint frames sequences its own way (T5: "text </s>", decoder start =
 <pad>; BART: "<s> text </s>", decoder start = </s>). `framing` writes it as the dict that
-zoo.seq2seq_data.Specials reads (stored as seq2seq.json beside the run's tokenizer files), with
+zoo.tasks.seq2seq_data.Framing reads (stored as seq2seq.json beside the run's tokenizer files), with
 beam search in Hugging Face's style (length_penalty, early_stopping from the checkpoint).
 """
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from zoo.hf.io import Keys
 
-# Decoding settings transformers applies that zoo.decoding does not: reported at conversion when set.
+# Decoding settings transformers applies that zoo.infer.decoding does not: reported at conversion when set.
 UNSUPPORTED_GENERATION = {"forced_bos_token_id": None, "forced_eos_token_id": None, "no_repeat_ngram_size": 0,
                           "encoder_no_repeat_ngram_size": 0, "min_length": 0, "repetition_penalty": 1.0,
                           "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None}
@@ -76,35 +77,9 @@ def tied(cfg) -> bool:
     return cfg.share_embeddings and cfg.tie_output
 
 
-def attention_from_hf(keys: Keys, prefix: str, names: tuple, cfg, bias: bool) -> dict:
-    """query/key/value/out of one attention from torch Linears named `names` (q, k, v, o) under prefix."""
-    D, N, H = cfg.d_model, cfg.num_heads, cfg.head_dim
-    out = {}
-    for zoo_name, hf_name in zip(("query", "key", "value"), names[:3]):
-        out[zoo_name] = {"kernel": keys[f"{prefix}{hf_name}.weight"].T.reshape(D, N, H)}  # [N*H, D] -> [D, N, H]
-        if bias:
-            out[zoo_name]["bias"] = keys[f"{prefix}{hf_name}.bias"].reshape(N, H)
-    out["out"] = {"kernel": keys[f"{prefix}{names[3]}.weight"].T.reshape(N, H, D)}  # [D, N*H] -> [N, H, D]
-    if bias:
-        out["out"]["bias"] = keys[f"{prefix}{names[3]}.bias"]
-    return out
-
-
-def attention_to_hf(attn: dict, prefix: str, names: tuple, bias: bool) -> dict:
-    out = {}
-    for zoo_name, hf_name in zip(("query", "key", "value", "out"), names):
-        k = f32(attn[zoo_name]["kernel"])
-        # query/key/value [D, N, H] -> [D, N*H]; out [N, H, D] -> [N*H, D]; then torch's [out, in]
-        out[f"{prefix}{hf_name}.weight"] = (k.reshape(k.shape[0], -1) if zoo_name != "out"
-                                            else k.reshape(-1, k.shape[-1])).T
-        if bias:
-            out[f"{prefix}{hf_name}.bias"] = f32(attn[zoo_name]["bias"]).reshape(-1)
-    return out
-
-
 def framing(hf: dict, gen: dict, *, decoder_start: int, eos: int, pad: int, src_prefix=(), src_suffix=(),
             tgt_prefix=()) -> dict:
-    """The seq2seq.json of a converted checkpoint (see zoo.seq2seq_data.Specials)."""
+    """The seq2seq.json of a converted checkpoint (see zoo.tasks.seq2seq_data.Framing)."""
     setting = lambda k, default: gen.get(k, hf.get(k, default))
     return {"decoder_start": decoder_start, "eos": eos, "pad": pad, "src_prefix": list(src_prefix),
             "src_suffix": list(src_suffix), "tgt_prefix": list(tgt_prefix), "beam_style": "hf",
@@ -113,7 +88,7 @@ def framing(hf: dict, gen: dict, *, decoder_start: int, eos: int, pad: int, src_
 
 
 def unsupported_generation(hf: dict, gen: dict) -> list[str]:
-    """`key=value` of the checkpoint's decoding settings that zoo.decoding does not apply."""
+    """`key=value` of the checkpoint's decoding settings that zoo.infer.decoding does not apply."""
     found = []
     for k, neutral in UNSUPPORTED_GENERATION.items():
         v = gen.get(k, hf.get(k, neutral))
@@ -125,8 +100,9 @@ def unsupported_generation(hf: dict, gen: dict) -> list[str]:
 def run_fields(cfg) -> dict:
     """config.json ids from the run's seq2seq framing (its tokenizer's seq2seq.json, else zoo's
     BOS/PAD after the vocabulary), and the beam-search settings of a run that decodes in HF style."""
-    from zoo import data, seq2seq_data
-    sp = seq2seq_data.specials(data.get_tokenizer(cfg.data.tokenizer))
+    from zoo.data.tokenizers import get_tokenizer
+    from zoo.tasks.seq2seq_data import framing
+    sp = framing(get_tokenizer(cfg.data.tokenizer))
     out = {"decoder_start_token_id": sp.decoder_start, "eos_token_id": sp.eos, "pad_token_id": sp.pad,
            "bos_token_id": sp.src_prefix[0] if sp.src_prefix else None}
     if sp.beam_style == "hf":

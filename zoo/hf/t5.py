@@ -11,19 +11,23 @@ Hugging Face keeps the relative attention bias in layer 0 of each stack ([bucket
 with the other layers; zoo computes one per stack (encoder.relative_bias, decoder.relative_bias):
 the same table. Projections are torch Linears [out, in] without biases; zoo keeps query/key/value
 [D, N, H], attention output [N, H, D], MLP fc/gate [D, F] and proj [F, D]; T5LayerNorm is RMSNorm.
+Import and export are both derived from `key_table` (see zoo.hf.table). D width, N heads, H head
+dim (d_kv), F MLP width, V vocab.
 """
 
 from __future__ import annotations
 
-from zoo.config import EncDecConfig
+from zoo.models.encdec import EncDecConfig
 from zoo.hf import seq2seq
-from zoo.hf.io import ConversionError, Keys
+from zoo.errors import ConversionError
+from zoo.hf import table
+from zoo.hf.io import Keys
 
+TASK = "seq2seq"  # the zoo task a converted checkpoint trains as
 ARCHITECTURES = ("T5ForConditionalGeneration",)
 PREFIXES = ()
 # Old checkpoints save a cross-attention relative bias that T5 never uses.
 IGNORED = ("EncDecAttention.relative_attention_bias",)
-CONFIG_FROM_WEIGHTS = True  # config_from_hf reads the weights too (is lm_head tied?)
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gated-gelu": "gated_gelu", "gated-gelu_new": "gated_gelu"}
 ATTN = ("q", "k", "v", "o")
 RELATIVE_BIAS = "SelfAttention.relative_attention_bias.weight"  # layer 0's, shared by the stack
@@ -83,61 +87,47 @@ def run_fields(cfg) -> dict:
     return out
 
 
-def _mlp_from_hf(keys: Keys, p: str, cfg: EncDecConfig) -> dict:
-    if cfg.activation == "gated_gelu":
-        return {"gate": {"kernel": keys[p + "wi_0.weight"].T}, "fc": {"kernel": keys[p + "wi_1.weight"].T},
-                "proj": {"kernel": keys[p + "wo.weight"].T}}
-    return {"fc": {"kernel": keys[p + "wi.weight"].T}, "proj": {"kernel": keys[p + "wo.weight"].T}}
+def key_table(cfg: EncDecConfig) -> list:
+    """The two-way key table of both stacks (the embeddings are seq2seq.embeddings_*: their tying is
+    not a one-to-one mapping). Each stack's relative bias is layer 0's, a plain row here."""
+    ff = [*table.linear("gate", "wi_0", bias=False), *table.linear("fc", "wi_1", bias=False)] \
+        if cfg.activation == "gated_gelu" else table.linear("fc", "wi", bias=False)
+    ff = [*ff, *table.linear("proj", "wo", bias=False)]
+    rows = []
+    for stack, n in (("encoder", cfg.num_encoder_layers), ("decoder", cfg.num_decoder_layers)):
+        block = [*table.attention("attn", "0.SelfAttention.", ATTN, bias=False), *table.rms("ln_attn", "0.layer_norm")]
+        if stack == "decoder":
+            block += [*table.attention("cross", "1.EncDecAttention.", ATTN, bias=False),
+                      *table.rms("ln_cross", "1.layer_norm")]
+        f = 2 if stack == "decoder" else 1  # the MLP sub-layer's index: after the cross attention
+        block += [*table.under("mlp", f"{f}.DenseReluDense.", ff), *table.rms("ln_mlp", f"{f}.layer_norm")]
+        rows += table.under(stack, f"{stack}.", [
+            ("relative_bias/embedding", f"block.0.layer.0.{RELATIVE_BIAS}", table.SAME),
+            *table.rms("ln_final", "final_layer_norm"), *table.layers(n, "layers_{i}", "block.{i}.layer.", block)])
+    return rows
 
 
-def _stack_from_hf(keys: Keys, stack: str, cfg: EncDecConfig) -> dict:
-    decoder = stack == "decoder"
-    n = cfg.num_decoder_layers if decoder else cfg.num_encoder_layers
-    rms = lambda name: {"scale": keys[f"{name}.weight"]}
-    out = {"relative_bias": {"embedding": keys[f"{stack}.block.0.layer.0.{RELATIVE_BIAS}"]},
-           "ln_final": rms(f"{stack}.final_layer_norm")}
-    for i in range(n):
-        p = f"{stack}.block.{i}.layer."
-        block = {"attn": seq2seq.attention_from_hf(keys, p + "0.SelfAttention.", ATTN, cfg, bias=False),
-                 "ln_attn": rms(p + "0.layer_norm")}
-        if decoder:
-            block["cross"] = seq2seq.attention_from_hf(keys, p + "1.EncDecAttention.", ATTN, cfg, bias=False)
-            block["ln_cross"] = rms(p + "1.layer_norm")
-        f = 2 if decoder else 1
-        block["mlp"] = _mlp_from_hf(keys, f"{p}{f}.DenseReluDense.", cfg)
-        block["ln_mlp"] = rms(f"{p}{f}.layer_norm")
-        out[f"layers_{i}"] = block
-    return out
-
-
-def params_from_hf(keys: Keys, cfg: EncDecConfig) -> dict:
+def params_from_hf(keys: Keys, cfg: EncDecConfig, task: str) -> dict:
     params, _, _ = seq2seq.embeddings_from_hf(keys)
-    params["encoder"] = _stack_from_hf(keys, "encoder", cfg)
-    params["decoder"] = _stack_from_hf(keys, "decoder", cfg)
-    return params
+    return {**params, **table.from_hf(keys, key_table(cfg), cfg)}
 
 
 def params_to_hf(params: dict, cfg: EncDecConfig) -> dict:
-    f32 = seq2seq.f32
-    out = seq2seq.embeddings_to_hf(params, cfg)
-    for stack in ("encoder", "decoder"):
-        s, decoder = params[stack], stack == "decoder"
-        out[f"{stack}.block.0.layer.0.{RELATIVE_BIAS}"] = f32(s["relative_bias"]["embedding"])
-        out[f"{stack}.final_layer_norm.weight"] = f32(s["ln_final"]["scale"])
-        for i in range(cfg.num_decoder_layers if decoder else cfg.num_encoder_layers):
-            p, b = f"{stack}.block.{i}.layer.", s[f"layers_{i}"]
-            out.update(seq2seq.attention_to_hf(b["attn"], p + "0.SelfAttention.", ATTN, bias=False))
-            out[p + "0.layer_norm.weight"] = f32(b["ln_attn"]["scale"])
-            if decoder:
-                out.update(seq2seq.attention_to_hf(b["cross"], p + "1.EncDecAttention.", ATTN, bias=False))
-                out[p + "1.layer_norm.weight"] = f32(b["ln_cross"]["scale"])
-            f = f"{p}{2 if decoder else 1}."
-            m = b["mlp"]
-            if "gate" in m:
-                out[f + "DenseReluDense.wi_0.weight"] = f32(m["gate"]["kernel"]).T
-                out[f + "DenseReluDense.wi_1.weight"] = f32(m["fc"]["kernel"]).T
-            else:
-                out[f + "DenseReluDense.wi.weight"] = f32(m["fc"]["kernel"]).T
-            out[f + "DenseReluDense.wo.weight"] = f32(m["proj"]["kernel"]).T
-            out[f + "layer_norm.weight"] = f32(b["ln_mlp"]["scale"])
-    return out
+    return {**seq2seq.embeddings_to_hf(params, cfg), **table.to_hf(params, key_table(cfg), cfg)}
+
+
+def task_for(hf: dict, keys: Keys) -> str:
+    return TASK
+
+
+def data_fields(hf: dict, task: str) -> dict:
+    return {}
+
+
+def head_config(cfg, run_dir: str) -> dict:
+    return {}
+
+
+def exports(model_cfg) -> bool:
+    """T5: relative positions (model.positions='relative')"""
+    return model_cfg.positions == "relative"

@@ -1,5 +1,23 @@
-"""Model families: one file each (config presets -> modules -> heads). PRESETS: every named preset."""
+"""Model families, one file each (config, presets, modules), and FAMILIES: the one registry that config
+parsing, tasks and conversion read. A new family is a new file here and one entry below."""
 
 from zoo.models import bert, encdec, gpt
+from zoo.models.base import Family, ModelConfig
 
-PRESETS = {**gpt.PRESETS, **bert.PRESETS, **encdec.PRESETS}
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("gpt", gpt.GptConfig, gpt.PRESETS, tasks={"gpt_lm": "zoo.tasks.lm:LmTask"},
+           hf={"gpt2": "zoo.hf.gpt2"}),
+    Family("bert", bert.BertConfig, bert.PRESETS,
+           tasks={"bert_mlm": "zoo.tasks.mlm:MlmTask", "bert_cls": "zoo.tasks.classify:ClsTask",
+                  "bert_encoder": "zoo.tasks.classify:EncoderTask"},
+           hf={"bert": "zoo.hf.bert"}),
+    Family("encdec", encdec.EncDecConfig, encdec.PRESETS, tasks={"seq2seq": "zoo.tasks.seq2seq:Seq2SeqTask"},
+           hf={"t5": "zoo.hf.t5", "bart": "zoo.hf.bart"}),
+)}
+# Every task name -> its family.
+TASK_FAMILY: dict[str, str] = {t: f.name for f in FAMILIES.values() for t in f.tasks}
+PRESETS: dict[str, ModelConfig] = {name: cfg for f in FAMILIES.values() for name, cfg in f.presets.items()}
+
+
+def family_of(model_cfg: ModelConfig) -> Family:
+    return FAMILIES[model_cfg.family]

@@ -1,4 +1,4 @@
-"""BERT (Devlin et al. 2019): presets, the encoder, and its masked-LM and classification models.
+"""BERT (Devlin et al. 2019): its config, presets, the encoder, and its masked-LM and classification models.
 
 Word + position + segment embeddings summed and LayerNorm'd; post-LN encoder blocks (`pre_ln=True`
 moves each LayerNorm in front of its sublayer and adds a final one); exact (erf) GELU as BERT's
@@ -22,13 +22,47 @@ jax.nn.dot_product_attention has none, and its fused kernels are worth more than
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
-from zoo import layers
-from zoo.config import BertConfig
+from zoo.models.base import ModelConfig, check, check_positive
+from zoo.nn import layers
+from zoo.nn.attention import padding_mask
+from zoo.nn.block import Block
+from zoo.nn.layers import gelu_exact as gelu
+from zoo.nn.stack import stack_blocks
+
+
+@dataclass(frozen=True, kw_only=True)
+class BertConfig(ModelConfig):
+    """BERT encoder: word + position + segment embeddings, post-LN blocks (pre-LN switch), erf GELU."""
+
+    family: ClassVar[str] = "bert"
+    vocab_size: int = 30522  # rows of the word embedding; >= the tokenizer's vocabulary (+ 4 specials if it has none)
+    max_len: int = 512  # learned positions; the longest sequence the model accepts
+    type_vocab_size: int = 2  # segment (token type) embeddings: sentence A / sentence B
+    num_layers: int = 12  # encoder blocks (L)
+    d_model: int = 768  # residual width (D)
+    num_heads: int = 12  # attention heads (N); D must divide by N
+    d_ff: int = 3072  # MLP hidden width (F)
+    dropout: float = 0.1  # on embeddings, residual branches and the pooled [CLS], training only
+    ln_eps: float = 1e-12  # LayerNorm epsilon (BERT uses 1e-12)
+    pre_ln: bool = False  # LayerNorm before each sublayer (+ a final one) instead of after (BERT)
+    num_classes: int = 2  # outputs of the classification head (C); unused by masked-LM pretraining
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_positive(self, "vocab_size", "max_len", "type_vocab_size", "num_layers", "d_model", "num_heads", "d_ff",
+                       "num_classes")
+        check(self.d_model % self.num_heads == 0,
+              f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
 
 # Google's BERT releases (vocab 30522 WordPiece, 512 positions); counts are HF BertModel's (with pooler).
 BERT_BASE = BertConfig()  # 109,482,240 params, as bert-base-uncased
@@ -43,11 +77,6 @@ PRESETS = {"bert_tiny": BERT_TINY, "bert_mini": BERT_MINI, "bert_small": BERT_SM
            "bert_base": BERT_BASE, "bert_large": BERT_LARGE, "minilm_l6": MINILM_L6}
 
 STD = 0.02  # BERT initialises every weight matrix N(0, 0.02), residual projections included
-
-
-def gelu(x):
-    """Exact GELU, x * Phi(x) with the erf: BERT's "gelu" (the tanh form is GPT-2's)."""
-    return jax.nn.gelu(x, approximate=False)
 
 
 def _dtypes(cfg: BertConfig) -> dict:
@@ -84,41 +113,6 @@ class Embeddings(nn.Module):
         return self.word.attend(x_BTD)
 
 
-class BertBlock(nn.Module):
-    """Post-LN: x = LN(x + Attn(x)); x = LN(x + Mlp(x)) (BERT). Pre-LN: x + Attn(LN(x)); x + Mlp(LN(x))."""
-
-    num_heads: int
-    d_ff: int
-    dropout: float
-    ln_eps: float
-    pre_ln: bool
-    dtype: layers.Dtype = jnp.float32
-    param_dtype: layers.Dtype = jnp.float32
-    implementation: str | None = None
-    scanned: bool = False
-
-    @nn.compact
-    def __call__(self, x_BTD, mask_B1TS, deterministic: bool, decode: bool = False):
-        del decode  # an encoder never decodes; the slot keeps stack_blocks' remat signature
-        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        D = x_BTD.shape[-1]
-        attn_ln = layers.layer_norm(self.ln_eps, name="attn_ln", **kw)
-        mlp_ln = layers.layer_norm(self.ln_eps, name="mlp_ln", **kw)
-        h = attn_ln(x_BTD) if self.pre_ln else x_BTD
-        h = layers.Attention(self.num_heads, D // self.num_heads, out_std=STD, implementation=self.implementation,
-                             name="attn", **kw)(h, mask_B1TS)
-        x_BTD = x_BTD + nn.Dropout(self.dropout)(h, deterministic=deterministic)
-        if not self.pre_ln:
-            x_BTD = attn_ln(x_BTD)
-        h = mlp_ln(x_BTD) if self.pre_ln else x_BTD
-        h = layers.Mlp(self.d_ff, gelu, out_std=STD, name="mlp", **kw)(h)
-        x_BTD = x_BTD + nn.Dropout(self.dropout)(h, deterministic=deterministic)
-        if not self.pre_ln:
-            x_BTD = mlp_ln(x_BTD)
-        x_BTD = layers.constrain(x_BTD, ("batch", "length", "embed"))
-        return (x_BTD, None) if self.scanned else x_BTD
-
-
 class Encoder(nn.Module):
     """L blocks (params layer_0..layer_{L-1}, or one stacked `layer` when scanned); pre-LN adds final_ln."""
 
@@ -127,10 +121,11 @@ class Encoder(nn.Module):
     @nn.compact
     def __call__(self, x_BTD, mask_B1TS, deterministic: bool):
         cfg, kw = self.cfg, _dtypes(self.cfg)
-        blocks = layers.stack_blocks(
-            BertBlock, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, remat_policy=cfg.remat_policy,
-            name="layer",
-            num_heads=cfg.num_heads, d_ff=cfg.d_ff, dropout=cfg.dropout, ln_eps=cfg.ln_eps, pre_ln=cfg.pre_ln,
+        # Post-LN (BERT): x = LN(x + Attn(x)); x = LN(x + Mlp(x)). Pre-LN: x + Attn(LN(x)); x + Mlp(LN(x)).
+        blocks = stack_blocks(
+            Block, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, remat_policy=cfg.remat_policy,
+            name="layer", num_heads=cfg.num_heads, d_ff=cfg.d_ff, dropout=cfg.dropout, ln_eps=cfg.ln_eps,
+            pre_ln=cfg.pre_ln, norm_names=("attn_ln", "mlp_ln"), activation=gelu, out_std=STD,
             implementation=cfg.attention_impl, **kw)
         x_BTD = blocks(x_BTD, mask_B1TS, deterministic, False)
         if cfg.pre_ln:
@@ -150,7 +145,7 @@ class Bert(nn.Module):
     def __call__(self, ids_BT, segment_ids_BT, valid_BT, deterministic: bool = True):
         # Only keys are masked: a padded query still attends the real keys, so no softmax row is
         # empty (an all-masked row is NaN on some backends) and padding never reaches a real position.
-        mask_B1TS = layers.padding_mask(valid_BT, jnp.ones_like(valid_BT))
+        mask_B1TS = padding_mask(valid_BT, jnp.ones_like(valid_BT))
         return self.encoder(self.embed(ids_BT, segment_ids_BT, deterministic), mask_B1TS, deterministic)
 
     def attend(self, x_BTD):
@@ -213,7 +208,7 @@ class BertMlm(nn.Module):
     """Masked-LM: (ids_BT, segment_ids_BT, valid_BT) -> logits_BTV (float32).
 
     With positions_BK only those K positions of each row go through the head: logits_BKV. With
-    hidden=True the head stops before its output layer (h_BKD), for a fused loss (zoo.losses) that
+    hidden=True the head stops before its output layer (h_BKD), for a fused loss (zoo.nn.losses) that
     applies the tied word embedding and params["mlm_head"]["bias"] itself.
     """
 

@@ -1,4 +1,4 @@
-"""Encoder-decoder transformer: presets (Vaswani base, T5-small, BART-base, tiny) and the model.
+"""Encoder-decoder transformer: its config, presets (Vaswani base, T5-small, BART-base, tiny) and the model.
 
 One module covers the three lineages; `EncDecConfig` switches what differs: positions (sinusoidal,
 learned, T5 relative buckets), norm placement (pre/post) and kind (LayerNorm/RMSNorm), activation
@@ -6,19 +6,85 @@ learned, T5 relative buckets), norm placement (pre/post) and kind (LayerNorm/RMS
 the encoder once per input; `EncDec.decode()` runs the decoder over target tokens, either whole
 (training, teacher forcing) or incrementally with `decode=True` against the "cache" collection:
 self-attention keys and values grow one position per call, cross-attention keys and values of the
-encoder output are projected once, by the call that creates the cache (see zoo.decoding).
+encoder output are projected once, by the call that creates the cache (see zoo.infer.decoding).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from zoo import layers
-from zoo.config import EncDecConfig
+from zoo.models.base import ModelConfig, check, check_choice, check_positive
+from zoo.nn import layers
+from zoo.nn.positions import RelativePositionBias, sinusoidal_positions
+from zoo.nn.attention import Attention
+from zoo.nn.stack import residual_std, stack_blocks
+
+POSITIONS = ("sinusoidal", "learned", "relative")
+NORMS = ("layernorm", "rmsnorm")
+# model.activation -> the MLP's nonlinearity: exact GELU for "gelu" (BART), tanh GELU as T5 v1.1's gate.
+ACTIVATIONS = {"relu": layers.ACTIVATIONS["relu"], "gelu": layers.ACTIVATIONS["gelu"],
+               "gated_gelu": layers.ACTIVATIONS["gelu_tanh"]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncDecConfig(ModelConfig):
+    """Encoder-decoder transformer (Vaswani, T5, BART are presets): the variants are switches here."""
+
+    family: ClassVar[str] = "encdec"
+    vocab_size: int = 37000  # rows of the token embedding; >= the tokenizer's vocabulary + 2 (zoo's BOS, PAD)
+    max_len: int = 256  # longest source and longest target (rows of learned position tables)
+    num_encoder_layers: int = 6  # encoder blocks
+    num_decoder_layers: int = 6  # decoder blocks (self-attention, cross-attention, MLP)
+    d_model: int = 512  # residual width (D)
+    num_heads: int = 8  # attention heads (N)
+    d_kv: int = 0  # head width (H); 0: d_model // num_heads (T5 may set it apart)
+    d_ff: int = 2048  # MLP hidden width (F)
+    dropout: float = 0.1  # on embeddings and each residual branch, training only
+    positions: str = "sinusoidal"  # sinusoidal (Vaswani) | learned (BART) | relative (T5 buckets)
+    position_offset: int = 0  # learned: extra table rows before position 0 (BART keeps 2)
+    relative_buckets: int = 32  # relative: offset buckets per stack
+    relative_max_distance: int = 128  # relative: offsets beyond this share the last bucket
+    norm: str = "layernorm"  # layernorm | rmsnorm (T5: scale only, no mean, no bias)
+    pre_ln: bool = False  # norm before each sublayer + a final norm per stack (T5); else after (Vaswani, BART)
+    embed_norm: bool = False  # a norm on each stack's embedded input (BART's layernorm_embedding)
+    ln_eps: float = 1e-5  # norm epsilon
+    activation: str = "relu"  # relu | gelu | gated_gelu (T5 v1.1: gelu(x W_gate) * x W_fc)
+    use_bias: bool = True  # biases in attention and MLP projections (T5 has none)
+    attention_scale: bool = True  # divide attention logits by sqrt(H) (T5 folds it into its init)
+    embed_scale: bool = False  # multiply token embeddings by sqrt(D) (Vaswani)
+    share_embeddings: bool = True  # source and target tokens use one embedding table
+    tie_output: bool = True  # output projection = the target embedding, transposed
+    output_scale: bool = False  # decoder output times D^-0.5 before the output projection (T5 v1.0)
+    logits_bias: bool = False  # a learned bias [V] added to the logits (BART's final_logits_bias)
+    label_smoothing: float = 0.0  # training loss only; eval loss and perplexity stay plain cross-entropy
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_positive(self, "vocab_size", "max_len", "num_encoder_layers", "num_decoder_layers", "d_model",
+                       "num_heads", "d_ff", "relative_buckets", "relative_max_distance")
+        check(self.d_kv >= 0 and self.position_offset >= 0, "model.d_kv and model.position_offset must be >= 0")
+        check(self.d_kv > 0 or self.d_model % self.num_heads == 0,
+              f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads} (or set model.d_kv)")
+        for name, choices in (("positions", POSITIONS), ("norm", NORMS), ("activation", ACTIVATIONS)):
+            check_choice(name, getattr(self, name), choices)
+        check(self.positions != "sinusoidal" or self.d_model % 2 == 0,
+              f"model.positions='sinusoidal' needs an even model.d_model, got {self.d_model}")
+        check(self.relative_buckets >= 4, f"model.relative_buckets={self.relative_buckets} must be >= 4")
+        check(0.0 <= self.label_smoothing < 1.0, f"model.label_smoothing={self.label_smoothing} must be in [0, 1)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_kv or self.d_model // self.num_heads
+
+    @property
+    def num_layers(self) -> int:
+        return self.num_encoder_layers + self.num_decoder_layers
 
 ENCDEC_TINY = EncDecConfig(vocab_size=264, max_len=128, num_encoder_layers=3, num_decoder_layers=3, d_model=128,
                            num_heads=4, d_ff=512, dropout=0.0, positions="sinusoidal", pre_ln=True,
@@ -34,8 +100,6 @@ BART_BASE = EncDecConfig(vocab_size=50265, max_len=1024, d_model=768, num_heads=
                          positions="learned", position_offset=2, embed_norm=True, activation="gelu")
 PRESETS = {"encdec_tiny": ENCDEC_TINY, "transformer_base": TRANSFORMER_BASE, "t5_small": T5_SMALL,
            "bart_base": BART_BASE}
-
-ACTIVATIONS = {"relu": nn.relu, "gelu": lambda x: nn.gelu(x, approximate=False), "gated_gelu": layers.gelu_tanh}
 
 
 def _dtypes(cfg: EncDecConfig) -> dict:
@@ -55,8 +119,8 @@ def _norm(cfg: EncDecConfig, name: str):
     return make(cfg.ln_eps, name=name, **_dtypes(cfg))
 
 
-def _attention(cfg: EncDecConfig, out_std: float, name: str) -> layers.Attention:
-    return layers.Attention(cfg.num_heads, cfg.head_dim, out_std=out_std, use_bias=cfg.use_bias,
+def _attention(cfg: EncDecConfig, out_std: float, name: str) -> Attention:
+    return Attention(cfg.num_heads, cfg.head_dim, out_std=out_std, use_bias=cfg.use_bias,
                             scale=None if cfg.attention_scale else 1.0,
                             implementation=cfg.attention_impl,
                             name=name, **_dtypes(cfg))
@@ -69,12 +133,10 @@ def _mlp(cfg: EncDecConfig, out_std: float):
                       **_dtypes(cfg))
 
 
-def _residual(cfg: EncDecConfig, x_BTD, sublayer, norm_name: str, deterministic: bool):
+def _residual(cfg: EncDecConfig, x_BTD, f, norm_name: str, deterministic: bool):
     """Pre-LN: x + f(norm(x)); post-LN: norm(x + f(x)). Dropout on the branch either way."""
-    drop = nn.Dropout(cfg.dropout)
-    if cfg.pre_ln:
-        return x_BTD + drop(sublayer(_norm(cfg, norm_name)(x_BTD)), deterministic=deterministic)
-    return _norm(cfg, norm_name)(x_BTD + drop(sublayer(x_BTD), deterministic=deterministic))
+    return layers.sublayer(x_BTD, f, _norm(cfg, norm_name), pre_ln=cfg.pre_ln, dropout=cfg.dropout,
+                           deterministic=deterministic)
 
 
 class EncoderBlock(nn.Module):
@@ -126,7 +188,7 @@ class Positions(nn.Module):
     def __call__(self, positions_T):
         cfg = self.cfg
         if cfg.positions == "sinusoidal":
-            return layers.sinusoidal_positions(positions_T, cfg.d_model)
+            return sinusoidal_positions(positions_T, cfg.d_model)
         table_PD = self.param("embedding", layers.normal(0.02, (None, "embed")),
                               (cfg.max_len + cfg.position_offset, cfg.d_model), jnp.dtype(cfg.param_dtype))
         return jnp.take(table_PD, positions_T + cfg.position_offset, axis=0)
@@ -143,13 +205,12 @@ def _stack_input(cfg: EncDecConfig, x_BTD, positions_T, deterministic: bool):
 
 
 def _blocks(cfg: EncDecConfig, block_cls, num_layers: int):
-    return layers.stack_blocks(block_cls, num_layers, scan=cfg.scan_layers, remat=cfg.remat,
-                               remat_policy=cfg.remat_policy, name="layers",
-                               cfg=cfg, out_std=layers.residual_std(num_layers))
+    return stack_blocks(block_cls, num_layers, scan=cfg.scan_layers, remat=cfg.remat, remat_policy=cfg.remat_policy,
+                        name="layers", cfg=cfg, out_std=residual_std(num_layers))
 
 
 def _relative_bias(cfg: EncDecConfig, bidirectional: bool):
-    return layers.RelativePositionBias(cfg.num_heads, cfg.relative_buckets, cfg.relative_max_distance,
+    return RelativePositionBias(cfg.num_heads, cfg.relative_buckets, cfg.relative_max_distance,
                                        bidirectional, jnp.dtype(cfg.param_dtype), name="relative_bias")
 
 

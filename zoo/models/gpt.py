@@ -1,4 +1,4 @@
-"""Decoder-only GPT (GPT-2 architecture): presets and the causal language model.
+"""Decoder-only GPT (GPT-2 architecture): its config, presets and the causal language model.
 
 Learned positions, pre-LN blocks, tanh-GELU MLP, dropout on embeddings and residual branches,
 causal attention, final LayerNorm, output tied to the token embedding.
@@ -7,12 +7,41 @@ causal attention, final LayerNorm, output tied to the token embedding.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from zoo import layers
-from zoo.config import GptConfig
+from zoo.models.base import ModelConfig, check, check_positive
+from zoo.nn import layers
+from zoo.nn.block import Block
+from zoo.nn.stack import residual_std, stack_blocks
+
+
+@dataclass(frozen=True, kw_only=True)
+class GptConfig(ModelConfig):
+    """GPT-2 architecture: learned positions, pre-LN blocks, GELU MLP, output tied to the embedding."""
+
+    family: ClassVar[str] = "gpt"
+    vocab_size: int = 50257  # rows of the token embedding; >= the tokenizer's vocabulary
+    max_len: int = 1024  # learned positions; the longest sequence the model accepts
+    num_layers: int = 12  # transformer blocks (L)
+    d_model: int = 768  # residual width (D)
+    num_heads: int = 12  # attention heads (N); D must divide by N
+    d_ff: int = 3072  # MLP hidden width (F)
+    dropout: float = 0.1  # on embeddings and on each residual branch, training only
+    ln_eps: float = 1e-5  # LayerNorm epsilon (GPT-2 uses 1e-5)
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_positive(self, "vocab_size", "max_len", "num_layers", "d_model", "num_heads", "d_ff")
+        check(self.d_model % self.num_heads == 0,
+              f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
 
 GPT_TINY = GptConfig(vocab_size=384, max_len=256, num_layers=4, d_model=128, num_heads=4, d_ff=512, dropout=0.0)
 GPT2_SMALL = GptConfig()  # 124,439,808 params, as GPT-2 124M
@@ -25,7 +54,7 @@ PRESETS = {"gpt_tiny": GPT_TINY, "gpt2_small": GPT2_SMALL, "gpt2_medium": GPT2_M
 
 class Gpt(nn.Module):
     """ids_BT -> logits_BTV (float32). `decode=True` runs incrementally against the "cache" collection;
-    `hidden=True` returns the final hidden states x_BTD instead, for a fused loss (zoo.losses) that
+    `hidden=True` returns the final hidden states x_BTD instead, for a fused loss (zoo.nn.losses) that
     applies the tied output projection params["wte"]["embedding"] itself."""
 
     cfg: GptConfig
@@ -48,12 +77,11 @@ class Gpt(nn.Module):
         x_BTD = wte(ids_BT) + jnp.take(wpe_PD, positions_T, axis=0).astype(dtype)[None]
         x_BTD = nn.Dropout(cfg.dropout)(x_BTD, deterministic=deterministic)
         x_BTD = layers.constrain(x_BTD, ("batch", "length", "embed"))
-        blocks = layers.stack_blocks(
-            layers.PreLnBlock, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, remat_policy=cfg.remat_policy,
-            name="h",
-            num_heads=cfg.num_heads, d_ff=cfg.d_ff, dropout=cfg.dropout, ln_eps=cfg.ln_eps,
-            out_std=layers.residual_std(cfg.num_layers), dtype=dtype, param_dtype=param_dtype,
-            implementation=cfg.attention_impl)
+        blocks = stack_blocks(
+            Block, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, remat_policy=cfg.remat_policy, name="h",
+            num_heads=cfg.num_heads, d_ff=cfg.d_ff, dropout=cfg.dropout, ln_eps=cfg.ln_eps, pre_ln=True,
+            norm_names=("ln_1", "ln_2"), activation=layers.gelu_tanh, out_std=residual_std(cfg.num_layers),
+            dtype=dtype, param_dtype=param_dtype, implementation=cfg.attention_impl)
         # mask None + is_causal: the attention backend builds the causal mask (cheapest on cuDNN).
         x_BTD = blocks(x_BTD, None, deterministic, decode, positions_T)
         x_BTD = layers.layer_norm(cfg.ln_eps, dtype, param_dtype, name="ln_f")(x_BTD)

@@ -1,0 +1,85 @@
+"""The small configs the tests train, one builder per task: each trains a few steps in about a second
+on the offline data (the built-in corpus, labelled set or word-reversal pairs), dropout on.
+
+TINY maps each task name to its builder, for the checks written once for every task
+(tests/train/test_invariants.py)."""
+
+import dataclasses
+import functools
+
+from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.models.bert import BERT_TINY
+from zoo.models.encdec import EncDecConfig
+from zoo.models.gpt import GptConfig
+
+
+def gpt_lm(cache_dir):
+    """A GPT small enough to train a few steps in about a second, with dropout on."""
+    return Config(
+        task="gpt_lm",
+        model=GptConfig(vocab_size=384, max_len=64, num_layers=2, d_model=64, num_heads=4, d_ff=128, dropout=0.1),
+        data=DataConfig(source="builtin", tokenizer="bytes", seq_len=32, cache_dir=cache_dir),
+        optim=OptimConfig(lr=1e-3, schedule="cosine", warmup=2),
+        train=TrainConfig(steps=6, batch_size=16, log_every=1, eval_every=0, save_every=3, keep=5),
+    )
+
+
+BERT_MODEL = dataclasses.replace(BERT_TINY, vocab_size=264, max_len=64, num_layers=2, d_model=32, num_heads=2,
+                                 d_ff=64, dropout=0.1, num_classes=4)
+BERT_TRAIN = dict(steps=6, batch_size=16, log_every=1, eval_every=0, eval_batches=2, save_every=3, keep=5)
+
+
+def bert(task, cache_dir, source="builtin", **data):
+    """A 2-layer, width-32 BERT for bert_mlm or bert_cls (4 classes), on `source` (further data fields
+    in `data`)."""
+    return Config(task=task, model=BERT_MODEL,
+                  data=DataConfig(**{"source": source, "tokenizer": "bytes", "seq_len": 32, "cache_dir": cache_dir,
+                                     **data}),
+                  optim=OptimConfig(lr=1e-3, schedule="linear", warmup=2, weight_decay=0.01),
+                  train=TrainConfig(**BERT_TRAIN))
+
+
+def seq2seq(cache_dir):
+    """A 1+1-layer encoder-decoder on the offline task, dropout and label smoothing on."""
+    return Config(
+        task="seq2seq",
+        model=EncDecConfig(vocab_size=264, max_len=32, num_encoder_layers=1, num_decoder_layers=1, d_model=32,
+                           num_heads=4, d_ff=64, dropout=0.1, label_smoothing=0.1, pre_ln=True),
+        data=DataConfig(source="builtin", tokenizer="bytes", seq_len=16, cache_dir=cache_dir),
+        optim=OptimConfig(lr=1e-3, schedule="cosine", warmup=2),
+        train=TrainConfig(steps=6, batch_size=16, log_every=1, eval_every=0, save_every=3, keep=5),
+    )
+
+
+TINY = {"gpt_lm": gpt_lm, "bert_mlm": functools.partial(bert, "bert_mlm"),
+        "bert_cls": functools.partial(bert, "bert_cls"), "seq2seq": seq2seq}
+
+
+def bert_mlm_pretrain(cache_dir, **train):
+    """A width-64 BERT that learns masked-LM on the built-in corpus in 150 steps (no dropout)."""
+    model = dataclasses.replace(BERT_TINY, vocab_size=264, max_len=64, num_layers=2, d_model=64, num_heads=2,
+                                d_ff=128, dropout=0.0)
+    return Config(task="bert_mlm", model=model,
+                  data=DataConfig(source="builtin", tokenizer="bytes", seq_len=64, cache_dir=cache_dir),
+                  optim=OptimConfig(lr=3e-3, schedule="linear", warmup=10, weight_decay=0.01),
+                  train=TrainConfig(**{**dict(steps=150, batch_size=16, log_every=10, eval_every=150, eval_batches=4,
+                                              save_every=1000), **train}))
+
+
+def seq2seq_learnable(cache_dir):
+    """A 2+2-layer, width-64 encoder-decoder that learns the offline task's short phrases (<= 15 bytes)."""
+    return Config(
+        task="seq2seq",
+        model=EncDecConfig(vocab_size=264, max_len=16, num_encoder_layers=2, num_decoder_layers=2, d_model=64,
+                           num_heads=4, d_ff=256, dropout=0.0, positions="sinusoidal", pre_ln=True,
+                           activation="gelu", embed_scale=True),
+        data=DataConfig(source="builtin", tokenizer="bytes", seq_len=16, cache_dir=cache_dir),
+        optim=OptimConfig(lr=2e-3, schedule="cosine", warmup=50, weight_decay=0.01, b2=0.98),
+        train=TrainConfig(steps=1600, batch_size=32, log_every=400, eval_every=0, save_every=1600, eval_batches=4),
+    )
+
+
+def data_cfg(tmp_path, **kw):
+    """A DataConfig (built-in corpus, byte tokenizer unless `kw` says otherwise) whose token stores live
+    under `tmp_path`."""
+    return DataConfig(cache_dir=str(tmp_path / "cache"), **kw)

@@ -1,0 +1,46 @@
+"""zoo's einsum attention (the CPU path) against jax.nn.dot_product_attention's XLA backend."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from zoo.nn import attention as layers
+
+
+def _qkv(B=2, T=6, S=6, N=4, K=4, H=8, seed=0):
+    k = jax.random.split(jax.random.PRNGKey(seed), 4)
+    return (jax.random.normal(k[0], (B, T, N, H)), jax.random.normal(k[1], (B, S, K, H)),
+            jax.random.normal(k[2], (B, S, K, H)), jax.random.normal(k[3], (1, N, T, S)))
+
+
+@pytest.mark.parametrize("case", ["causal", "padding", "bias", "grouped", "cross", "unscaled"])
+def test_einsum_attention_equals_jax_xla_with_gradients(case):
+    S = 9 if case == "cross" else 6
+    q, k, v, bias = _qkv(S=S, K=2 if case == "grouped" else 4)
+    valid_BS = jnp.arange(S)[None, :] < jnp.array([[S], [S - 2]])
+    kw = {"causal": dict(is_causal=True), "padding": dict(mask=valid_BS[:, None, None, :]),
+          "bias": dict(bias=bias, mask=valid_BS[:, None, None, :]), "grouped": dict(is_causal=True),
+          "cross": dict(mask=valid_BS[:, None, None, :]), "unscaled": dict(is_causal=True, scale=1.0)}[case]
+    ours = lambda q, k, v: layers.attention(q, k, v, implementation="einsum", **kw)
+    ref = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla", **kw)
+    np.testing.assert_allclose(ours(q, k, v), ref(q, k, v), rtol=1e-5, atol=1e-6)
+    w = jax.random.normal(jax.random.PRNGKey(9), q.shape)
+    g1 = jax.grad(lambda *a: jnp.sum(ours(*a) * w), (0, 1, 2))(q, k, v)
+    g0 = jax.grad(lambda *a: jnp.sum(ref(*a) * w), (0, 1, 2))(q, k, v)
+    for a, b in zip(g1, g0):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_query_with_every_key_masked_stays_finite():
+    q, k, v, _ = _qkv()
+    out = layers.einsum_attention(q, k, v, mask=jnp.zeros((1, 1, 6, 6), bool))
+    assert bool(jnp.all(jnp.isfinite(out)))
+    np.testing.assert_allclose(out, jnp.broadcast_to(v.mean(1, keepdims=True), out.shape), rtol=1e-5, atol=1e-6)
+
+
+def test_auto_is_einsum_on_cpu():
+    q, k, v, _ = _qkv()
+    assert jax.default_backend() == "cpu"
+    np.testing.assert_array_equal(layers.attention(q, k, v, is_causal=True),
+                                  layers.einsum_attention(q, k, v, is_causal=True))

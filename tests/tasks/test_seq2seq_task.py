@@ -1,0 +1,48 @@
+"""The seq2seq task: evaluation's BLEU and exact match, label smoothing on the training loss only, and
+a tiny model that learns the offline task (trained once: conftest's learned_seq2seq). The trainer's
+invariants for seq2seq: tests/train/test_invariants.py; the translate CLI: tests/cli/."""
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from conftest import replace
+from tests.helpers import plain_losses
+from tests.helpers.runs import run
+from zoo import tasks
+
+
+def test_evaluation_records_bleu_and_exact_match(s2s_cfg, tmp_path):
+    out = run(replace(s2s_cfg, train=dict(steps=2, eval_every=2, eval_batches=1)), tmp_path, devices=jax.devices()[:1])
+    last = out["records"][-1]
+    assert 0 <= last["eval_bleu"] <= 100 and 0 <= last["eval_exact_match"] <= 1
+
+
+@pytest.mark.parametrize("head", [{}, dict(tie_output=False, share_embeddings=False, logits_bias=True)])
+def test_label_smoothing_applies_to_the_training_loss_only(s2s_cfg, head):
+    """The task's fused loss (any output head: tied, or an untied lm_head with a logits bias) against
+    cross-entropy of the model's logits: values, and gradients of the training loss."""
+    task = tasks.build(replace(s2s_cfg, model=dict(dropout=0.0, **head)))
+    params = nn.unbox(task.init(jax.random.PRNGKey(0)))
+    if "logits_bias" in params:
+        params["logits_bias"] = jax.random.normal(jax.random.PRNGKey(2), params["logits_bias"].shape)
+    batch = task.make_data(s2s_cfg, 0, 1).train(0)
+    logits = lambda p: task.model.apply({"params": p}, batch["src"], batch["src_valid"], batch["tgt_in"])
+    plain, _ = plain_losses.token_cross_entropy(logits(params), batch["tgt_out"], batch["weights"])
+    eval_loss, aux = task.loss(params, batch, jax.random.PRNGKey(1), False)
+    smoothed = lambda p: plain_losses.smoothed_cross_entropy(logits(p), batch["tgt_out"], batch["weights"], 0.1)
+    train_loss, grads = jax.value_and_grad(lambda p: task.loss(p, batch, jax.random.PRNGKey(1), True)[0])(params)
+    np.testing.assert_allclose(eval_loss, plain, rtol=1e-6)
+    np.testing.assert_allclose(train_loss, smoothed(params), rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, jax.grad(smoothed)(params))
+    assert aux["tokens"] == batch["src_valid"].sum() + batch["weights"].sum()  # source + target tokens
+
+
+def test_a_tiny_model_learns_the_offline_task(learned_seq2seq):
+    cfg, out, _ = learned_seq2seq
+    task = out["setup"].task
+    data = task.make_data(cfg, 0, 1)
+    scores = task.evaluate_extra(out["state"].params, data)  # greedy over the 128 held-out pairs
+    assert scores["eval_exact_match"] >= 0.95, scores
+    assert scores["eval_bleu"] >= 90, scores

@@ -1,0 +1,55 @@
+"""trainer.init_from: a run starts from another run's parameters (a GPT's, a pretrained BERT encoder
+under a fresh classifier head) and refuses a checkpoint of another width or another model family."""
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import replace
+from tests.helpers import tiny_configs
+from tests.helpers.runs import run
+from zoo.config import Config, TrainConfig
+from zoo.errors import ConfigError
+from zoo.models.gpt import GptConfig
+from zoo.train import trainer
+
+
+def test_init_from_copies_params(tiny_cfg, tmp_path):
+    src = run(replace(tiny_cfg, train=dict(steps=2)), tmp_path / "src")
+    s = trainer.setup(tiny_cfg, jax.devices()[:1])
+    state = trainer.init_from(s, s.init_state(jax.random.PRNGKey(7)), str(tmp_path / "src"))
+    np.testing.assert_array_equal(jax.device_get(state.params["wte"]["embedding"]),
+                                  jax.device_get(src["state"].params["wte"]["embedding"]))
+    wider = replace(tiny_cfg, model=dict(d_model=128))
+    s2 = trainer.setup(wider, jax.devices()[:1])
+    with pytest.raises(ConfigError, match=r"param \['h_0'\].* has shape"):
+        trainer.init_from(s2, s2.init_state(jax.random.PRNGKey(0)), str(tmp_path / "src"))
+
+
+def test_init_from_copies_the_encoder_and_refuses_other_families_and_widths(cache_dir, tmp_path):
+    src = run(tiny_configs.bert("bert_mlm", cache_dir), tmp_path / "mlm")["state"].params
+    cls_cfg = tiny_configs.bert("bert_cls", cache_dir)
+    s = trainer.setup(cls_cfg, jax.devices()[:1])
+    state = trainer.init_from(s, s.init_state(jax.random.PRNGKey(7)), str(tmp_path / "mlm"))
+    np.testing.assert_array_equal(jax.device_get(state.params["bert"]["encoder"]["layer_1"]["mlp"]["fc"]["kernel"]),
+                                  jax.device_get(src["bert"]["encoder"]["layer_1"]["mlp"]["fc"]["kernel"]))
+    np.testing.assert_array_equal(jax.device_get(state.params["bert"]["embed"]["word"]["embedding"]),
+                                  jax.device_get(src["bert"]["embed"]["word"]["embedding"]))
+    assert not np.any(jax.device_get(state.params["cls_head"]["out"]["kernel"]))  # the head starts fresh
+    wider = replace(cls_cfg, model=dict(d_model=64))
+    s2 = trainer.setup(wider, jax.devices()[:1])
+    with pytest.raises(ConfigError, match=r"param \['bert'\].* has shape .* \(model width or size differs\)"):
+        trainer.init_from(s2, s2.init_state(jax.random.PRNGKey(0)), str(tmp_path / "mlm"))
+    gpt = Config(task="gpt_lm", model=GptConfig(vocab_size=264, max_len=32, num_layers=1, d_model=32, num_heads=2,
+                                                d_ff=64), data=cls_cfg.data,
+                 train=TrainConfig(**{**tiny_configs.BERT_TRAIN, "steps": 1}))
+    run(gpt, tmp_path / "gpt")
+    with pytest.raises(ConfigError, match="holds a gpt model; this config trains a bert model"):
+        trainer.init_from(s, s.init_state(jax.random.PRNGKey(0)), str(tmp_path / "gpt"))
+
+
+def test_init_from_a_checkpoint_of_another_family(s2s_cfg, tiny_cfg, tmp_path):
+    run(replace(tiny_cfg, train=dict(steps=1)), tmp_path / "gpt", devices=jax.devices()[:1])
+    s = trainer.setup(s2s_cfg, jax.devices()[:1])
+    with pytest.raises(ConfigError, match="holds a gpt model; this config trains a encdec model"):
+        trainer.init_from(s, s.init_state(jax.random.PRNGKey(0)), str(tmp_path / "gpt"))

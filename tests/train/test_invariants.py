@@ -1,0 +1,68 @@
+"""The trainer's invariants, written once and run for every task (gpt_lm, bert_mlm, bert_cls, seq2seq)
+on its tiny config: 1 device and 8 devices in each mesh layout train the same numbers, and a run
+stopped at step 3, resumed and finished is the uninterrupted 6-step run, bit for bit (dropout is on,
+so the per-step rng must be replayed too)."""
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import replace
+from tests.helpers import tiny_configs
+from tests.helpers.runs import losses, run
+from zoo.train import checkpoint
+
+# The (data, fsdp, tensor) layouts of the 8 devices each task is compared with 1 device on. gpt_lm,
+# the cheapest, takes all three; the BERT tasks take the layout that uses every axis.
+MESHES = {
+    "gpt_lm": [(8, 1, 1), (2, 4, 1), (2, 2, 2)],
+    "bert_mlm": [(2, 2, 2)],
+    "bert_cls": [(2, 2, 2)],
+    "seq2seq": [(8, 1, 1), (2, 2, 2)],
+}
+# How many devices the resume check trains on (None: all 8, in the config's default mesh).
+RESUME_DEVICES = {"gpt_lm": None, "bert_mlm": None, "bert_cls": None, "seq2seq": 2}
+assert set(MESHES) == set(RESUME_DEVICES) == set(tiny_configs.TINY)
+
+
+def train_losses(out):
+    return [r["loss"] for r in out["records"]]
+
+
+def leaf_pairs(a, b):
+    """The leaves of two pytrees of the same structure, side by side, on the host."""
+    a, b = jax.device_get(a), jax.device_get(b)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    return zip(jax.tree.leaves(a), jax.tree.leaves(b))
+
+
+@pytest.mark.parametrize("task, mesh", [(task, mesh) for task, meshes in MESHES.items() for mesh in meshes],
+                         ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else x)
+def test_eight_devices_match_one(cache_dir, tmp_path, task, mesh):
+    cfg = replace(tiny_configs.TINY[task](cache_dir), train=dict(steps=3))
+    one = run(replace(cfg, mesh=dict(data=1, fsdp=1, tensor=1)), tmp_path / "one", devices=jax.devices()[:1])
+    d, f, t = mesh
+    many = run(replace(cfg, mesh=dict(data=d, fsdp=f, tensor=t)), tmp_path / "many")
+    assert many["setup"].mesh.devices.size == 8
+    assert losses(tmp_path / "many") == pytest.approx(losses(tmp_path / "one"), rel=1e-5)
+    assert train_losses(many) == pytest.approx(train_losses(one), rel=1e-5)
+    for a, b in leaf_pairs(many["state"].params, one["state"].params):
+        # atol: key biases get an exactly-zero gradient (softmax ignores a per-query constant), so their
+        # values are Adam-normalised rounding noise of ~1e-7 that no layout can reproduce.
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("task", list(MESHES))
+def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(cache_dir, tmp_path, task):
+    cfg = tiny_configs.TINY[task](cache_dir)  # 6 steps, a checkpoint every 3
+    n = RESUME_DEVICES[task]
+    kw = {} if n is None else {"devices": jax.devices()[:n]}
+    full = run(cfg, tmp_path / "full", **kw)
+    part = run(cfg, tmp_path / "part", stop_at_step=3, **kw)
+    assert int(part["state"].step) == 3 and checkpoint.latest_step(str(tmp_path / "part")) == 3
+    resumed = run(cfg, tmp_path / "part", resume=True, **kw)
+    assert int(resumed["state"].step) == 6
+    for a, b in leaf_pairs(full["state"], resumed["state"]):
+        np.testing.assert_array_equal(a, b)
+    assert losses(tmp_path / "part") == losses(tmp_path / "full")  # same data, same order, same numbers
+    assert train_losses(resumed) == train_losses(full)[3:]

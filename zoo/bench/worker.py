@@ -1,0 +1,247 @@
+"""One framework's side of a benchmark (`python -m zoo.bench.worker zoo|hf-torch SPEC_JSON`).
+
+Sets up and warms up, prints one JSON line, then answers each stdin line: `round` (time one
+round), `final` (throughput, MFU, memory from the rounds so far), `quit`. One framework per process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from zoo.bench.common import calibrate, median, rss_mb
+
+
+class ZooTrain:
+    """A train workload through the trainer's own setup, jitted step, real input and prefetch."""
+
+    def __init__(self, spec):
+        import jax
+        from zoo.config import apply_overrides, load_config_file
+        from zoo.train import flops, trainer
+        from zoo.train.prefetch import Prefetcher
+        self.jax = jax
+        cfg = load_config_file(spec["config"])
+        over = [o for o in spec["overrides"] if not o.startswith("preset=")]
+        dtype = spec.get("dtype") or ("float32" if jax.devices()[0].platform == "cpu" else "bfloat16")
+        cfg = apply_overrides(cfg, over + [f"model.dtype={dtype}", "train.steps=1000000", "train.eval_every=0"])
+        cfg = _apply_preset(cfg, spec)
+        s = trainer.setup(cfg)
+        self.state = s.init_state(jax.random.PRNGKey(0))
+        self.step = s.jit_train_step()
+        make = synthetic_batches(spec, cfg) if spec.get("synthetic") else s.task.make_data(cfg, 0, 1).train
+        self.prefetch = Prefetcher(lambda i: trainer.to_device(make(i), s.mesh), 0, 10**9)
+        self.i, self.wait, self.times = 0, 0.0, []
+        self.compile_s, self.k = calibrate(self._steps)
+        self.tokens = float(self.m["tokens"])
+        self.flops_per_token = s.task.flops_per_token(cfg.data.seq_len)
+        self.devices = s.mesh.devices.flatten().tolist()
+        self.peak = flops.total_peak(self.devices)
+        self.batch = cfg.train.batch_size
+        self.settings = settings(cfg.model)
+
+    def _steps(self, n):
+        for _ in range(n):
+            t = time.perf_counter()
+            batch = self.prefetch.get(self.i)
+            self.wait += time.perf_counter() - t
+            self.state, self.m = self.step(self.state, batch)
+            self.i += 1
+        self.jax.block_until_ready(self.m)
+
+    def ready(self):
+        d = self.devices[0]
+        return {"device_kind": d.device_kind, "device_count": len(self.devices), "compile_s": self.compile_s,
+                "peak_flops": self.peak, "settings": self.settings}
+
+    def round(self):
+        self.wait = 0.0
+        t = time.perf_counter()
+        self._steps(self.k)
+        dt = (time.perf_counter() - t) / self.k
+        self.times.append(dt)
+        return {"step_s": dt, "input_wait_frac": self.wait / (dt * self.k)}
+
+    def final(self):
+        step = median(self.times)
+        tps = self.tokens / step
+        return {"tokens_per_s": tps, "sequences_per_s": self.batch / step,
+                "tokens_per_s_per_device": tps / len(self.devices), "mfu": tps * self.flops_per_token / self.peak,
+                "peak_memory_mb": _peak_memory_mb(self.devices[0])}
+
+
+def settings(model_cfg) -> dict:
+    """The model switches that decide speed, as run: dtype, attention backend, remat, layer scan."""
+    from zoo.nn.attention import resolve_attention
+    impl = resolve_attention(model_cfg.attention_impl)
+    return {"dtype": model_cfg.dtype, "attention": impl or "auto (jax.nn.dot_product_attention)",
+            "remat": getattr(model_cfg, "remat_policy", "full") if getattr(model_cfg, "remat", False) else "none",
+            "scan_layers": getattr(model_cfg, "scan_layers", False)}
+
+
+def synthetic_batches(spec, cfg):
+    """Exact-shape seq2seq batches (source S, target T, no padding): the offline task's phrases are
+    short, and the benchmark shapes are fixed."""
+    import numpy as np
+    B, S, T, V = spec["batch"], spec["seq_len"], spec["target_len"], cfg.model.vocab_size
+
+    def make(step):
+        rng = np.random.default_rng(step)
+        tgt = rng.integers(3, V, (B, T + 1), dtype=np.int32)
+        return {"src": rng.integers(3, V, (B, S), dtype=np.int32), "src_valid": np.ones((B, S), bool),
+                "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:], "weights": np.ones((B, T), np.float32)}
+    return make
+
+
+def _apply_preset(cfg, spec):
+    import dataclasses
+    from zoo.models import PRESETS
+    for o in spec["overrides"]:
+        if o.startswith("preset="):
+            name = o.split("=", 1)[1]
+            if name not in PRESETS:
+                raise ValueError(f"--preset {name!r} is unknown; choose one of {', '.join(sorted(PRESETS))}")
+            model = dataclasses.replace(PRESETS[name], dtype=cfg.model.dtype, dropout=0.0)
+            cfg = dataclasses.replace(cfg, model=model)
+    return cfg
+
+
+def _peak_memory_mb(device) -> float:
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and "peak_bytes_in_use" in stats:
+        return stats["peak_bytes_in_use"] / 2**20
+    return rss_mb()
+
+
+class ZooGenerate:
+    """Greedy generation with the KV cache: prefill, then 128 tokens in one jitted loop."""
+
+    def __init__(self, spec):
+        import jax
+        import jax.numpy as jnp
+        import flax.linen as nn
+        from zoo import tasks
+        from zoo.config import apply_overrides, load_config_file
+        from zoo.infer.sample import _generate
+        from zoo.train import flops
+        self.jax = jax
+        cfg = apply_overrides(load_config_file(spec["config"]), [o for o in spec["overrides"]
+                                                                 if not o.startswith("preset=")])
+        cfg = _apply_preset(cfg, spec)
+        task = tasks.build(cfg)
+        self.model = task.model
+        self.params = jax.jit(lambda r: nn.unbox(task.init(r)))(jax.random.PRNGKey(0))
+        B, P, self.new = spec["batch"], spec["prompt"], spec["new"]
+        self.prompt = jax.random.randint(jax.random.PRNGKey(1), (B, P), 0, cfg.model.vocab_size)
+        kw = dict(model=self.model, temperature=0.0, top_k=0, top_p=1.0, vocab_limit=cfg.model.vocab_size, eos_id=None)
+        self.gen = lambda n: _generate(self.params, self.prompt, jax.random.PRNGKey(0), max_new_tokens=n, **kw)
+        cache = jax.eval_shape(lambda: self.model.init(jax.random.PRNGKey(0), jnp.zeros((B, P + self.new), jnp.int32),
+                                                       decode=True))["cache"]
+        cache = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), nn.unbox(cache))
+        self.prefill = jax.jit(lambda p, c, x: self.model.apply({"params": p, "cache": c}, x, decode=True,
+                                                               mutable=["cache"])[0][:, -1])
+        self.cache = cache
+        t = time.perf_counter()
+        jax.block_until_ready(self.gen(self.new))
+        self.compile_s = time.perf_counter() - t
+        jax.block_until_ready(self.prefill(self.params, self.cache, self.prompt))
+        self.B, self.P = B, P
+        self.n_params = sum(x.size for x in jax.tree.leaves(self.params))
+        self.device = jax.devices()[0]
+        self.peak = flops.total_peak([self.device])
+        self.times = []
+
+    def ready(self):
+        return {"device_kind": self.device.device_kind, "device_count": 1, "compile_s": self.compile_s,
+                "peak_flops": self.peak}
+
+    def round(self):
+        t = time.perf_counter()
+        self.jax.block_until_ready(self.prefill(self.params, self.cache, self.prompt))
+        prefill = time.perf_counter() - t
+        t = time.perf_counter()
+        self.jax.block_until_ready(self.gen(self.new))
+        total = time.perf_counter() - t
+        r = {"prefill_s": prefill, "generate_s": total}
+        self.times.append(r)
+        return r
+
+    def final(self):
+        prefill = median([r["prefill_s"] for r in self.times])
+        total = median([r["generate_s"] for r in self.times])
+        decode = max(total - prefill, 1e-9)
+        dtps = self.B * self.new / decode
+        return {"tokens_per_s": dtps, "decode_tokens_per_s": dtps, "prefill_tokens_per_s": self.B * self.P / prefill,
+                "time_to_first_token_s": prefill + decode / self.new,
+                "mfu": dtps * 2 * self.n_params / self.peak, "peak_memory_mb": _peak_memory_mb(self.device)}
+
+
+class ZooInput:
+    """Tokenizer throughput on the built-in corpus, and batches/s from the token store."""
+
+    def __init__(self, spec):
+        from pydoc_data.topics import topics
+        from zoo import tasks
+        from zoo.config import apply_overrides, load_config_file
+        from zoo.data.tokenizers import get_tokenizer
+        self.texts = [topics[k] for k in sorted(topics)]
+        self.mb = sum(len(t.encode()) for t in self.texts) / 2**20
+        self.tokenizers = {n: get_tokenizer(n) for n in spec["tokenizers"]}
+        cfg = apply_overrides(load_config_file(spec["config"]), spec["overrides"])
+        self.batches = tasks.build(cfg).make_data(cfg, 0, 1).train
+        self.batch, self.T, self.times = cfg.train.batch_size, cfg.data.seq_len, []
+
+    def ready(self):
+        return {"device_kind": "host", "device_count": 1, "compile_s": 0.0}
+
+    def round(self):
+        r = {}
+        for name, tok in self.tokenizers.items():
+            t = time.perf_counter()
+            tok.encode_batch(self.texts)
+            r[f"tokenize_{name}_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        for i in range(200):
+            self.batches(i)
+        r["batches_200_s"] = time.perf_counter() - t
+        self.times.append(r)
+        return r
+
+    def final(self):
+        out = {f"tokenizer_{n}_mb_per_s": self.mb / median([r[f"tokenize_{n}_s"] for r in self.times])
+               for n in self.tokenizers}
+        bps = 200 / median([r["batches_200_s"] for r in self.times])
+        return {**out, "batches_per_s": bps, "tokens_per_s": bps * self.batch * self.T, "mfu": None}
+
+
+ZOO = {"gpt_train": ZooTrain, "bert_mlm": ZooTrain, "encdec_train": ZooTrain, "generate": ZooGenerate,
+       "input": ZooInput}
+
+
+def serve(bench) -> None:
+    print(json.dumps(bench.ready()), flush=True)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "quit":
+            break
+        print(json.dumps(bench.round() if cmd == "round" else bench.final()), flush=True)
+
+
+def main() -> int:
+    framework, spec = sys.argv[1], json.loads(sys.argv[2])
+    try:
+        if framework == "zoo":
+            bench = ZOO[spec["workload"]](spec)
+        else:
+            from zoo.bench.torch_peer import PEERS
+            bench = PEERS[spec["workload"]](spec)
+    except Exception as e:  # reported to the parent as one line
+        print(json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}), flush=True)
+        return 1
+    serve(bench)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Benchmark zoo's hot paths (step time, tokens/s, MFU, memory, compile time), beside transformers if asked.
+
+The peer (--peer hf-torch) runs transformers (PyTorch) on the same shapes.
+
+    zoo-bench --workload gpt_train --preset gpt2_small --seq-len 1024 --batch 8 --dtype bfloat16
+    zoo-bench --out bench.jsonl                    # every workload, one JSON line each, then a table
+    zoo-bench --shapes cpu --peer hf-torch         # the scaled CPU shapes, transformers side by side
+
+Each framework runs in its own worker process; the parent alternates timed rounds between them
+so that both see the same machine conditions, and reports medians and minima over rounds. Ratios
+are zoo / peer measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from zoo.bench import shapes as bench_shapes
+from zoo.bench.run import ROUNDS, run_spec, table
+from zoo.cli import error
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="zoo-bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--workload", choices=bench_shapes.WORKLOADS, action="append",
+                    help="repeatable; default: all")
+    ap.add_argument("--shapes", choices=("full", "cpu"), default="full",
+                    help="full: the published shapes; cpu: the scaled shapes for a CPU")
+    ap.add_argument("--preset", help="model preset for the train workloads (e.g. gpt2_small, bert_base)")
+    ap.add_argument("--seq-len", type=int)
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"))
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--peer", choices=("hf-torch",), help="run transformers (PyTorch) on the same shapes")
+    ap.add_argument("--out", help="append one JSON line per shape to this file")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for zoo's side, repeatable (e.g. model.attention_impl=xla, model.remat=true)")
+    a = ap.parse_args(argv)
+    try:
+        specs = bench_shapes.specs(a.workload or list(bench_shapes.WORKLOADS), a.shapes, preset=a.preset,
+                                   seq_len=a.seq_len, batch=a.batch, dtype=a.dtype)
+    except ValueError as e:
+        return error(e)
+    rows = []
+    for spec in specs:
+        spec["overrides"] = spec.get("overrides", []) + a.set
+        t = time.perf_counter()
+        try:
+            row = run_spec(spec, a.peer, a.rounds)
+        except RuntimeError as e:  # zoo's worker refused the spec (bad --set) or died: one line, no traceback
+            print(f"error: {spec['workload']} {spec['name']}: {e}", file=sys.stderr)
+            return 2
+        row["bench_wall_s"] = time.perf_counter() - t
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Hugging Face <-> zoo checkpoint conversion (GPT-2, BERT, T5, BART; see zoo.hf).
+
+    zoo-convert from-hf PATH_OR_HUB_ID runs/base    # config.json + model.safetensors (or .bin) -> zoo run
+    zoo-convert to-hf runs/finetuned out/            # -> config.json + model.safetensors + tokenizer files
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from zoo.cli import BAD_INPUT, error
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="zoo-convert", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("from-hf", help="a Hugging Face checkpoint (directory or hub id) -> a zoo run directory")
+    a.add_argument("source")
+    a.add_argument("run_dir")
+    b = sub.add_parser("to-hf", help="a zoo run directory -> a directory transformers loads")
+    b.add_argument("run_dir")
+    b.add_argument("out_dir")
+    args = ap.parse_args(argv)
+    from zoo import hf
+    try:
+        if args.cmd == "from-hf":
+            hf.from_hf(args.source, args.run_dir)
+        else:
+            hf.to_hf(args.run_dir, args.out_dir)
+    except BAD_INPUT as e:
+        return error(e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

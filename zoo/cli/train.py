@@ -1,0 +1,130 @@
+"""`train.py` / `zoo-train`: parse the command line, resolve the config, hand it to the trainer.
+
+    train.py CONFIG [--workdir DIR] [--set key=value ...]
+    train.py --init-from RUN_OR_HF_DIR [CONFIG] [--workdir DIR] [--set key=value ...]
+    train.py --resume DIR [--set key=value ...]
+
+--init-from fine-tunes a checkpoint without a config file of its own: the model config, tokenizer and
+task come from the checkpoint (a zoo run, or a Hugging Face directory, converted first into
+WORKDIR/base); data, optim, train and mesh from CONFIG if given, else from the checkpoint's run. A
+bare BERT encoder trains as bert_mlm, or as bert_cls when --set names data.label_column,
+data.text_pair_column or data.label_names; --set task=... picks any task of the model's family.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import sys
+import time
+
+from zoo.cli import BAD_INPUT, error
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(prog="train.py", description="Train a zoo model from a config file.")
+    ap.add_argument("config", nargs="?", help="a config file, e.g. configs/gpt_tiny.py")
+    ap.add_argument("--workdir", help="run directory (default: runs/<config>-<time>)")
+    ap.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint")
+    ap.add_argument("--init-from", metavar="RUN_OR_HF_DIR",
+                    help="fine-tune this checkpoint: model, tokenizer and task from it (a zoo run or a Hugging "
+                         "Face directory); CONFIG, if given, supplies data, optim and train")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config field, e.g. --set optim.lr=1e-3 (repeatable)")
+    a = ap.parse_args(argv)
+    if a.resume and (a.config or a.init_from):
+        ap.error("--resume DIR continues the run in DIR; CONFIG and --init-from do not apply")
+    if not (a.config or a.resume or a.init_from):
+        ap.error("give a CONFIG file, --init-from RUN_OR_HF_DIR, or --resume DIR")
+    if a.resume and a.workdir:
+        ap.error("--resume DIR trains in DIR; --workdir does not apply")
+    return a
+
+
+CLS_FIELDS = ("data.label_column", "data.text_pair_column", "data.label_names")  # --set keys that mean bert_cls
+
+
+def _default_workdir(name: str) -> str:
+    return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def fine_tune_config(a, workdir: str):
+    """The config of `--init-from SRC [CONFIG]`: model, tokenizer and task from SRC's run (a Hugging Face
+    directory is converted into WORKDIR/base first), the other sections from CONFIG or that run."""
+    from zoo.config import apply_overrides, load_config_file
+    from zoo.errors import ConfigError
+    from zoo.train import checkpoint
+    src = a.init_from
+    if not os.path.isdir(os.path.join(src, "checkpoints")) and os.path.isfile(os.path.join(src, "config.json")):
+        from zoo import hf
+        if os.path.exists(workdir):
+            raise ConfigError(f"--init-from {src}: converting it needs a new --workdir; {workdir!r} exists")
+        src = os.path.join(workdir, "base")
+        try:
+            hf.from_hf(a.init_from, src)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)  # nothing half-converted stays behind
+            raise
+    theirs = checkpoint.load_config(src)
+    ours = load_config_file(a.config) if a.config else theirs
+    task = "bert_mlm" if theirs.task == "bert_encoder" else theirs.task
+    if theirs.model.family == "bert" and any(s.split("=", 1)[0] in CLS_FIELDS for s in a.set):
+        task = "bert_cls"
+    data = dataclasses.replace(ours.data, tokenizer=theirs.data.tokenizer, label_names=theirs.data.label_names
+                               if not a.config else ours.data.label_names)
+    cfg = dataclasses.replace(ours, task=task, model=theirs.model, data=data, init_from=os.path.abspath(src))
+    return apply_overrides(cfg, a.set)
+
+
+def resolve(a):
+    """(config, workdir, resume) from parsed arguments."""
+    import jax
+    from zoo import tasks
+    from zoo.config import apply_overrides, load_config_file
+    from zoo.errors import ConfigError
+    from zoo.train import checkpoint
+    if a.resume:
+        old = checkpoint.load_config(a.resume)
+        cfg = apply_overrides(old, a.set)
+        shapes = lambda c: jax.tree.map(lambda x: x.shape, jax.eval_shape(tasks.build(c).init, jax.random.PRNGKey(0)))
+        if cfg.task != old.task or shapes(cfg) != shapes(old):
+            raise ConfigError(f"--set {' '.join(a.set)} changes the model's shape; a resumed run keeps the "
+                              f"model of {a.resume!r} (only data, optim, train and mesh settings may change)")
+        return cfg, a.resume, True
+    if a.init_from:
+        workdir = a.workdir or _default_workdir(os.path.basename(os.path.normpath(a.init_from)) + "-ft")
+        return fine_tune_config(a, workdir), workdir, False
+    cfg = apply_overrides(load_config_file(a.config), a.set)
+    if cfg.data.tokenizer == "init_from":  # the tokenizer the init_from run was trained or converted with
+        if not cfg.init_from:
+            raise ConfigError("data.tokenizer=init_from needs --set init_from=RUN")
+        tok = checkpoint.load_config(cfg.init_from).data.tokenizer
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=tok))
+    return cfg, a.workdir or _default_workdir(os.path.splitext(os.path.basename(a.config))[0]), False
+
+
+def train_main(argv=None) -> int:
+    a = parse(sys.argv[1:] if argv is None else argv)
+    from zoo.errors import TrainError
+    from zoo.train import trainer
+    try:
+        cfg, workdir, resume = resolve(a)
+        print(f"{'resuming' if resume else 'training'} {cfg.task} in {workdir}", flush=True)
+        out = trainer.train(cfg, workdir, resume=resume)
+    except (TrainError, *BAD_INPUT) as e:
+        return error(e)
+    last = out["records"][-1] if out["records"] else {}
+    summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("loss", "eval_loss", "eval_ppl", "eval_accuracy",
+                                                      "eval_macro_f1", "eval_bleu", "tokens_per_s", "mfu")
+                        if k in last)
+    print(f"done: step {int(out['state'].step)} ({summary}); checkpoints and metrics.jsonl in {workdir}")
+    if cfg.train.sample_tokens and not out["interrupted"]:
+        import jax
+        prompt = cfg.train.sample_prompt
+        text = out["setup"].task.sample(jax.device_get(out["state"].params), out["tokenizer"], prompt,
+                                        cfg.train.sample_tokens)
+        if text is not None:  # tasks that generate text (gpt_lm)
+            print(f"sample (temperature 0.8, top-k 40):\n{prompt}{text}")
+    return 0

@@ -1,0 +1,82 @@
+"""tiktoken-based BPE: the zoo-tokenizer wrapper of a `tiktoken.Encoding`, the regex and specials of
+tiktoken's named encodings (read offline), and local `.tiktoken` ranks files.
+
+Text that happens to contain `<|endoftext|>` is encoded as ordinary text: documents are separated by
+`eot_token` ids that the pipeline appends, never by strings inside a document.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import types
+
+import tiktoken
+import tiktoken.load
+from tiktoken_ext import openai_public
+
+from zoo.errors import ZooDataError
+
+ENDOFTEXT = "<|endoftext|>"
+# The encoding whose regex a `.tiktoken` file of an unknown name is split with.
+FALLBACK_ENCODING = "cl100k_base"
+
+
+class TiktokenTokenizer:
+    """A `tiktoken.Encoding` behind the zoo tokenizer surface."""
+
+    def __init__(self, encoding: tiktoken.Encoding, name: str | None = None, fingerprint: str | None = None):
+        self.encoding = encoding
+        self.name = name or encoding.name
+        self.fingerprint = fingerprint  # content hash of a local ranks file; part of the token-store key
+        self.n_vocab = encoding.n_vocab
+        self.eot_token = encoding.eot_token
+
+    def encode(self, text: str) -> list[int]:
+        return self.encoding.encode(text, disallowed_special=())
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.encoding.encode_batch(list(texts), disallowed_special=())
+
+    def decode(self, ids) -> str:
+        return self.encoding.decode([int(i) for i in ids])
+
+
+def encoding_spec(stem: str) -> tuple[str, dict[str, int]]:
+    """(regex pattern, special tokens) of the tiktoken encoding `stem`, without downloading its ranks.
+
+    The values are read from tiktoken's own constructors, so they cannot drift from tiktoken. The
+    constructors fetch their ranks through module globals; running copies of them whose globals stub
+    the two loaders gives the dicts offline without patching the shared module.
+    """
+    scope = dict(vars(openai_public))
+    scope["load_tiktoken_bpe"] = scope["data_gym_to_mergeable_bpe_ranks"] = lambda *a, **k: {}
+    for name, fn in openai_public.ENCODING_CONSTRUCTORS.items():  # o200k_harmony calls o200k_base
+        scope[fn.__name__] = types.FunctionType(fn.__code__, scope, fn.__name__)
+    spec = scope[openai_public.ENCODING_CONSTRUCTORS[stem].__name__]()
+    return spec["pat_str"], dict(spec["special_tokens"])
+
+
+def load_tiktoken_file(path: str) -> TiktokenTokenizer:
+    """A `.tiktoken` ranks file; its stem (r50k_base, cl100k_base, ...) picks the regex and specials."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(full):
+        raise ZooDataError(f"data.tokenizer={path!r}: no such file; give a .tiktoken ranks file or one of "
+                           f"bytes, {', '.join(tiktoken.list_encoding_names())}")
+    with open(full, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    try:
+        # tiktoken caches every file it reads by path; pinning the hash makes an edited file miss that cache.
+        ranks = tiktoken.load.load_tiktoken_bpe(full, expected_hash=sha)
+    except ValueError as e:
+        raise ZooDataError(f"data.tokenizer={path!r} is not a .tiktoken ranks file ({e})") from None
+    stem = os.path.basename(full).split(".")[0]
+    if stem in openai_public.ENCODING_CONSTRUCTORS:
+        pat_str, special = encoding_spec(stem)
+    else:
+        pat_str, special = encoding_spec(FALLBACK_ENCODING)[0], {ENDOFTEXT: len(ranks)}
+    encoding = tiktoken.Encoding(name=stem, pat_str=pat_str, mergeable_ranks=ranks, special_tokens=special)
+    # Path and content hash identify it: different files, or one file edited, must not share a token store.
+    return TiktokenTokenizer(encoding, name=full, fingerprint=sha)
+
+

@@ -1,0 +1,113 @@
+"""Documents: a corpus read into a `datasets.Dataset` with one `text` column.
+
+Sources (data.source): `builtin` (Python's own pydoc topics: real English, always offline), a
+Hugging Face hub dataset (`hub:NAME[/CONFIG]`), or local files (a txt/json/jsonl/parquet file, a
+directory of them, or a glob). `load_hub` and `load_local` are shared with the labelled tasks.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import datasets
+
+from zoo.errors import ZooDataError
+
+BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def _ext(path: str) -> str:
+    return os.path.splitext(path)[1].lower()
+
+
+def local_files(source: str) -> list[str]:
+    """The files a local source names: a file, every supported file under a directory, or a glob."""
+    path = os.path.expanduser(source)
+    supported = ", ".join(BUILDERS)
+    if os.path.isdir(path):
+        files = [f for f in glob.glob(os.path.join(path, "**", "*"), recursive=True) if _ext(f) in BUILDERS]
+        if not files:
+            raise ZooDataError(f"data.source={source!r} is a directory with no {supported} files")
+    elif os.path.isfile(path):
+        files = [path]
+    else:
+        files = glob.glob(path, recursive=True)
+        if not files:
+            raise ZooDataError(f"data.source={source!r}: no such file, directory or glob match; "
+                               f"use builtin, hub:NAME[/CONFIG] or a local path")
+    files = sorted(os.path.abspath(f) for f in files if os.path.isfile(f))
+    unknown = sorted({_ext(f) or "(no extension)" for f in files} - BUILDERS.keys())
+    if unknown:
+        raise ZooDataError(f"data.source={source!r} has files of unsupported type {', '.join(unknown)}; "
+                           f"supported: {supported}")
+    if len({BUILDERS[_ext(f)] for f in files}) > 1:
+        raise ZooDataError(f"data.source={source!r} mixes file types "
+                           f"{', '.join(sorted({_ext(f) for f in files}))}; point it at one type")
+    return files
+
+
+def _short(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:160]}" if lines else type(e).__name__
+
+
+def parse_hub(source: str) -> tuple[str, str | None]:
+    """hub:NAME, hub:NAME/CONFIG (wikitext/wikitext-103-raw-v1, glue/sst2), hub:OWNER/NAME/CONFIG,
+    and hub:OWNER/NAME/ (a trailing slash: an owner/name repo without a config)."""
+    body = source[len("hub:"):]
+    if body.endswith("/"):
+        return body.rstrip("/"), None
+    parts = body.split("/")
+    if len(parts) == 1:
+        return parts[0], None
+    return "/".join(parts[:-1]), parts[-1]
+
+
+def load_hub(cfg) -> datasets.Dataset:
+    name, config = parse_hub(cfg.source)
+    try:
+        return datasets.load_dataset(name, config, split=cfg.split)
+    except Exception as e:
+        raise ZooDataError(f"dataset {name!r} could not be loaded ({_short(e)})") from None
+
+
+def load_local(cfg) -> datasets.Dataset:
+    files = local_files(cfg.source)
+    builder = BUILDERS[_ext(files[0])]
+    # Each text file is one document; line-per-row would cut documents at every newline.
+    kwargs = {"sample_by": "document"} if builder == "text" else {}
+    # Local files are read once per store, so their Arrow copy stays beside the stores, not in the HF cache.
+    cache = os.path.join(os.path.expanduser(cfg.cache_dir), "hf")
+    try:
+        return datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cache, **kwargs)
+    except Exception as e:
+        raise ZooDataError(f"data.source={cfg.source!r} could not be read as {builder} ({_short(e)})") from None
+
+
+def load_documents(cfg) -> datasets.Dataset:
+    """The corpus as a Dataset with one `text` column, one non-empty document per row."""
+    if cfg.source == "builtin":
+        from pydoc_data.topics import topics  # ships with CPython: a real English corpus, always offline
+
+        ds = datasets.Dataset.from_dict({"text": [topics[k] for k in sorted(topics)]})
+    elif cfg.source.startswith("hub:"):
+        ds = load_hub(cfg)
+    else:
+        ds = load_local(cfg)
+    col = cfg.text_column if cfg.source != "builtin" else "text"
+    if col not in ds.column_names:
+        raise ZooDataError(f"data.text_column={col!r} is not a column of {cfg.source}; "
+                           f"columns: {', '.join(ds.column_names)}")
+    dtype = getattr(ds.features[col], "dtype", None)
+    if dtype not in ("string", "large_string"):
+        raise ZooDataError(f"data.text_column={col!r} of {cfg.source} holds {ds.features[col]}, not text")
+    ds = ds.select_columns([col])
+    if col != "text":
+        ds = ds.rename_column(col, "text")
+    ds = ds.filter(lambda b: [bool(t and t.strip()) for t in b["text"]], batched=True)
+    if len(ds) == 0:
+        raise ZooDataError(f"data.source={cfg.source!r} has no non-empty text in column {col!r}")
+    return ds
+
+

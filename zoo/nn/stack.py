@@ -1,0 +1,50 @@
+"""The layer stack: L blocks as a Python loop or one `nn.scan`, with optional remat (and its policy).
+
+Block modules called through `stack_blocks` take `(x, mask, deterministic, decode, *more)` and
+return `x` (or `(x, None)` when `scanned`), so one stack serves every family.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+
+# model.remat_policy -> the jax.checkpoint policy: what the backward pass keeps instead of recomputing.
+# full: nothing (recompute the whole block); dots: every matmul output; dots_no_batch: the matmul outputs
+# without a batch dimension in the contraction (the projections and MLP, not the attention scores).
+REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_saveable,
+                  "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def stack_blocks(block_cls, num_layers: int, *, scan: bool, remat: bool, name: str, remat_policy: str = "full",
+                 **block_kw):
+    """L blocks as a Python loop (params h_0..h_{L-1}) or as one nn.scan (params h[L, ...]).
+
+    Returns a callable (x, *args) -> x. Positional args after x are broadcast to every layer.
+    """
+    cls = block_cls
+    if remat:
+        # deterministic and decode (args 3, 4 counting self) are Python bools: static.
+        cls = nn.remat(cls, static_argnums=(3, 4), prevent_cse=not scan, policy=REMAT_POLICIES[remat_policy])
+    if scan:
+        stack = nn.scan(cls, variable_axes={"params": 0, "cache": 0}, split_rngs={"params": True, "dropout": True},
+                        in_axes=nn.broadcast, length=num_layers,
+                        metadata_params={nn.PARTITION_NAME: "layers"})(scanned=True, name=name, **block_kw)
+
+        def run_scanned(x, *args):
+            return stack(x, *args)[0]
+        return run_scanned
+    blocks = [cls(name=f"{name}_{i}", **block_kw) for i in range(num_layers)]
+
+    def run(x, *args):
+        for b in blocks:
+            x = b(x, *args)
+        return x
+    return run
+
+
+def residual_std(num_layers: int, std: float = 0.02) -> float:
+    """GPT-2: residual projections scaled by 1/sqrt(2L) so the residual stream's variance stays O(1)."""
+    return std / math.sqrt(2 * num_layers)

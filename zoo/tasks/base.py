@@ -1,0 +1,85 @@
+"""The Task protocol: what the one trainer trains, and the Data a task hands it. The trainer never asks
+which task or family it has.
+
+A task is built from a Config and owns its model, loss, data pipeline and metrics:
+
+  init(rng) -> boxed params (logical axis names attached)
+  loss(params, batch, rng, train) -> (loss_sum, aux): sums over the batch plus `weight` (the
+      denominator, e.g. target tokens) and `tokens` (input tokens processed, for tokens/s)
+  make_data(cfg, process_index, process_count) -> Data(train=step -> local batch, eval=[batches], tokenizer)
+  flops_per_token(seq_len) -> training FLOPs per input token (for MFU)
+  num_params(boxed) -> params counted in 6N (lookup tables such as learned positions excluded)
+  eval_metrics(totals) -> extra eval metrics from the summed aux (e.g. macro-F1)
+  evaluate_extra(params, data) -> extra eval metrics that need more than a loss pass (e.g. BLEU)
+  sample(params, tokenizer, prompt, max_new_tokens) -> a continuation of prompt, or None (no text generation)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol
+
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    train: Callable[[int], dict]  # step -> this process's slice of the global batch
+    eval: list  # fixed validation batches (this process's slices)
+    tokenizer: Any
+    files: dict = dataclasses.field(default_factory=dict)  # name -> text to keep beside the run (labels.json)
+
+
+class Task(Protocol):
+    name: str
+    model: Any  # a flax module
+
+    def init(self, rng) -> Any: ...
+
+    def loss(self, params, batch: dict, rng, train: bool) -> tuple[Any, dict]: ...
+
+    def make_data(self, cfg, process_index: int, process_count: int) -> Data: ...
+
+    def flops_per_token(self, seq_len: int) -> float: ...
+
+    def num_params(self, boxed) -> int: ...
+
+    def eval_metrics(self, totals: dict) -> dict: ...
+
+    def evaluate_extra(self, params, data: Data) -> dict: ...
+
+    def sample(self, params, tokenizer, prompt: str, max_new_tokens: int) -> str | None: ...
+
+
+class BaseTask:
+    """Defaults for the optional parts of a Task: no extra metrics. `EXCLUDE` names the params that are
+    lookups, not matmuls (substrings of their paths), left out of 6N."""
+
+    name = ""
+    EXCLUDE: tuple = ()
+
+    def num_params(self, boxed) -> int:
+        return count(boxed, exclude=self.EXCLUDE)
+
+    def eval_metrics(self, totals: dict) -> dict:
+        return {}
+
+    def evaluate_extra(self, params, data: Data) -> dict:
+        return {}
+
+    def sample(self, params, tokenizer, prompt: str, max_new_tokens: int) -> str | None:
+        return None
+
+
+def count(boxed, exclude=()) -> int:
+    """Number of parameters in a (boxed or abstract) tree, leaving out paths containing any of `exclude`."""
+    flat = jax.tree_util.tree_flatten_with_path(boxed)[0]
+    return sum(int(np.prod(x.shape)) for p, x in flat
+               if not any(e in jax.tree_util.keystr(p) for e in exclude))
+
+
+def attention_flops(num_layers: int, num_heads: int, head_dim: int, seq_len: int) -> int:
+    """Attention scores and values per token, forward + backward, over the full T x T square (nanoGPT /
+    PaLM convention: the causal half is not discounted): 12 * L * N*H * T."""
+    return 12 * num_layers * num_heads * head_dim * seq_len

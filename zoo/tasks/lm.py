@@ -1,0 +1,61 @@
+"""Causal language modelling (gpt_lm): next-token loss through the fused output cross-entropy, on
+windows of the token store."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from zoo.data import batches, store
+from zoo.data.tokenizers import get_tokenizer
+from zoo.errors import ZooDataError
+from zoo.infer.sample import generate
+from zoo.models.gpt import Gpt
+from zoo.nn import losses
+from zoo.tasks.base import BaseTask, Data, attention_flops, count
+
+
+class LmTask(BaseTask):
+    """Loss on every target token (weight = their count)."""
+
+    name = "gpt_lm"
+    EXCLUDE = ("wpe",)  # learned positions are a lookup
+
+    def __init__(self, cfg):
+        self.cfg, self.model = cfg, Gpt(cfg.model)
+
+    def init(self, rng):
+        return self.model.init(rng, jnp.zeros((1, self.cfg.data.seq_len), jnp.int32))["params"]
+
+    def loss(self, params, batch, rng, train):
+        h_BTD = self.model.apply({"params": params}, batch["inputs"], deterministic=not train, hidden=True,
+                                 rngs={"dropout": rng})
+        loss_sum, correct = losses.linear_cross_entropy(h_BTD, params["wte"]["embedding"], batch["targets"],
+                                                        batch["weights"])
+        weight = jnp.sum(batch["weights"])
+        return loss_sum, {"weight": weight, "correct": correct, "tokens": weight}
+
+    def flops_per_token(self, seq_len):
+        m = self.cfg.model
+        n = count(jax.eval_shape(self.init, jax.random.PRNGKey(0)), exclude=self.EXCLUDE)
+        return 6 * n + attention_flops(m.num_layers, m.num_heads, m.head_dim, seq_len)
+
+    def make_data(self, cfg, process_index: int, process_count: int) -> Data:
+        tokenizer = get_tokenizer(cfg.data.tokenizer)
+        if tokenizer.n_vocab > cfg.model.vocab_size:  # checked before the corpus is tokenized
+            raise ZooDataError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of "
+                               f"data.tokenizer={cfg.data.tokenizer!r} ({tokenizer.n_vocab})")
+        tokenizer, tokens = store.prepare(cfg.data, tokenizer)
+        train = batches.Batches(tokens.train, cfg.data.seq_len, cfg.train.batch_size, cfg.train.seed,
+                                process_index, process_count)
+        evals = batches.eval_batches(tokens.val, cfg.data.seq_len, cfg.train.batch_size, cfg.train.eval_batches,
+                                     process_index, process_count)
+        return Data(train=train, eval=evals, tokenizer=tokenizer)
+
+    def sample(self, params, tokenizer, prompt: str, max_new_tokens: int) -> str:
+        """A sampled continuation (temperature 0.8, top-k 40, seed 0), as long as the positions allow."""
+        ids = tokenizer.encode(prompt)
+        n = min(max_new_tokens, self.cfg.model.max_len - len(ids))
+        out = generate(self.model, params, ids, n, temperature=0.8, top_k=40, seed=0, eos_id=tokenizer.eot_token,
+                       vocab_limit=tokenizer.n_vocab)[0]
+        return tokenizer.decode(out)

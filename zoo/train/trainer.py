@@ -1,0 +1,268 @@
+"""The one training loop: setup (task, mesh, optimizer, shardings), init or restore, steps, evaluation,
+checkpoints, logging, signals.
+
+The trainer knows a Task (model + loss + data) and never which family it is. State is created
+already sharded (eval_shape of the boxed state -> logical axes -> jit with out_shardings); the step
+(zoo.train.step) is jitted once over the mesh with the state donated; batches are laid out over the
+`data`/`fsdp` axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from zoo import tasks
+from zoo.config import Config
+from zoo.errors import ConfigError, TrainError
+from zoo.train import checkpoint, flops, optim, sharding
+from zoo.train.metrics import MetricsWriter
+from zoo.train.prefetch import Prefetcher
+from zoo.train.step import TrainState, make_eval_step, make_train_step, state_init
+
+
+@dataclasses.dataclass
+class Setup:
+    """Everything derived from a config before the first step: task, mesh, optimizer, shardings."""
+    cfg: Config
+    task: Any
+    mesh: Any
+    tx: Any
+    schedule: Any
+    abstract_params: Any  # boxed (logical names attached)
+    state_shardings: Any
+    abstract_state: Any  # ShapeDtypeStructs with shardings, for restore
+    init_fn: Any  # rng -> TrainState (unsharded function; init_state jits it sharded)
+
+    def init_state(self, rng) -> TrainState:
+        return jax.jit(self.init_fn, out_shardings=self.state_shardings)(rng)
+
+    def jit_train_step(self):
+        """train_step jitted once over the mesh: state sharded as initialised and donated, batch over data."""
+        return jax.jit(make_train_step(self.task, self.tx, self.schedule, self.cfg.train.grad_accum),
+                       in_shardings=(self.state_shardings, sharding.batch_sharding(self.mesh)),
+                       out_shardings=(self.state_shardings, sharding.replicated(self.mesh)), donate_argnums=0)
+
+
+def setup(cfg: Config, devices=None) -> Setup:
+    task = tasks.build(cfg)
+    mesh = sharding.make_mesh(cfg.mesh, devices)
+    dp = sharding.data_parallel_size(mesh)
+    micro = cfg.train.batch_size // cfg.train.grad_accum
+    if micro % dp:
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} (per microbatch {micro}) is not divisible "
+                          f"by the data-parallel size mesh.data*mesh.fsdp={dp}")
+    rng = jax.random.PRNGKey(cfg.train.seed)
+    abstract_params = jax.eval_shape(task.init, rng)
+    schedule = optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model)
+    tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(abstract_params))
+    boxed_init = state_init(task, tx)
+    # The optimizer state is made from boxed params, so its moments carry the params' logical axis names
+    # and one rule table gives every leaf of the state its sharding.
+    boxed = jax.eval_shape(boxed_init, rng)
+    state_sh = sharding.shardings(boxed, mesh)
+    abstract_state = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                                  nn.unbox(boxed), state_sh)
+    init_fn = lambda r: nn.unbox(boxed_init(r))  # noqa: E731
+    return Setup(cfg, task, mesh, tx, schedule, abstract_params, state_sh, abstract_state, init_fn)
+
+
+def to_device(batch: dict, mesh) -> dict:
+    """This process's rows -> one global array per key, split over the data axes."""
+    sh = sharding.batch_sharding(mesh)
+    return {k: jax.make_array_from_process_local_data(sh, np.asarray(v)) for k, v in batch.items()}
+
+
+def evaluate(eval_fn, params, batches, mesh, extra=None) -> dict:
+    """Loss, perplexity and accuracy from summed aux over the eval batches; `extra(totals)` adds a
+    task's own metrics computed from the same sums (e.g. macro-F1 from per-class counts)."""
+    totals: dict = {}
+    for b in batches:
+        out = jax.device_get(eval_fn(params, to_device(b, mesh)))
+        for k, v in out.items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+    loss = totals["loss_sum"] / max(totals["weight"], 1e-9)
+    metrics = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)),
+               "eval_accuracy": totals.get("correct", 0.0) / max(totals["weight"], 1e-9)}
+    if extra is not None:
+        metrics.update(extra(totals))
+    return metrics
+
+
+def init_from(s: Setup, state: TrainState, source: str) -> TrainState:
+    """Copy every param of run `source` whose path and shape match this model's; the rest stay fresh."""
+    other = checkpoint.load_config(source)
+    if other.model.family != s.cfg.model.family:
+        raise ConfigError(f"init_from={source!r} holds a {other.model.family} model; this config trains "
+                          f"a {s.cfg.model.family} model")
+    theirs = jax.device_get(checkpoint.load_params_of(source, other, sharding.replicated(s.mesh)))
+    flat_theirs = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(theirs)[0]}
+    copied = []
+
+    def pick(path, mine):
+        key = jax.tree_util.keystr(path)
+        if key not in flat_theirs:
+            return mine
+        if flat_theirs[key].shape != mine.shape:
+            raise ConfigError(f"init_from={source!r}: param {key} has shape {flat_theirs[key].shape} there "
+                              f"but {mine.shape} here (model width or size differs)")
+        copied.append(key)
+        return jax.device_put(flat_theirs[key].astype(mine.dtype), mine.sharding)
+    params = jax.tree_util.tree_map_with_path(pick, state.params)
+    if not copied:
+        raise ConfigError(f"init_from={source!r}: no parameter matches this model")
+    return state.replace(params=params)
+
+
+class _Stopper:
+    """SIGTERM / Ctrl-C set a flag; the loop saves a checkpoint and exits cleanly."""
+
+    def __init__(self):
+        self.signal = None
+        self._old = {}
+
+    def __enter__(self):
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread: no handlers
+            pass
+        return self
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _check_workdir(workdir: str, resume: bool) -> None:
+    has = checkpoint.latest_step(workdir) is not None
+    if resume and not has:
+        checkpoint.require_latest(workdir)
+    if resume and not checkpoint.has_train_state(workdir, checkpoint.latest_step(workdir)):
+        raise TrainError(f"{workdir!r} holds weights only (a converted checkpoint), nothing to resume; "
+                         f"fine-tune from it with --set init_from={workdir}")
+    if not resume and has:
+        raise TrainError(f"workdir {workdir!r} already holds checkpoints; continue it with "
+                         f"`python train.py --resume {workdir}` or pick another --workdir")
+
+
+def _first_bad_step(buffered) -> int | None:
+    for step, m in buffered:
+        if not bool(m["finite"]):
+            return step
+    return None
+
+
+def train(cfg: Config, workdir: str, *, resume: bool = False, stop_at_step: int | None = None,
+          devices=None, progress: bool = True) -> dict:
+    """Train `cfg` in `workdir` (a fresh run, or the latest checkpoint's continuation when resume).
+
+    `stop_at_step` stops (and checkpoints) early as if interrupted. Returns the final state, the
+    last eval metrics, the data's tokenizer and the setup.
+    """
+    _check_workdir(workdir, resume)
+    s = setup(cfg, devices)
+    main = jax.process_index() == 0
+    data = s.task.make_data(cfg, jax.process_index(), jax.process_count())
+    if main:
+        os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            f.write(cfg.to_json())
+        for name, text in data.files.items():  # what the task keeps beside the run, e.g. labels.json
+            with open(os.path.join(workdir, name), "w") as f:
+                f.write(text)
+    mngr = checkpoint.manager(workdir, keep=cfg.train.keep)
+    if resume:
+        state = checkpoint.restore(mngr, mngr.latest_step(), s.abstract_state)
+    else:
+        state = s.init_state(jax.random.PRNGKey(cfg.train.seed))
+        if cfg.init_from:
+            state = init_from(s, state, cfg.init_from)
+    step_fn = s.jit_train_step()
+    eval_fn = jax.jit(make_eval_step(s.task))
+    writer = MetricsWriter(workdir, enabled=main)
+    flops_per_token = s.task.flops_per_token(cfg.data.seq_len)
+    peak = flops.total_peak(s.mesh.devices.flatten().tolist())
+    start = int(jax.device_get(state.step))
+    last = cfg.train.steps if stop_at_step is None else min(stop_at_step, cfg.train.steps)
+    bar = tqdm(total=cfg.train.steps, initial=start, disable=not (main and progress), dynamic_ncols=True)
+    buffered, eval_metrics, t0, t0_step, compile_s = [], {}, time.perf_counter(), start, None
+    prefetch = Prefetcher(lambda i: to_device(data.train(i), s.mesh), start, last)
+    with prefetch as batches, _Stopper() as stopper:
+        step = start
+        while step < last and stopper.signal is None:
+            state, m = step_fn(state, batches.get(step))
+            step += 1
+            buffered.append((step, m))
+            if compile_s is None:  # the first step compiles; time throughput from the second on
+                jax.block_until_ready(m)
+                compile_s, t0, t0_step = time.perf_counter() - t0, time.perf_counter(), step
+            do_eval = cfg.train.eval_every and (step % cfg.train.eval_every == 0 or step == last)
+            do_save = step % cfg.train.save_every == 0 or step == last
+            if step % cfg.train.log_every == 0 or do_eval or do_save or step == last:
+                host = jax.device_get(buffered)
+                bad = _first_bad_step(host)
+                if bad is not None:
+                    mngr.wait_until_finished()
+                    good = mngr.latest_step()
+                    raise TrainError(f"loss became non-finite (NaN/Inf) at step {bad}; stopped. Last good "
+                                     f"checkpoint: {'none' if good is None else f'step {good}'} in "
+                                     f"{checkpoint.ckpt_dir(workdir)}. Lower optim.lr or check the data.")
+                record = _summarise(host, step, t0, t0_step, flops_per_token, peak)
+                if not writer.records:
+                    record["compile_s"] = compile_s
+                buffered, t0, t0_step = [], time.perf_counter(), step
+                if do_eval:
+                    eval_metrics = evaluate(eval_fn, state.params, data.eval, s.mesh, s.task.eval_metrics)
+                    eval_metrics.update(s.task.evaluate_extra(state.params, data))
+                    record.update(eval_metrics)
+                writer.write(record)
+                bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
+                                tok_s=f"{record.get('tokens_per_s', 0):.0f}", refresh=False)
+                if do_save:
+                    checkpoint.save(mngr, state, cfg)
+            bar.update(1)
+        if stopper.signal is not None or step < cfg.train.steps:
+            jax.block_until_ready(state)
+            if mngr.latest_step() != step:
+                checkpoint.save(mngr, state, cfg, force=True)
+            if main and stopper.signal is not None:
+                print(f"\nstopped by signal {stopper.signal} at step {step}; checkpoint saved. Continue with: "
+                      f"python train.py --resume {workdir}")
+    mngr.wait_until_finished()
+    mngr.close()
+    bar.close()
+    writer.plot()
+    writer.close()
+    return {"state": state, "eval": eval_metrics, "tokenizer": data.tokenizer, "setup": s,
+            "records": writer.records, "interrupted": stopper.signal is not None}
+
+
+def _summarise(host, step, t0, t0_step, flops_per_token, peak) -> dict:
+    """Mean loss over the steps since the last record (sums / weights), last lr and norms, speed."""
+    ms = [m for _, m in host]
+    if not ms:
+        return {"step": step}
+    weight = sum(float(m["weight"]) for m in ms)
+    record = {"step": step, "loss": sum(float(m["loss_sum"]) for m in ms) / max(weight, 1e-9),
+              "accuracy": sum(float(m["correct"]) for m in ms) / max(weight, 1e-9),
+              "lr": float(ms[-1]["lr"]), "grad_norm": float(ms[-1]["grad_norm"]),
+              "param_norm": float(ms[-1]["param_norm"])}
+    elapsed = time.perf_counter() - t0
+    timed = [m for s_, m in host if s_ > t0_step]
+    if timed and elapsed > 0:
+        tps = sum(float(m["tokens"]) for m in timed) / elapsed
+        record.update(tokens_per_s=tps, mfu=tps * flops_per_token / peak)
+    return record
