@@ -1,0 +1,91 @@
+"""train.py --init-from: fine-tuning a zoo run or a Hugging Face directory with no config file of its own."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import replace
+from tests.helpers.runs import run
+from zoo.cli.train import parse, resolve, train_main
+from zoo.train import checkpoint
+
+LR = "optim.lr=1e-12"  # one step at this rate leaves the weights where init_from put them
+
+
+def read_config(workdir):
+    with open(os.path.join(workdir, "config.json")) as f:
+        return json.load(f)
+
+
+def params_of(workdir):
+    cfg = checkpoint.load_config(str(workdir))
+    return jax.device_get(checkpoint.load_params_of(str(workdir), cfg))
+
+
+def test_a_zoo_run_fine_tunes_with_its_own_model_tokenizer_and_task(tiny_cfg, tmp_path, capsys):
+    src = tmp_path / "src"
+    run(replace(tiny_cfg, train=dict(steps=3)), src, devices=jax.devices()[:1])
+    work = str(tmp_path / "ft")
+    assert train_main(["--init-from", str(src), "--workdir", work, "--set", "train.steps=1", "--set", LR]) == 0
+    cfg = read_config(work)
+    assert cfg["task"] == "gpt_lm" and cfg["init_from"] == str(src) and cfg["model"] == read_config(src)["model"]
+    assert cfg["data"]["tokenizer"] == "bytes" and cfg["train"]["steps"] == 1
+    for a, b in zip(jax.tree.leaves(params_of(work)), jax.tree.leaves(params_of(src))):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def hf_gpt2(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    path = str(tmp_path_factory.mktemp("hf") / "gpt2")
+    cfg = transformers.GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(path)
+    return path
+
+
+def test_a_hugging_face_directory_is_converted_into_the_workdir_first(hf_gpt2, tmp_path, cache_dir):
+    from safetensors.numpy import load_file
+    work = str(tmp_path / "ft")
+    assert train_main(["--init-from", hf_gpt2, "--workdir", work, "--set", "train.steps=1", "--set", LR,
+                       "--set", "data.seq_len=32", "--set", "train.batch_size=8", "--set",
+                       f"data.cache_dir={cache_dir}", "--set", "train.eval_every=0"]) == 0
+    base = os.path.join(work, "base")
+    assert checkpoint.latest_step(base) == 0 and read_config(work)["init_from"] == os.path.abspath(base)
+    wte = load_file(os.path.join(hf_gpt2, "model.safetensors"))["transformer.wte.weight"]
+    np.testing.assert_allclose(params_of(work)["wte"]["embedding"], wte, atol=1e-6)
+
+
+def test_a_failed_conversion_leaves_no_workdir(tmp_path, capsys):
+    bad = tmp_path / "hf"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    work = tmp_path / "ft"
+    assert train_main(["--init-from", str(bad), "--workdir", str(work)]) == 2
+    assert "unsupported architecture LlamaForCausalLM" in capsys.readouterr().err and not work.exists()
+
+
+@pytest.fixture(scope="module")
+def hf_bert(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    path = str(tmp_path_factory.mktemp("hf") / "bert")
+    cfg = transformers.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=64)
+    transformers.BertModel(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("sets, task", [([], "bert_mlm"), (["data.label_column=label"], "bert_cls"),
+                                        (["task=bert_cls"], "bert_cls")])
+def test_a_bare_bert_encoder_trains_as_mlm_or_as_a_classifier(hf_bert, tmp_path, sets, task):
+    argv = ["--init-from", hf_bert, "--workdir", str(tmp_path / "ft")] + [x for s in sets for x in ("--set", s)]
+    cfg, workdir, resume = resolve(parse(argv))
+    assert cfg.task == task and cfg.model.family == "bert" and not resume and workdir == str(tmp_path / "ft")
+
+
+def test_a_task_of_another_family_is_refused(hf_bert, tmp_path, capsys):
+    assert train_main(["--init-from", hf_bert, "--workdir", str(tmp_path / "ft"), "--set", "task=gpt_lm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "error: --set task='gpt_lm': a bert model trains as one of bert_mlm, bert_cls, bert_encoder"
