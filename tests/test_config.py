@@ -31,6 +31,14 @@ def test_override_parses_types():
     ("data.seq_len=2048", "data.seq_len=2048 is above model.max_len=1024"),
     ("train.grad_accum=5", "train.batch_size=32 is not divisible by train.grad_accum=5"),
     ("optim.lr", "expected key=value"),
+    ("optim.b1=2", "optim.b1=2.0 must be in [0, 1)"),
+    ("optim.b2=-1", "optim.b2=-1.0 must be in [0, 1)"),
+    ("optim.weight_decay=-1", "optim.weight_decay=-1.0 must be >= 0"),
+    ("optim.eps=0", "optim.eps=0.0 must be positive"),
+    ("optim.lr=inf", "optim.lr=inf must be a finite number"),
+    ("optim.lr=nan", "optim.lr=nan must be a finite number"),
+    ("train.eval_every=-1", "train.eval_every=-1 must be >= 0"),
+    ("train.sample_tokens=-5", "train.sample_tokens=-5 must be >= 0"),
 ])
 def test_bad_override_names_the_key(assignment, fragment):
     with pytest.raises(ConfigError) as e:

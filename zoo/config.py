@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -72,11 +73,17 @@ class OptimConfig:
     def __post_init__(self):
         _check(self.schedule in SCHEDULES,
                f"optim.schedule={self.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
+        for name in ("lr", "warmup", "eps", "weight_decay", "clip_norm"):
+            _check(math.isfinite(getattr(self, name)), f"optim.{name}={getattr(self, name)} must be a finite number")
         _check(self.lr > 0, f"optim.lr={self.lr} must be positive")
         _check(self.warmup >= 0, f"optim.warmup={self.warmup} must be >= 0")
         _check(0.0 < self.decay_fraction <= 1.0, f"optim.decay_fraction={self.decay_fraction} must be in (0, 1]")
         _check(0.0 <= self.min_lr_ratio <= 1.0, f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        _check(self.clip_norm >= 0, f"optim.clip_norm={self.clip_norm} must be >= 0")
+        for name in ("b1", "b2"):
+            _check(0.0 <= getattr(self, name) < 1.0, f"optim.{name}={getattr(self, name)} must be in [0, 1) (Adam beta)")
+        _check(self.eps > 0, f"optim.eps={self.eps} must be positive")
+        _check(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} must be >= 0")
+        _check(self.clip_norm >= 0, f"optim.clip_norm={self.clip_norm} must be >= 0 (0 disables clipping)")
 
     def warmup_steps(self, total_steps: int) -> int:
         """Warmup resolved once: a value >= 1 is steps, a value < 1 a fraction of training."""
@@ -102,6 +109,9 @@ class TrainConfig:
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_batches", "save_every", "keep"):
             _check(getattr(self, name) > 0, f"train.{name}={getattr(self, name)} must be positive")
+        for name in ("eval_every", "sample_tokens", "seed"):
+            _check(getattr(self, name) >= 0, f"train.{name}={getattr(self, name)} must be >= 0 (0: "
+                   f"{'never' if name != 'seed' else 'the default seed'})")
         _check(self.batch_size % self.grad_accum == 0,
                f"train.batch_size={self.batch_size} is not divisible by train.grad_accum={self.grad_accum}")
 
