@@ -63,7 +63,34 @@ def test_eos_stops_and_vocab_limit_masks(model_params):
     assert max(limited) < 10
 
 
-def test_too_long_is_refused(model_params):
+def test_generation_never_leaves_the_window(model_params):
+    """Past the window (the trained length) the context is cropped: the first segment fills it, later ones
+    continue from its last window // 2 tokens, prefilled again; a longer prompt keeps its last window - 1."""
     model, params = model_params
-    with pytest.raises(ValueError, match="exceeds the model's max_len=48"):
-        generate(model, params, [1] * 10, 40)
+    W, prompt = 16, [5, 9, 2]
+    first = generate(model, params, prompt, W - len(prompt), temperature=0.0, window=W)[0]
+    long = generate(model, params, prompt, 40, temperature=0.0, window=W)[0]
+    assert len(long) == 40 and long[:len(first)] == first
+    # Each later segment is greedy decoding from the last W // 2 tokens before it.
+    seq, at, keep = prompt + long, W, W // 2
+    while at < len(seq):
+        n = min(W - keep, len(seq) - at)
+        assert seq[at:at + n] == generate(model, params, seq[at - keep:at], n, temperature=0.0, window=W)[0]
+        at += n
+    # Greedy decoding, so the long prompt's continuation equals its last W - 1 tokens' continuation.
+    long_prompt = list(range(1, 31))
+    assert generate(model, params, long_prompt, 8, temperature=0.0, window=W) == \
+        generate(model, params, long_prompt[-(W - 1):], 8, temperature=0.0, window=W)
+    # Beyond the model's positions (max_len 48) too: the window is capped at max_len.
+    assert len(generate(model, params, prompt, 100, temperature=0.0)[0]) == 100
+
+
+@pytest.mark.parametrize("kw, fragment", [(dict(max_new_tokens=0), "max-new-tokens=0"),
+                                          (dict(max_new_tokens=-1), "max-new-tokens=-1"),
+                                          (dict(num_samples=0), "num-samples=0"),
+                                          (dict(temperature=float("nan")), "temperature >= 0")])
+def test_bad_sampling_arguments_are_refused(model_params, kw, fragment):
+    model, params = model_params
+    args = dict(max_new_tokens=4) | kw
+    with pytest.raises(ValueError, match=fragment):
+        generate(model, params, [1, 2], args.pop("max_new_tokens"), **args)

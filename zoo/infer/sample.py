@@ -8,6 +8,7 @@ inside one jitted while-loop, so a (prompt length, max tokens) shape compiles on
 from __future__ import annotations
 
 import functools
+import itertools
 
 import flax.linen as nn
 import jax
@@ -70,23 +71,45 @@ def _generate(params, prompt_BP, rng, *, model, max_new_tokens, temperature, top
 
 def generate(model, params, prompt_ids, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, eos_id: int | None = None, vocab_limit: int | None = None,
-             num_samples: int = 1) -> list[list[int]]:
-    """Continuations (new tokens only, cut after end-of-text) of `prompt_ids` for each sample."""
-    max_len = model.cfg.max_len
+             num_samples: int = 1, window: int | None = None) -> list[list[int]]:
+    """Continuations (new tokens only, cut after end-of-text) of `prompt_ids` for each sample.
+
+    The context never exceeds `window` tokens (default and at most model.cfg.max_len; a run passes the
+    length it was trained on, so no position it never trained is used), as nanoGPT crops to its block
+    size: a longer prompt keeps its last window - 1 tokens, and once the window is full generation goes
+    on from the last window // 2 tokens, prefilled again, in segments of window - window // 2 tokens.
+    """
+    window = min(window or model.cfg.max_len, model.cfg.max_len)
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one token (e.g. --prompt 'The')")
-    if top_k < 0 or not 0 < top_p <= 1 or temperature < 0:
+    if max_new_tokens < 1 or num_samples < 1:
+        raise ValueError(f"max-new-tokens={max_new_tokens} and num-samples={num_samples} must be >= 1")
+    if top_k < 0 or not 0 < top_p <= 1 or not temperature >= 0:  # `not >=` also refuses NaN
         raise ValueError(f"need top_k >= 0, 0 < top_p <= 1, temperature >= 0; got {top_k}, {top_p}, {temperature}")
-    if len(prompt_ids) + max_new_tokens > max_len:
-        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the "
-                         f"model's max_len={max_len}")
-    prompt = jnp.asarray([prompt_ids] * num_samples, jnp.int32)
-    out = _generate(params, prompt, jax.random.PRNGKey(seed), model=model, max_new_tokens=max_new_tokens,
-                    temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
-                    vocab_limit=vocab_limit or model.cfg.vocab_size, eos_id=eos_id)
+    if window < 2:
+        raise ValueError(f"a context window of {window} token(s) leaves no room to generate")
+    kw = dict(model=model, temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
+              vocab_limit=vocab_limit or model.cfg.vocab_size, eos_id=eos_id)
+    context = np.asarray([list(prompt_ids)[-(window - 1):]] * num_samples, np.int32)
+    out = np.zeros((num_samples, 0), np.int32)
+    keep = window // 2  # context carried into each later segment
+    for segment in itertools.count():
+        n = min(max_new_tokens - out.shape[1], window - context.shape[1]) if segment == 0 else window - keep
+        rng = jax.random.PRNGKey(seed) if segment == 0 else jax.random.fold_in(jax.random.PRNGKey(seed), segment)
+        new = np.asarray(_generate(params, jnp.asarray(context), rng, max_new_tokens=n, **kw))
+        out = np.concatenate([out, new], 1)[:, :max_new_tokens]
+        done = eos_id is not None and bool((out == eos_id).any(1).all())
+        if out.shape[1] >= max_new_tokens or done:
+            break
+        context = np.concatenate([context, new], 1)[:, -keep:]
     result = []
-    for row in np.asarray(out).tolist():
+    for row in out.tolist():
         if eos_id is not None and eos_id in row:
             row = row[:row.index(eos_id)]
         result.append(row)
     return result
+
+
+def crops(prompt_len: int, max_new_tokens: int, window: int) -> bool:
+    """Whether generate() crops the context: the prompt and new tokens do not fit in `window`."""
+    return prompt_len + max_new_tokens > window

@@ -53,9 +53,7 @@ class LmTask(BaseTask):
         return Data(train=train, eval=evals, tokenizer=tokenizer)
 
     def sample(self, params, tokenizer, prompt: str, max_new_tokens: int) -> str:
-        """A sampled continuation (temperature 0.8, top-k 40, seed 0), as long as the positions allow."""
-        ids = tokenizer.encode(prompt)
-        n = min(max_new_tokens, self.cfg.model.max_len - len(ids))
-        out = generate(self.model, params, ids, n, temperature=0.8, top_k=40, seed=0, eos_id=tokenizer.eot_token,
-                       vocab_limit=tokenizer.n_vocab)[0]
+        """A sampled continuation (temperature 0.8, top-k 40, seed 0), its context cropped to the trained length."""
+        out = generate(self.model, params, tokenizer.encode(prompt), max_new_tokens, temperature=0.8, top_k=40, seed=0,
+                       eos_id=tokenizer.eot_token, vocab_limit=tokenizer.n_vocab, window=self.cfg.data.seq_len)[0]
         return tokenizer.decode(out)
