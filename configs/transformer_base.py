@@ -30,5 +30,5 @@ def get_config() -> Config:
         optim=OptimConfig(lr=1.0, schedule="noam", warmup=4000, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0,
                           clip_norm=0.0),
         train=TrainConfig(steps=100_000, batch_size=256, log_every=100, eval_every=5000, eval_batches=8,
-                          save_every=5000),
+                          save_every=5000, label_smoothing=0.1),
     )

@@ -10,6 +10,7 @@ import pytest
 from zoo import tasks
 from zoo.config import Config, apply_overrides, from_dict, load_config_file
 from zoo.errors import ConfigError
+from zoo.models.encdec import EncDecConfig
 from zoo.models.gpt import GptConfig
 
 
@@ -50,6 +51,12 @@ def test_json_round_trip():
     cfg = apply_overrides(Config(), ["optim.lr=0.5", "model.num_layers=3"])
     again = from_dict(json.loads(cfg.to_json()))
     assert again == cfg and isinstance(again.model, GptConfig)
+
+
+def test_a_run_saved_with_model_label_smoothing_loads_it_into_train():
+    d = json.loads(Config(task="seq2seq", model=EncDecConfig()).to_json())
+    d["model"]["label_smoothing"] = 0.1  # where runs saved it before it moved
+    assert from_dict(d).train.label_smoothing == 0.1
 
 
 def test_missing_config_file():

@@ -105,10 +105,12 @@ class TrainConfig:
     keep: int = 3  # checkpoints kept on disk
     sample_tokens: int = 0  # tokens sampled and printed at the end of training (0: none)
     sample_prompt: str = "The"  # prompt of that sample
+    label_smoothing: float = 0.0  # of the training loss's targets (lm, mlm, seq2seq); eval loss stays plain
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_batches", "save_every", "keep"):
             _check(getattr(self, name) > 0, f"train.{name}={getattr(self, name)} must be positive")
+        _check(0.0 <= self.label_smoothing < 1.0, f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
         for name in ("eval_every", "sample_tokens", "seed"):
             _check(getattr(self, name) >= 0, f"train.{name}={getattr(self, name)} must be >= 0 (0: "
                    f"{'never' if name != 'seed' else 'the default seed'})")
@@ -167,6 +169,8 @@ def from_dict(d: dict) -> Config:
     d = dict(d)
     model = dict(d.pop("model"))
     family = model.pop("family")
+    if "label_smoothing" in model:  # runs saved before it moved from the model to train
+        d["train"] = {**d.get("train", {}), "label_smoothing": model.pop("label_smoothing")}
     _check(family in FAMILIES, f"model.family={family!r} is unknown; choose one of {', '.join(FAMILIES)}")
     sections = {f.name: f.type for f in dataclasses.fields(Config)}
     kwargs = {"model": FAMILIES[family].config(**model)}

@@ -44,10 +44,11 @@ def seq2seq(cache_dir):
     return Config(
         task="seq2seq",
         model=EncDecConfig(vocab_size=264, max_len=32, num_encoder_layers=1, num_decoder_layers=1, d_model=32,
-                           num_heads=4, d_ff=64, dropout=0.1, label_smoothing=0.1, pre_ln=True),
+                           num_heads=4, d_ff=64, dropout=0.1, pre_ln=True),
         data=DataConfig(source="builtin", tokenizer="bytes", seq_len=16, cache_dir=cache_dir),
         optim=OptimConfig(lr=1e-3, schedule="cosine", warmup=2),
-        train=TrainConfig(steps=6, batch_size=16, log_every=1, eval_every=0, save_every=3, keep=5),
+        train=TrainConfig(steps=6, batch_size=16, log_every=1, eval_every=0, save_every=3, keep=5,
+                          label_smoothing=0.1),
     )
 
 

@@ -30,8 +30,9 @@ class LmTask(BaseTask):
     def loss(self, params, batch, rng, train):
         h_BTD = self.model.apply({"params": params}, batch["inputs"], deterministic=not train, hidden=True,
                                  rngs={"dropout": rng})
-        loss_sum, correct = losses.linear_cross_entropy(h_BTD, params["wte"]["embedding"], batch["targets"],
-                                                        batch["weights"])
+        loss_sum, correct = losses.linear_cross_entropy(
+            h_BTD, params["wte"]["embedding"], batch["targets"], batch["weights"],
+            label_smoothing=self.cfg.train.label_smoothing if train else 0.0)
         weight = jnp.sum(batch["weights"])
         return loss_sum, {"weight": weight, "correct": correct, "tokens": weight}
 

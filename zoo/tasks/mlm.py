@@ -215,7 +215,7 @@ class MlmTask(BaseTask):
         pick = lambda x_BT: jnp.take_along_axis(x_BT, pos_BK, axis=1)
         loss_sum, correct = losses.linear_cross_entropy(
             h_BKD, params["bert"]["embed"]["word"]["embedding"], pick(batch["targets"]), pick(batch["weights"]),
-            bias_V=params["mlm_head"]["bias"])
+            bias_V=params["mlm_head"]["bias"], label_smoothing=self.cfg.train.label_smoothing if train else 0.0)
         return loss_sum, {"weight": jnp.sum(batch["weights"]), "correct": correct,
                           "tokens": jnp.sum(batch["valid"].astype(jnp.float32))}
 

@@ -16,7 +16,7 @@ from zoo.tasks.seq2seq_data import Seq2SeqBatches, check_framing, eval_batches, 
 
 
 class Seq2SeqTask(BaseTask):
-    """Loss on the non-pad target tokens (weight = their count). Label smoothing (model.label_smoothing)
+    """Loss on the non-pad target tokens (weight = their count). Label smoothing (train.label_smoothing)
     applies to the training loss only, so eval loss and perplexity are plain cross-entropy. `tokens`
     counts source + target tokens."""
 
@@ -37,7 +37,7 @@ class Seq2SeqTask(BaseTask):
         w_BT, tgt_BT = batch["weights"], batch["tgt_out"]
         w_VD, bias_V = output_projection(m, params)
         loss_sum, correct = losses.linear_cross_entropy(h_BTD, w_VD, tgt_BT, w_BT, bias_V=bias_V,
-                                                        label_smoothing=m.label_smoothing if train else 0.0)
+                                                        label_smoothing=self.cfg.train.label_smoothing if train else 0.0)
         tokens = jnp.sum(batch["src_valid"].astype(jnp.float32)) + jnp.sum(w_BT)
         return loss_sum, {"weight": jnp.sum(w_BT), "correct": correct, "tokens": tokens}
 

@@ -1,0 +1,33 @@
+"""train.label_smoothing reaches the training loss of the LM and MLM tasks, and never the eval loss."""
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from conftest import replace
+from tests.helpers import plain_losses, tiny_configs
+from zoo import tasks
+
+
+def test_lm_training_loss_is_smoothed_cross_entropy(cache_dir):
+    cfg = replace(tiny_configs.TINY["gpt_lm"](cache_dir), train=dict(label_smoothing=0.2), model=dict(dropout=0.0))
+    task = tasks.build(cfg)
+    params = nn.unbox(task.init(jax.random.PRNGKey(0)))
+    batch = task.make_data(cfg, 0, 1).train(0)
+    logits = task.model.apply({"params": params}, batch["inputs"])
+    rng = jax.random.PRNGKey(1)
+    np.testing.assert_allclose(task.loss(params, batch, rng, True)[0], plain_losses.smoothed_cross_entropy(
+        logits, batch["targets"], batch["weights"], 0.2), rtol=1e-5)
+    np.testing.assert_allclose(task.loss(params, batch, rng, False)[0], plain_losses.token_cross_entropy(
+        logits, batch["targets"], batch["weights"])[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("task_name", ["gpt_lm", "bert_mlm"])
+def test_smoothing_changes_the_training_loss_only(cache_dir, task_name):
+    cfg = replace(tiny_configs.TINY[task_name](cache_dir), model=dict(dropout=0.0))
+    plain, smoothed = tasks.build(cfg), tasks.build(replace(cfg, train=dict(label_smoothing=0.2)))
+    params = nn.unbox(plain.init(jax.random.PRNGKey(0)))
+    batch, rng = plain.make_data(cfg, 0, 1).train(0), jax.random.PRNGKey(1)
+    np.testing.assert_allclose(smoothed.loss(params, batch, rng, False)[0], plain.loss(params, batch, rng, False)[0])
+    assert not np.isclose(smoothed.loss(params, batch, rng, True)[0], plain.loss(params, batch, rng, True)[0])
