@@ -23,6 +23,10 @@ def test_mlm_then_fine_tune_through_train_py_and_the_clis(cache_dir, tmp_path, c
     assert fill_mask.main([mlm_dir, "--text", "The [MASK]or statement", "--top-k", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("[MASK] 1: ") and len(out[1].split("  ")) == 3
+    # Several --text: one block each, in order (the filled text, then a line per [MASK]).
+    assert fill_mask.main([mlm_dir, "--text", "The [MASK]or statement", "--text", "wh[MASK]le [MASK]"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 5 and out[0].startswith("The ") and out[2].startswith("wh") and out[4].startswith("[MASK] 2: ")
     # Bad CLI input: one line on stderr, exit status 2.
     assert classify.main([mlm_dir, "--text", "x"]) == 2
     assert fill_mask.main([mlm_dir, "--text", "no mask here"]) == 2

@@ -51,8 +51,8 @@ def predict(model, params, tokenizer, text: str, pair: str | None = None) -> np.
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="zoo-classify", description=__doc__.split("\n")[0])
     ap.add_argument("workdir", help="a bert_cls run directory (train.py --workdir)")
-    ap.add_argument("--text", required=True)
-    ap.add_argument("--pair", default=None, help="second text, for sentence-pair classifiers")
+    ap.add_argument("--text", required=True, help="the text to classify")
+    ap.add_argument("--pair", default=None, help="second text, for sentence-pair classifiers (default: none)")
     a = ap.parse_args(argv)
     from zoo.train.checkpoint import load_run
     try:

@@ -16,11 +16,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="zoo-convert", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("from-hf", help="a Hugging Face checkpoint (directory or hub id) -> a zoo run directory")
-    a.add_argument("source")
-    a.add_argument("run_dir")
+    a.add_argument("source", help="a directory with config.json and *.safetensors (or pytorch_model.bin), or a hub id")
+    a.add_argument("run_dir", help="the new zoo run directory (must not hold checkpoints)")
     b = sub.add_parser("to-hf", help="a zoo run directory -> a directory transformers loads")
-    b.add_argument("run_dir")
-    b.add_argument("out_dir")
+    b.add_argument("run_dir", help="a zoo run directory (its latest checkpoint is exported)")
+    b.add_argument("out_dir", help="the directory to write config.json, model.safetensors and tokenizer files to")
     args = ap.parse_args(argv)
     from zoo import hf
     try:

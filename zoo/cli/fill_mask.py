@@ -48,20 +48,22 @@ def fill_mask(model, params, tokenizer, text: str, top_k: int = 5) -> list[list[
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="zoo-fill-mask", description=__doc__.split("\n")[0])
     ap.add_argument("workdir", help="a bert_mlm run directory (train.py --workdir)")
-    ap.add_argument("--text", required=True, help='text with one or more "[MASK]"')
-    ap.add_argument("--top-k", type=int, default=5)
+    ap.add_argument("--text", required=True, action="append",
+                    help='text with one or more "[MASK]" (repeatable: one block of output per text)')
+    ap.add_argument("--top-k", type=int, default=5, help="predictions shown per [MASK] (default: %(default)s)")
     a = ap.parse_args(argv)
     from zoo.tasks.mlm import SPECIALS
     from zoo.train.checkpoint import load_run
     try:
         model, params, tok, _ = load_run(a.workdir, "bert_mlm")
-        fills = fill_mask(model, params, tok, a.text, a.top_k)
+        all_fills = [fill_mask(model, params, tok, text, a.top_k) for text in a.text]
     except BAD_INPUT as e:
         return error(e)
-    best = iter(tok.decode([row[0][0]]) for row in fills)
-    print("".join(piece if i == 0 else next(best) + piece for i, piece in enumerate(a.text.split(SPECIALS[2]))))
-    for m, row in enumerate(fills):
-        print(f"[MASK] {m + 1}: " + "  ".join(f"{tok.decode([i])!r} {p:.3f}" for i, p in row))
+    for text, fills in zip(a.text, all_fills):
+        best = iter(tok.decode([row[0][0]]) for row in fills)
+        print("".join(piece if i == 0 else next(best) + piece for i, piece in enumerate(text.split(SPECIALS[2]))))
+        for m, row in enumerate(fills):
+            print(f"[MASK] {m + 1}: " + "  ".join(f"{tok.decode([i])!r} {p:.3f}" for i, p in row))
     return 0
 
 

@@ -20,12 +20,12 @@ import shutil
 import sys
 import time
 
-from zoo.cli import BAD_INPUT, error
+from zoo.cli import BAD_INPUT, configs, error
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(prog="train.py", description="Train a zoo model from a config file.")
-    ap.add_argument("config", nargs="?", help="a config file, e.g. configs/gpt_tiny.py")
+    ap = argparse.ArgumentParser(prog="zoo-train", description="Train a zoo model from a config file.")
+    ap.add_argument("config", nargs="?", help="a config file (configs/gpt_tiny.py) or a shipped config's name (gpt_tiny)")
     ap.add_argument("--workdir", help="run directory (default: runs/<config>-<time>)")
     ap.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint")
     ap.add_argument("--init-from", metavar="RUN_OR_HF_DIR",
@@ -33,7 +33,11 @@ def parse(argv):
                          "Face directory); CONFIG, if given, supplies data, optim and train")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config field, e.g. --set optim.lr=1e-3 (repeatable)")
+    ap.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    ap.add_argument("--list", action="store_true", help="list the shipped configs and model presets and exit")
     a = ap.parse_args(argv)
+    if a.list:
+        return a
     if a.resume and (a.config or a.init_from):
         ap.error("--resume DIR continues the run in DIR; CONFIG and --init-from do not apply")
     if not (a.config or a.resume or a.init_from):
@@ -56,8 +60,12 @@ def fine_tune_config(a, workdir: str):
     from zoo.config import apply_overrides, load_config_file
     from zoo.errors import ConfigError
     from zoo.train import checkpoint
-    src = a.init_from
-    if not os.path.isdir(os.path.join(src, "checkpoints")) and os.path.isfile(os.path.join(src, "config.json")):
+    src, theirs = a.init_from, None
+    hf_dir = not os.path.isdir(os.path.join(src, "checkpoints")) and os.path.isfile(os.path.join(src, "config.json"))
+    if hf_dir and getattr(a, "print_config", False):  # show what a conversion would give, writing nothing
+        from zoo import hf
+        theirs, src = hf.from_pretrained(src)[3], os.path.join(workdir, "base")
+    elif hf_dir:
         from zoo import hf
         if os.path.exists(workdir):
             raise ConfigError(f"--init-from {src}: converting it needs a new --workdir; {workdir!r} exists")
@@ -67,8 +75,8 @@ def fine_tune_config(a, workdir: str):
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)  # nothing half-converted stays behind
             raise
-    theirs = checkpoint.load_config(src)
-    ours = load_config_file(a.config) if a.config else theirs
+    theirs = theirs or checkpoint.load_config(src)
+    ours = load_config_file(configs.find(a.config)) if a.config else theirs
     task = "bert_mlm" if theirs.task == "bert_encoder" else theirs.task
     if theirs.model.family == "bert" and any(s.split("=", 1)[0] in CLS_FIELDS for s in a.set):
         task = "bert_cls"
@@ -96,6 +104,7 @@ def resolve(a):
     if a.init_from:
         workdir = a.workdir or _default_workdir(os.path.basename(os.path.normpath(a.init_from)) + "-ft")
         return fine_tune_config(a, workdir), workdir, False
+    a.config = configs.find(a.config)
     cfg = apply_overrides(load_config_file(a.config), a.set)
     if cfg.data.tokenizer == "init_from":  # the tokenizer the init_from run was trained or converted with
         if not cfg.init_from:
@@ -107,10 +116,16 @@ def resolve(a):
 
 def train_main(argv=None) -> int:
     a = parse(sys.argv[1:] if argv is None else argv)
+    if a.list:
+        print(configs.listing())
+        return 0
     from zoo.errors import TrainError
     from zoo.train import trainer
     try:
         cfg, workdir, resume = resolve(a)
+        if a.print_config:
+            print(cfg.to_json())
+            return 0
         print(f"{'resuming' if resume else 'training'} {cfg.task} in {workdir}", flush=True)
         out = trainer.train(cfg, workdir, resume=resume)
     except (TrainError, *BAD_INPUT) as e:
@@ -128,3 +143,9 @@ def train_main(argv=None) -> int:
         if text is not None:  # tasks that generate text (gpt_lm)
             print(f"sample (temperature 0.8, top-k 40):\n{prompt}{text}")
     return 0
+
+
+main = train_main  # every zoo.cli module's entry point is `main`
+
+if __name__ == "__main__":
+    sys.exit(main())

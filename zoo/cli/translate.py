@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="zoo-translate", description=__doc__.split("\n")[0])
     ap.add_argument("workdir", help="a seq2seq run directory with checkpoints (train.py --workdir)")
     ap.add_argument("--text", action="append", help="an input (repeatable); default: one per line from stdin")
-    ap.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy decoding")
+    ap.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy decoding (default: %(default)s)")
     ap.add_argument("--length-penalty", type=float, default=None,
                     help="alpha of the run's length penalty (default: 0.6 GNMT for zoo runs, the checkpoint's for "
                          "converted ones); 0 ranks by log-probability")
