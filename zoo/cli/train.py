@@ -54,28 +54,38 @@ def _default_workdir(name: str) -> str:
     return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
+def is_hf_dir(path: str) -> bool:
+    """A Hugging Face checkpoint directory (config.json, no zoo checkpoints)."""
+    return not os.path.isdir(os.path.join(path, "checkpoints")) and os.path.isfile(os.path.join(path, "config.json"))
+
+
+def base_run(src: str, workdir: str, dry: bool = False):
+    """(config, run directory) of an init_from source: a zoo run as it is; a Hugging Face directory converted
+    into WORKDIR/base (dry: converted in memory only, nothing written, for --print-config)."""
+    from zoo.errors import ConfigError
+    from zoo.train import checkpoint
+    if not is_hf_dir(src):
+        return checkpoint.load_config(src), src
+    from zoo import hf
+    base = os.path.join(workdir, "base")
+    if dry:
+        return hf.from_pretrained(src)[3], base
+    if os.path.exists(workdir):
+        raise ConfigError(f"init_from={src!r} is converted into the workdir's base/, so --workdir must be new; "
+                          f"{workdir!r} exists")
+    try:
+        hf.from_hf(src, base)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)  # nothing half-converted stays behind
+        raise
+    return checkpoint.load_config(base), base
+
+
 def fine_tune_config(a, workdir: str):
     """The config of `--init-from SRC [CONFIG]`: model, tokenizer and task from SRC's run (a Hugging Face
     directory is converted into WORKDIR/base first), the other sections from CONFIG or that run."""
     from zoo.config import apply_overrides, load_config_file
-    from zoo.errors import ConfigError
-    from zoo.train import checkpoint
-    src, theirs = a.init_from, None
-    hf_dir = not os.path.isdir(os.path.join(src, "checkpoints")) and os.path.isfile(os.path.join(src, "config.json"))
-    if hf_dir and getattr(a, "print_config", False):  # show what a conversion would give, writing nothing
-        from zoo import hf
-        theirs, src = hf.from_pretrained(src)[3], os.path.join(workdir, "base")
-    elif hf_dir:
-        from zoo import hf
-        if os.path.exists(workdir):
-            raise ConfigError(f"--init-from {src}: converting it needs a new --workdir; {workdir!r} exists")
-        src = os.path.join(workdir, "base")
-        try:
-            hf.from_hf(a.init_from, src)
-        except BaseException:
-            shutil.rmtree(workdir, ignore_errors=True)  # nothing half-converted stays behind
-            raise
-    theirs = theirs or checkpoint.load_config(src)
+    theirs, src = base_run(a.init_from, workdir, a.print_config)
     ours = load_config_file(configs.find(a.config)) if a.config else theirs
     task = "bert_mlm" if theirs.task == "bert_encoder" else theirs.task
     if theirs.model.family == "bert" and any(s.split("=", 1)[0] in CLS_FIELDS for s in a.set):
@@ -106,12 +116,15 @@ def resolve(a):
         return fine_tune_config(a, workdir), workdir, False
     a.config = configs.find(a.config)
     cfg = apply_overrides(load_config_file(a.config), a.set)
-    if cfg.data.tokenizer == "init_from":  # the tokenizer the init_from run was trained or converted with
-        if not cfg.init_from:
-            raise ConfigError("data.tokenizer=init_from needs --set init_from=RUN")
-        tok = checkpoint.load_config(cfg.init_from).data.tokenizer
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=tok))
-    return cfg, a.workdir or _default_workdir(os.path.splitext(os.path.basename(a.config))[0]), False
+    workdir = a.workdir or _default_workdir(os.path.splitext(os.path.basename(a.config))[0])
+    if cfg.data.tokenizer == "init_from" and not cfg.init_from:
+        raise ConfigError("data.tokenizer=init_from needs --set init_from=RUN")
+    if cfg.init_from:
+        theirs, src = base_run(cfg.init_from, workdir, a.print_config)
+        cfg = dataclasses.replace(cfg, init_from=src)
+        if cfg.data.tokenizer == "init_from":  # the tokenizer the init_from run was trained or converted with
+            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=theirs.data.tokenizer))
+    return cfg, workdir, False
 
 
 def train_main(argv=None) -> int:
