@@ -2,7 +2,7 @@
 
 The offline task (zoo.tasks.seq2seq_data): runs of 3-8 words from Python's pydoc topics, target = the
 same words in reverse order ("Classes are callable" -> "callable are Classes"); data.seq_len=32
-keeps the 58,939 phrases of <= 31 bytes, 5% held out.
+keeps the phrases of at most 31 bytes, 5% held out.
 
     python train.py configs/encdec_tiny.py --workdir runs/s2s
     zoo-translate runs/s2s --text "a tiny model reverses words" --beam 4    # words reverses model tiny a

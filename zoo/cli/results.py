@@ -1,0 +1,121 @@
+"""Regenerate the documented results: train each CPU config afresh and write what it gives into the
+config's docstring (its "Expect ..." paragraph) and the README's table of configs.
+
+    python -m zoo.cli.results                      # every CPU config, in order (about 40 minutes on 2 cores)
+    python -m zoo.cli.results gpt_tiny encdec_tiny # some of them
+
+Figures in the docs are therefore never typed by hand: wall time, first and last training loss, the
+final evaluation metrics and throughput of one fresh run on this machine, with its date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+# The configs that run on a CPU in minutes, in the order their dependencies need (cls fine-tunes mlm).
+CPU_CONFIGS = ("gpt_tiny", "bert_tiny_mlm", "bert_tiny_cls", "encdec_tiny", "minilm_cls")
+DEPENDS = {"bert_tiny_cls": ("bert_tiny_mlm", "init_from")}  # config -> (run it starts from, the key)
+EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_macro_f1", "eval_exact_match", "eval_bleu")
+
+
+def run(name: str, workdir: str, extra: list[str]) -> dict:
+    """Train one config in a fresh process; its wall time and metrics.jsonl records."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "zoo.cli.train", name, "--workdir", workdir, *extra], env=env,
+                         capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if out.returncode:
+        raise RuntimeError(f"{name} failed: {out.stderr.strip().splitlines()[-1:]}")
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return {"wall": wall, "records": records, "stdout": out.stdout}
+
+
+def summary(result: dict) -> dict:
+    records = result["records"]
+    losses = [r["loss"] for r in records if r.get("loss") is not None]
+    evals = [r for r in records if "eval_loss" in r]
+    speeds = sorted(r["tokens_per_s"] for r in records if r.get("tokens_per_s"))
+    s = {"wall": result["wall"], "steps": records[-1]["step"], "loss": (losses[0], losses[-1]),
+         "tokens_per_s": speeds[len(speeds) // 2] if speeds else None,
+         "mfu": records[-1].get("mfu")}
+    s.update({k: evals[-1][k] for k in EVAL_KEYS if evals and evals[-1].get(k) is not None})
+    return s
+
+
+def sentence(name: str, s: dict, machine: str) -> str:
+    m, sec = divmod(round(s["wall"]), 60)
+    parts = [f"loss {s['loss'][0]:.2f} -> {s['loss'][1]:.2f} over {s['steps']} steps"]
+    parts += [f"{k} {s[k]:.4g}" for k in EVAL_KEYS if k in s]
+    speed = f"{s['tokens_per_s']:,.0f} tokens/s" if s.get("tokens_per_s") else ""
+    if speed and s.get("mfu") is not None:
+        speed += f", MFU {s['mfu']:.2f}"
+    return (f"Expect (`python -m zoo.cli.results {name}`, {machine}, {datetime.date.today()}): {m}m{sec:02d}s "
+            f"wall; {', '.join(parts)}" + (f"; {speed}." if speed else "."))
+
+
+def rewrite_docstring(path: str, text: str) -> None:
+    """Replace the docstring paragraph that starts with "Expect" by `text` (wrapped), or add it."""
+    with open(path) as f:
+        src = f.read()
+    end = src.index('"""', 3)
+    doc, rest = src[:end], src[end:]
+    wrapped = textwrap.fill(text, 100)
+    new, n = re.subn(r"\nExpect\b.*?(?=\n\n|\n?$)", "\n" + wrapped.replace("\\", r"\\"), doc, count=1, flags=re.S)
+    if not n:
+        new = doc.rstrip("\n") + "\n\n" + wrapped + "\n"
+    with open(path, "w") as f:
+        f.write(new + rest)
+
+
+def rewrite_readme(path: str, name: str, cell: str) -> None:
+    """The last cell of the README's configs-table row of `configs/<name>.py`."""
+    with open(path) as f:
+        lines = f.read().split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith(f"| `configs/{name}.py` |"):
+            cells = line.split(" | ")
+            lines[i] = " | ".join(cells[:-1] + [cell + " |"])
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m zoo.cli.results", description=__doc__.split("\n")[0])
+    ap.add_argument("configs", nargs="*", default=list(CPU_CONFIGS), help="config names (default: every CPU config)")
+    ap.add_argument("--root", default=".", help="the repository root holding configs/ and README.md (default: .)")
+    a = ap.parse_args(argv)
+    machine = f"{os.cpu_count()}-core CPU"
+    work = tempfile.mkdtemp(prefix="zoo-results-")
+    done: dict[str, str] = {}
+    for name in a.configs:
+        extra = []
+        if name in DEPENDS:
+            parent, key = DEPENDS[name]
+            if parent not in done:
+                done[parent] = os.path.join(work, parent)
+                run(parent, done[parent], [])
+            extra = ["--set", f"{key}={done[parent]}"]
+        done[name] = os.path.join(work, name)
+        s = summary(run(name, done[name], extra))
+        text = sentence(name, s, machine)
+        print(text, flush=True)
+        rewrite_docstring(os.path.join(a.root, "configs", f"{name}.py"), text)
+        m, sec = divmod(round(s["wall"]), 60)
+        cell = f"CPU, {m}m{sec:02d}s; " + ", ".join(f"{k} {s[k]:.3g}" for k in EVAL_KEYS if k in s)
+        rewrite_readme(os.path.join(a.root, "README.md"), name, cell)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
