@@ -46,7 +46,7 @@ def _fingerprint(directory: str, names) -> str:
     return h.hexdigest()[:16]
 
 
-def _unicode_to_byte() -> dict[str, int]:
+def unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's bytes_to_unicode: the printable stand-in character of each byte."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
         list(range(ord("®"), ord("ÿ") + 1))
@@ -89,7 +89,7 @@ def gpt2_bpe(directory: str) -> TiktokenTokenizer:
         vocab: dict[str, int] = json.load(f)
     with open(os.path.join(directory, "merges.txt"), encoding="utf-8") as f:
         merges = [line.split() for line in f.read().splitlines() if line and not line.startswith("#version")]
-    to_byte = _unicode_to_byte()
+    to_byte = unicode_to_byte()
     as_bytes = lambda token: bytes(to_byte[c] for c in token)
     byte_char = {b: c for c, b in to_byte.items()}
     ranks = {bytes([b]): b for b in range(256)}
@@ -273,11 +273,11 @@ def load_dir(directory: str):
 
 
 def save_dir(src: str, dst: str) -> list[str]:
-    """Copy the tokenizer files of a checkpoint directory; returns the names copied."""
-    os.makedirs(dst, exist_ok=True)
-    copied = []
-    for name in TOKENIZER_FILES:
-        if os.path.isfile(os.path.join(src, name)):
-            shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
-            copied.append(name)
+    """Copy the tokenizer files of a checkpoint directory; returns the names copied. `dst` is created
+    only when there is something to copy (no empty tokenizer folder)."""
+    copied = [name for name in TOKENIZER_FILES if os.path.isfile(os.path.join(src, name))]
+    if copied:
+        os.makedirs(dst, exist_ok=True)
+    for name in copied:
+        shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
     return copied

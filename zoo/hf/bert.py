@@ -82,7 +82,8 @@ def config_to_hf(cfg: BertConfig) -> dict:
             "num_hidden_layers": cfg.num_layers, "hidden_size": cfg.d_model, "num_attention_heads": cfg.num_heads,
             "intermediate_size": cfg.d_ff, "hidden_act": "gelu", "hidden_dropout_prob": cfg.dropout,
             "attention_probs_dropout_prob": 0.0, "layer_norm_eps": cfg.ln_eps, "position_embedding_type": "absolute",
-            "initializer_range": 0.02, "pad_token_id": 0, "tie_word_embeddings": True, "dtype": "float32"}
+            "initializer_range": 0.02, "pad_token_id": 0, "tie_word_embeddings": True, "dtype": "float32",
+            "num_labels": cfg.num_classes}  # model.num_classes travels with every head (a classifier's: id2label)
 
 
 def head_config(cfg, run_dir: str) -> dict:
@@ -155,7 +156,12 @@ def seq2seq_framing(hf: dict, gen: dict) -> None:
 
 
 def run_fields(cfg) -> dict:
-    return {}
+    """pad_token_id: the run's [PAD] (zoo.tasks.mlm: the vocabulary's own, else after it), when the
+    model holds it (a converted checkpoint without tokenizer files keeps config_to_hf's 0)."""
+    from zoo.data.tokenizers import get_tokenizer
+    from zoo.tasks.mlm import bert_specials
+    pad = int(bert_specials(get_tokenizer(cfg.data.tokenizer)).pad)
+    return {"pad_token_id": pad} if pad < cfg.model.vocab_size else {}
 
 
 def exports(model_cfg) -> bool:

@@ -17,9 +17,14 @@ import numpy as np
 
 from zoo.data.hf_tokenizers import SEQ2SEQ_FILE, save_dir
 from zoo.errors import ConversionError
-from zoo.hf import io, seq2seq
+from zoo.hf import io, seq2seq, tokenizer_export
 from zoo.hf.base import Converter, check
 from zoo.models import FAMILIES
+
+# config.json keys of an export (transformers keeps unknown keys as config attributes): the run's
+# data.seq_len, and data.tokenizer when tokenizer files were written for it (bytes, a tiktoken
+# encoding or .tiktoken file), which from-hf takes back instead of those files.
+SEQ_LEN_KEY, TOKENIZER_KEY = "zoo_seq_len", "zoo_tokenizer"
 
 
 def converters() -> dict[str, Converter]:
@@ -57,14 +62,38 @@ def _load(src: str, hf_cfg: dict):
     """(converter, task, model config, params, keys) of a Hugging Face checkpoint directory."""
     conv = _converter(hf_cfg)
     keys = io.Keys(io.read_tensors(src), conv.PREFIXES)
-    model_cfg = conv.config_from_hf(hf_cfg, keys)
+    try:
+        model_cfg = conv.config_from_hf(hf_cfg, keys)
+    except KeyError as e:
+        raise ConversionError(f"{os.path.join(src, 'config.json')!r} has no {e.args[0]!r}, which "
+                              f"{conv.ARCHITECTURES[0]} needs") from None
     task = conv.task_for(hf_cfg, keys)  # fixed, or read off the head (BERT: bare encoder, MLM, classifier)
     return conv, task, model_cfg, conv.params_from_hf(keys, model_cfg, task), keys
 
 
-def _run_config(model_cfg, task: str, tokenizer_dir: str | None, **data_fields):
+def _named_tokenizer(hf_cfg: dict) -> str | None:
+    """The tokenizer an export of a zoo run records: bytes, a tiktoken encoding, or a local .tiktoken
+    file that exists here (else the export's tokenizer files serve); None if none is recorded."""
+    import tiktoken
+    name = hf_cfg.get(TOKENIZER_KEY)
+    if not isinstance(name, str):
+        return None
+    if name in ("bytes", *tiktoken.list_encoding_names()):
+        return name
+    return name if name.endswith(".tiktoken") and os.path.isfile(os.path.expanduser(name)) else None
+
+
+def _seq_len(hf_cfg: dict, model_cfg) -> int:
+    """The length an exported zoo run was trained on, else the model's positions (at most 1024)."""
+    n = hf_cfg.get(SEQ_LEN_KEY)
+    if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= model_cfg.max_len:
+        return n
+    return min(model_cfg.max_len, 1024)
+
+
+def _run_config(model_cfg, task: str, tokenizer: str | None, hf_cfg: dict | None = None, **data_fields):
     from zoo.config import Config, DataConfig
-    data = DataConfig(tokenizer=tokenizer_dir or "bytes", seq_len=min(model_cfg.max_len, 1024), **data_fields)
+    data = DataConfig(tokenizer=tokenizer or "bytes", seq_len=_seq_len(hf_cfg or {}, model_cfg), **data_fields)
     return Config(task=task, model=model_cfg, data=data)
 
 
@@ -77,13 +106,15 @@ def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True) -> dict:
     hf_cfg = io.read_config(src)
     conv, task_name, model_cfg, params, keys = _load(src, hf_cfg)
     tok_dir = os.path.join(os.path.abspath(run_dir), "tokenizer")
-    copied = save_dir(src, tok_dir)
+    named = _named_tokenizer(hf_cfg)  # an export of a zoo run: its own tokenizer, its own framing
+    copied = [] if named else save_dir(src, tok_dir)
     gen = io.read_generation_config(src)
     framing = conv.seq2seq_framing(hf_cfg, gen)  # None: not a seq2seq model
     if copied and framing is not None:  # the checkpoint's own framing travels with its tokenizer
         with open(os.path.join(tok_dir, SEQ2SEQ_FILE), "w") as f:
             json.dump(framing, f, indent=2)
-    cfg = _run_config(model_cfg, task_name, tok_dir if copied else None, **conv.data_fields(hf_cfg, task_name))
+    cfg = _run_config(model_cfg, task_name, named or (tok_dir if copied else None), hf_cfg,
+                      **conv.data_fields(hf_cfg, task_name))
     expected = jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))
     _check_tree(params, nn.unbox(expected))
     if checkpoint.latest_step(run_dir) is not None:
@@ -100,7 +131,7 @@ def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True) -> dict:
             skipped = seq2seq.unsupported_generation(hf_cfg, gen)
             if skipped:
                 print(f"note: zoo.infer.decoding does not apply the checkpoint's {', '.join(skipped)}")
-            if not copied:
+            if not copied and not named:
                 print("note: the checkpoint has no tokenizer files; the run uses data.tokenizer=bytes and zoo's "
                       "own seq2seq framing")
     return {"config": cfg, "unused": unused, "params": params}
@@ -114,28 +145,58 @@ def _check_tree(params, expected) -> None:
         raise ConversionError(f"the checkpoint leaves zoo params unset: {', '.join(missing)}")
     for k, shape in want.items():
         if tuple(got[k]) != shape:
-            raise ConversionError(f"param {k}: checkpoint gives shape {got[k]}, the zoo model needs {shape}")
+            raise ConversionError(f"param {k}: the checkpoint gives shape {tuple(got[k])}, the model config.json "
+                                  f"describes needs {shape}; config.json and the weights disagree")
+
+
+def _check_out_dir(out_dir: str) -> None:
+    """to-hf writes into a new or empty directory: never over an earlier export or other files."""
+    if os.path.isdir(out_dir):
+        held = sorted(os.listdir(out_dir))
+        if held:
+            raise ConversionError(f"{out_dir!r} is not empty (holds {', '.join(held[:4])}"
+                                  f"{', ...' if len(held) > 4 else ''}); to-hf writes into a new or empty directory")
+    elif os.path.lexists(out_dir):
+        raise ConversionError(f"{out_dir!r} is a file; to-hf writes into a new or empty directory")
 
 
 def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
-    """Export the latest checkpoint of a zoo run as a transformers directory."""
+    """Export the latest checkpoint of a zoo run as a transformers directory: config.json (with the
+    run's data.seq_len, and its tokenizer's name when it is bytes or a tiktoken encoding),
+    model.safetensors and tokenizer files (the run's own tokenizer directory, else files written for
+    bytes / tiktoken; zoo.hf.tokenizer_export). Everything is checked before anything is written."""
+    from zoo.data.tokenizers import get_tokenizer
     from zoo.train import checkpoint
     cfg = checkpoint.load_config(run_dir)
     conv = export_converter(cfg.model)
     if cfg.model.scan_layers:
         raise ConversionError("the run uses model.scan_layers=True; export supports unscanned layers only")
+    _check_out_dir(out_dir)
+    tok = cfg.data.tokenizer
+    hf_cfg = conv.config_to_hf(cfg.model)  # refuses what the architecture cannot hold
+    hf_cfg.update(conv.head_config(cfg, run_dir))  # the architecture follows the run's task (BERT's heads)
+    hf_cfg.update(conv.run_fields(cfg))  # special ids from the run's tokenizer and framing
+    hf_cfg[SEQ_LEN_KEY] = cfg.data.seq_len
+    own_files, tok_files = os.path.isdir(os.path.expanduser(tok)), None
+    if not own_files:  # bytes, a tiktoken encoding or .tiktoken file: files written for it, or a refusal
+        tok_files = tokenizer_export.build(cfg, get_tokenizer(tok))
+        if tok_files is not None:
+            hf_cfg[TOKENIZER_KEY] = tok
     params = jax.device_get(checkpoint.load_params_of(run_dir, cfg))
     tensors = conv.params_to_hf(params, cfg.model)
-    hf_cfg = conv.config_to_hf(cfg.model)
-    hf_cfg.update(conv.head_config(cfg, run_dir))  # the architecture follows the run's task (BERT's heads)
-    hf_cfg.update(conv.run_fields(cfg))  # special ids from the run's seq2seq framing
-    io.write(out_dir, hf_cfg, tensors)
-    tok = cfg.data.tokenizer
-    if os.path.isdir(tok):
-        save_dir(tok, out_dir)
+    try:
+        io.write(out_dir, hf_cfg, tensors)
+        written = save_dir(os.path.expanduser(tok), out_dir) if own_files else \
+            tokenizer_export.write(out_dir, *tok_files) if tok_files is not None else []
+    except OSError as e:
+        raise ConversionError(f"cannot write the export to {out_dir!r}: {e.strerror or e}"
+                              + (f" ({e.filename})" if e.filename else "")) from None
     if verbose:
-        print(f"exported {run_dir} -> {out_dir} ({len(tensors)} tensors)")
-    return {"tensors": tensors}
+        print(f"exported {run_dir} -> {out_dir} ({len(tensors)} tensors; tokenizer: {', '.join(written) or 'none'})")
+        if not own_files and tok_files is None:
+            print(f"note: no tokenizer files: the ids of data.tokenizer={tok!r} do not fit model.vocab_size="
+                  f"{cfg.model.vocab_size} (a checkpoint converted without its tokenizer)")
+    return {"tensors": tensors, "tokenizer_files": written}
 
 
 def from_pretrained(path: str):
@@ -151,9 +212,11 @@ def from_pretrained(path: str):
         src = io.resolve(path)
         hf_cfg = io.read_config(src)
         conv, task_name, model_cfg, params, _ = _load(src, hf_cfg)
-        has_tok = any(os.path.isfile(os.path.join(src, f)) for f in ("vocab.json", "vocab.txt", "tokenizer.json",
-                                                                      "spiece.model"))
-        cfg = _run_config(model_cfg, task_name, src if has_tok else None, **conv.data_fields(hf_cfg, task_name))
+        named = _named_tokenizer(hf_cfg)  # an export of a zoo run: its own tokenizer, its own framing
+        has_tok = not named and any(os.path.isfile(os.path.join(src, f))
+                                    for f in ("vocab.json", "vocab.txt", "tokenizer.json", "spiece.model"))
+        cfg = _run_config(model_cfg, task_name, named or (src if has_tok else None), hf_cfg,
+                          **conv.data_fields(hf_cfg, task_name))
         if has_tok:  # what from_hf would write as seq2seq.json (None: not a seq2seq model)
             framing = conv.seq2seq_framing(hf_cfg, io.read_generation_config(src))
     task, tokenizer = tasks.build(cfg), get_tokenizer(cfg.data.tokenizer)

@@ -39,7 +39,7 @@ def config_to_hf(cfg: GptConfig) -> dict:
             "n_positions": cfg.max_len, "n_embd": cfg.d_model, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
             "n_inner": cfg.d_ff, "activation_function": "gelu_new", "layer_norm_epsilon": cfg.ln_eps,
             "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": 0.0,
-            "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True, "dtype": "float32"}
+            "tie_word_embeddings": True, "dtype": "float32"}
 
 
 def key_table(cfg: GptConfig) -> list:
@@ -85,7 +85,12 @@ def head_config(cfg, run_dir: str) -> dict:
 
 
 def run_fields(cfg) -> dict:
-    return {}
+    """bos/eos_token_id: the run's end-of-text (GPT-2's 50256, bytes' 256, cl100k's 100257, a converted
+    BPE's own), on which transformers' `generate` stops; none when the model does not hold it (a
+    checkpoint converted without its tokenizer)."""
+    from zoo.data.tokenizers import get_tokenizer
+    eot = int(get_tokenizer(cfg.data.tokenizer).eot_token)
+    return {"bos_token_id": eot, "eos_token_id": eot} if eot < cfg.model.vocab_size else {}
 
 
 def exports(model_cfg) -> bool:

@@ -34,12 +34,23 @@ def resolve(path_or_id: str) -> str:
                               f"Hugging Face hub ({first}); download it and pass the directory") from None
 
 
+def read_json(path: str) -> dict:
+    """A JSON object from `path`; a file that is not one is refused with its name."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            out = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConversionError(f"{path!r} is not JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(out, dict):
+        raise ConversionError(f"{path!r} holds a JSON {type(out).__name__}, not an object")
+    return out
+
+
 def read_config(directory: str) -> dict:
     path = os.path.join(directory, "config.json")
     if not os.path.isfile(path):
         raise ConversionError(f"{directory!r} has no config.json")
-    with open(path) as f:
-        return json.load(f)
+    return read_json(path)
 
 
 def read_generation_config(directory: str) -> dict:
@@ -47,8 +58,7 @@ def read_generation_config(directory: str) -> dict:
     path = os.path.join(directory, "generation_config.json")
     if not os.path.isfile(path):
         return {}
-    with open(path) as f:
-        return json.load(f)
+    return read_json(path)
 
 
 def read_tensors(directory: str) -> dict[str, np.ndarray]:
@@ -58,7 +68,12 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
         from safetensors.numpy import load_file
         out = {}
         for f in files:
-            out.update(load_file(f))
+            try:
+                out.update(load_file(f))
+            except Exception as e:  # safetensors' own error type: truncated, bad header, unknown dtype
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ConversionError(f"{f!r} is not a readable safetensors file ({first}); "
+                                      f"is it truncated?") from None
         return out
     binary = os.path.join(directory, "pytorch_model.bin")
     if os.path.isfile(binary):
@@ -67,7 +82,11 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
         except ImportError:
             raise ConversionError(f"{binary!r} is a PyTorch pickle and torch is not installed; install torch "
                                   f"or convert the checkpoint to safetensors") from None
-        state = torch.load(binary, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(binary, map_location="cpu", weights_only=True)
+        except Exception as e:  # truncated, not a pickle, or one that holds more than tensors
+            first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            raise ConversionError(f"{binary!r} is not a readable PyTorch state dict ({first})") from None
         return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
     raise ConversionError(f"{directory!r} has neither *.safetensors nor pytorch_model.bin")
 
@@ -81,6 +100,11 @@ def write(directory: str, config: dict, tensors: dict[str, np.ndarray]) -> None:
               os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
 
 
+# Old checkpoints (TF-era BERT on the Hub) name LayerNorm weights gamma / beta; transformers renames
+# them on load ("legacy" renamings), and so does Keys.
+LEGACY = (("LayerNorm.gamma", "LayerNorm.weight"), ("LayerNorm.beta", "LayerNorm.bias"))
+
+
 class Keys:
     """Tracks which Hugging Face tensors a converter used; reports the rest by name."""
 
@@ -92,6 +116,8 @@ class Keys:
                 if k.startswith(p):
                     k = k[len(p):]
                     break
+            for old, new in LEGACY:
+                k = k.replace(old, new)
             self.tensors[k] = v
         self.used: set[str] = set()
 

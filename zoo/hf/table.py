@@ -22,6 +22,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from zoo.errors import ConversionError
 from zoo.hf.io import Keys
 
 
@@ -110,14 +111,19 @@ def from_hf(keys: Keys, rows: Iterable[Row], cfg) -> dict:
     tree: dict = {}
     for path, name, t in rows:
         x = keys[name]
-        if t.part is not None:
-            j, n = t.part
-            x = np.split(x, n, axis=-1)[j]
+        try:
+            if t.part is not None:
+                j, n = t.part
+                x = np.split(x, n, axis=-1)[j]
+            y = t.zoo(x, N, H)
+        except ValueError:  # a reshape or split the config's sizes do not fit
+            raise ConversionError(f"checkpoint key {name!r} has shape {tuple(keys[name].shape)}, which does not fit "
+                                  f"the config ({N} heads of width {H}); config.json and the weights disagree") from None
         *parents, leaf = path.split("/")
         node = tree
         for p in parents:
             node = node.setdefault(p, {})
-        node[leaf] = t.zoo(x, N, H)
+        node[leaf] = y
     return tree
 
 
