@@ -54,10 +54,12 @@ class Task(Protocol):
 
 class BaseTask:
     """Defaults for the optional parts of a Task: no extra metrics. `EXCLUDE` names the params that are
-    lookups, not matmuls (substrings of their paths), left out of 6N."""
+    lookups, not matmuls (substrings of their paths), left out of 6N. `PERPLEXITY`: whether exp(eval
+    loss) means something (a per-token loss); False leaves eval_ppl out of the metrics."""
 
     name = ""
     EXCLUDE: tuple = ()
+    PERPLEXITY: bool = True
 
     def num_params(self, boxed) -> int:
         return count(boxed, exclude=self.EXCLUDE)

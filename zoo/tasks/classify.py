@@ -269,6 +269,7 @@ class ClsTask(_Encoder):
     """[CLS] classification: one label per example (weight = examples); per-class sums for macro-F1."""
 
     name = "bert_cls"
+    PERPLEXITY = False  # a loss per example, not per token: exp(loss) is no perplexity
 
     def __init__(self, cfg):
         self.cfg, self.model = cfg, BertClassifier(cfg.model)

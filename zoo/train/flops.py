@@ -1,7 +1,31 @@
-"""Peak FLOP/s per device for MFU: a table for accelerators, a measured matmul rate on CPU."""
+"""Peak FLOP/s per device for MFU: a table for accelerators, a measured-once matmul rate on CPU.
+
+Accelerators: the vendor's dense bf16 peak per chip (PEAK_BF16), times the number of chips.
+
+CPU: there is no datasheet number that holds for every host (clock, SIMD width and core count vary),
+so the peak is measured, once per machine, and cached:
+
+- the benchmark is a float32 matmul on the first CPU device, at several sizes (512, 1024, 2048), each
+  repeated for about half a second; the peak is the best single repetition over all of them. A best-of
+  over many short runs is an upper bound on what XLA's CPU matmul reaches on this host, and a training
+  step (matmuls plus everything else) cannot beat it, so MFU stays below 1;
+- the result is written to ~/.cache/zoo/cpu_peak.json (``$ZOO_CACHE_DIR`` or ``$XDG_CACHE_HOME/zoo``
+  instead of ~/.cache/zoo when set), keyed by CPU model, core count and jax/jaxlib versions, so two
+  identical runs on one machine divide by the same number. A missing, unreadable or corrupt cache is
+  measured again (and rewritten if the directory is writable); it never stops training;
+- ``ZOO_CPU_PEAK_FLOPS=<FLOP/s>`` fixes the peak instead (no measurement, no cache). Delete the cache
+  file to measure again, e.g. after a benchmark that ran while the machine was busy.
+
+Emulated CPU devices (--xla_force_host_platform_device_count) share the host's cores, so the CPU peak
+is that of the host, however many devices a run uses.
+"""
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import platform
 import time
 
 import jax
@@ -14,23 +38,121 @@ PEAK_BF16 = {
     "A100": 312e12, "H100": 989e12, "H200": 989e12,
 }
 
+BENCH_SIZES = (512, 1024, 2048)
+BENCH_SECONDS = 0.5  # per size
+ENV_PEAK = "ZOO_CPU_PEAK_FLOPS"
+
 _measured: dict = {}
 
 
-def cpu_matmul_rate(n: int = 1024, reps: int = 5) -> float:
-    """float32 matmul FLOP/s of this host, measured once per process (the CPU 'peak')."""
-    if "cpu" not in _measured:
-        dev = jax.devices("cpu")[0]
+def cache_path() -> str:
+    root = os.environ.get("ZOO_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "zoo")
+    return os.path.join(root, "cpu_peak.json")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def _core_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def host_key() -> str:
+    """What the cached peak is valid for: CPU model, cores this process may use, jax and jaxlib."""
+    import jaxlib
+    return (f"{_cpu_model()} | {_core_count()} cores | jax {jax.__version__} | "
+            f"jaxlib {getattr(jaxlib, '__version__', '?')}")
+
+
+def measure_cpu_matmul_peak(sizes=BENCH_SIZES, seconds: float = BENCH_SECONDS) -> float:
+    """Best float32 matmul FLOP/s of this host over `sizes`, each repeated for about `seconds` (at least 3
+    times): the benchmark behind the cached CPU peak."""
+    dev = jax.devices("cpu")[0]
+    f = jax.jit(lambda x, y: x @ y)
+    best = 0.0
+    for n in sizes:
         a = jax.device_put(jnp.ones((n, n), jnp.float32), dev)
-        f = jax.jit(lambda x: x @ x)
-        f(a).block_until_ready()
-        best = float("inf")
-        for _ in range(reps):
+        b = jax.device_put(jnp.full((n, n), 0.5, jnp.float32), dev)
+        f(a, b).block_until_ready()  # compile
+        t_end, reps = time.perf_counter() + seconds, 0
+        while reps < 3 or time.perf_counter() < t_end:
             t = time.perf_counter()
-            f(a).block_until_ready()
-            best = min(best, time.perf_counter() - t)
-        _measured["cpu"] = 2 * n ** 3 / best
+            f(a, b).block_until_ready()
+            best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
+            reps += 1
+    return best
+
+
+def _read_cache(path: str, key: str) -> float | None:
+    try:
+        with open(path) as f:
+            value = json.load(f)[key]["flops"]
+        value = float(value)
+        return value if math.isfinite(value) and value > 0 else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _write_cache(path: str, key: str, value: float) -> None:
+    """Add `key` to the cache file atomically; a failure (read-only home, ...) only costs a re-measurement."""
+    try:
+        try:
+            with open(path) as f:
+                table = json.load(f)
+            table = table if isinstance(table, dict) else {}
+        except (OSError, ValueError):
+            table = {}
+        table[key] = {"flops": value, "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
+                      "sizes": list(BENCH_SIZES)}
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(table, f, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def cpu_peak() -> tuple[float, str]:
+    """(the host's float32 matmul peak FLOP/s, where it came from): $ZOO_CPU_PEAK_FLOPS, the cache, or a
+    measurement (then cached). Looked up once per process."""
+    if "cpu" not in _measured:
+        env = os.environ.get(ENV_PEAK)
+        value = None
+        if env:
+            try:
+                value = float(env)
+            except ValueError:
+                value = None
+            if value is not None and math.isfinite(value) and value > 0:
+                _measured["cpu"] = (value, f"cpu float32 matmul, fixed by ${ENV_PEAK}")
+        if "cpu" not in _measured:
+            path, key = cache_path(), host_key()
+            value = _read_cache(path, key)
+            if value is not None:
+                _measured["cpu"] = (value, f"cpu float32 matmul, measured once ({path})")
+            else:
+                value = measure_cpu_matmul_peak()
+                _write_cache(path, key, value)
+                _measured["cpu"] = (value, "cpu float32 matmul, measured now")
     return _measured["cpu"]
+
+
+def cpu_matmul_rate() -> float:
+    """The CPU 'peak' (see cpu_peak)."""
+    return cpu_peak()[0]
 
 
 def device_peak(device=None) -> tuple[float, str]:
@@ -38,7 +160,7 @@ def device_peak(device=None) -> tuple[float, str]:
     device = device or jax.devices()[0]
     if device.platform == "cpu":
         # Emulated CPU devices share the host's cores: the host rate is the peak of them all together.
-        return cpu_matmul_rate(), "cpu float32 matmul, measured"
+        return cpu_peak()
     kind = device.device_kind
     for name, peak in PEAK_BF16.items():
         if name.lower() in kind.lower():

@@ -1,5 +1,11 @@
 """Where metrics go: WORKDIR/metrics.jsonl (one object per logged step), TensorBoard event files,
-and a loss-curve PNG written at the end of a run. Only process 0 writes."""
+and a loss-curve PNG written at the end of a run. Only process 0 writes.
+
+metrics.jsonl is strict JSON, one object a line: a non-finite value (NaN, Inf) is written as null. A
+run that starts at step `start_step` (0 for a fresh run, the restored step for a resume) first keeps
+only the records with step <= start_step, so steps logged after the last checkpoint by a run that was
+killed appear once, and a line half-written by a crash is dropped. Readers (read_records, plot) skip
+a line that does not parse."""
 
 from __future__ import annotations
 
@@ -8,17 +14,59 @@ import math
 import os
 
 
+def _clean(v):
+    """A JSON value: numbers as float (int stays int), non-finite floats as None."""
+    if isinstance(v, bool) or isinstance(v, int) or v is None or isinstance(v, str):
+        return v
+    if hasattr(v, "__float__"):
+        v = float(v)
+        return v if math.isfinite(v) else None
+    return v
+
+
+def read_records(path: str) -> list[dict]:
+    """The records of a metrics.jsonl, skipping lines that do not parse (a torn last line)."""
+    recs = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(r, dict):
+                    recs.append(r)
+    except FileNotFoundError:
+        pass
+    return recs
+
+
+def truncate(path: str, start_step: int) -> None:
+    """Keep the records of `path` with step <= start_step (whole, parseable lines only), atomically."""
+    if not os.path.exists(path):
+        return
+    keep = [r for r in read_records(path) if isinstance(r.get("step"), (int, float)) and r["step"] <= start_step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps({k: _clean(v) for k, v in r.items()}, allow_nan=False) + "\n" for r in keep)
+    os.replace(tmp, path)
+
+
 class MetricsWriter:
-    def __init__(self, workdir: str, enabled: bool = True):
+    def __init__(self, workdir: str, enabled: bool = True, start_step: int = 0):
         self.workdir, self.enabled = workdir, enabled
-        self.records: list[dict] = []
+        self.records: list[dict] = []  # this run's records (values as logged, NaN kept as float)
         self._tb = None
         if enabled:
             os.makedirs(workdir, exist_ok=True)
-            self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+            path = os.path.join(workdir, "metrics.jsonl")
+            truncate(path, start_step)
+            self._jsonl = open(path, "a")
             try:
                 from tensorboardX import SummaryWriter
-                self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+                # purge_step: TensorBoard drops what an earlier run logged after the step resumed from.
+                self._tb = SummaryWriter(os.path.join(workdir, "tb"),
+                                         purge_step=start_step + 1 if start_step else None)
             except ImportError:  # TensorBoard files are optional; jsonl always exists
                 self._tb = None
 
@@ -28,7 +76,7 @@ class MetricsWriter:
         record = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, int) else v)
                   for k, v in record.items()}
         self.records.append(record)
-        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.write(json.dumps({k: _clean(v) for k, v in record.items()}, allow_nan=False) + "\n")
         self._jsonl.flush()
         if self._tb is not None:
             for k, v in record.items():
@@ -43,16 +91,16 @@ class MetricsWriter:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        with open(os.path.join(self.workdir, "metrics.jsonl")) as f:
-            recs = [json.loads(line) for line in f if line.strip()]
+        recs = read_records(os.path.join(self.workdir, "metrics.jsonl"))
         fig, ax = plt.subplots(figsize=(6, 4))
         for key in ("loss", "eval_loss"):
-            pts = [(r["step"], r[key]) for r in recs if key in r]
+            pts = [(r["step"], r[key]) for r in recs if isinstance(r.get(key), (int, float)) and "step" in r]
             if pts:
                 ax.plot(*zip(*pts), marker="o" if key == "eval_loss" else None, label=key)
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
-        ax.legend()
+        if ax.lines:
+            ax.legend()
         ax.grid(alpha=0.3)
         path = os.path.join(self.workdir, "loss.png")
         fig.savefig(path, dpi=100, bbox_inches="tight")

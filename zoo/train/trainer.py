@@ -1,6 +1,12 @@
 """The one training loop: setup (task, mesh, optimizer, shardings), init or restore, steps, evaluation,
 checkpoints, logging, signals.
 
+The host stays at most one step ahead of the device: after dispatching step n it waits for step n - 1,
+so at most 2 steps are ever dispatched and unfinished, the progress bar counts finished steps, and a
+stop (SIGTERM, Ctrl-C, stop_at_step) saves within about one step of the request. The device still
+always has the next step queued. Process 0 prints a line per evaluation (step, train and eval loss,
+the task's metrics, tokens/s) unless quiet; the bar shows only on a terminal.
+
 The trainer knows a Task (model + loss + data) and never which family it is. State is created
 already sharded (eval_shape of the boxed state -> logical axes -> jit with out_shardings); the step
 (zoo.train.step) is jitted once over the mesh with the state donated; batches are laid out over the
@@ -13,6 +19,7 @@ import dataclasses
 import math
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -82,17 +89,20 @@ def to_device(batch: dict, mesh) -> dict:
     return {k: jax.make_array_from_process_local_data(sh, np.asarray(v)) for k, v in batch.items()}
 
 
-def evaluate(eval_fn, params, batches, mesh, extra=None) -> dict:
-    """Loss, perplexity and accuracy from summed aux over the eval batches; `extra(totals)` adds a
-    task's own metrics computed from the same sums (e.g. macro-F1 from per-class counts)."""
+def evaluate(eval_fn, params, batches, mesh, extra=None, perplexity: bool = True) -> dict:
+    """Loss, perplexity (unless `perplexity` is False: a task whose loss is not per token, such as
+    classification) and accuracy from summed aux over the eval batches; `extra(totals)` adds a task's
+    own metrics computed from the same sums (e.g. macro-F1 from per-class counts)."""
     totals: dict = {}
     for b in batches:
         out = jax.device_get(eval_fn(params, to_device(b, mesh)))
         for k, v in out.items():
             totals[k] = totals.get(k, 0.0) + float(v)
     loss = totals["loss_sum"] / max(totals["weight"], 1e-9)
-    metrics = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)),
-               "eval_accuracy": totals.get("correct", 0.0) / max(totals["weight"], 1e-9)}
+    metrics = {"eval_loss": loss}
+    if perplexity:
+        metrics["eval_ppl"] = math.exp(min(loss, 50.0))
+    metrics["eval_accuracy"] = totals.get("correct", 0.0) / max(totals["weight"], 1e-9)
     if extra is not None:
         metrics.update(extra(totals))
     return metrics
@@ -165,12 +175,38 @@ def _first_bad_step(buffered) -> int | None:
     return None
 
 
+def _is_terminal() -> bool:
+    """Whether the console is a terminal (stdout and stderr): a progress bar redrawn in a log file is
+    one long line of carriage returns."""
+    try:
+        return sys.stdout.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
+
+
+# The per-evaluation console line: these keys in this order (those present), then the task's own eval_*.
+_LINE_KEYS = ("loss", "eval_loss", "eval_ppl", "eval_accuracy")
+
+
+def eval_line(record: dict) -> str:
+    """`step 250: loss 1.62, eval_loss 1.65, eval_ppl 5.2, eval_accuracy 0.52, tokens/s 13012`: the
+    train and eval losses, the task's eval metrics (macro-F1, BLEU, exact match, ...) and throughput."""
+    keys = [k for k in _LINE_KEYS if k in record]
+    keys += sorted(k for k in record if k.startswith("eval_") and k not in _LINE_KEYS)
+    parts = [f"{k} {record[k]:.4g}" for k in keys if isinstance(record[k], (int, float))]
+    if isinstance(record.get("tokens_per_s"), (int, float)) and math.isfinite(record["tokens_per_s"]):
+        parts.append(f"tokens/s {record['tokens_per_s']:.0f}")
+    return f"step {record['step']}: " + ", ".join(parts)
+
+
 def train(cfg: Config, workdir: str, *, resume: bool = False, stop_at_step: int | None = None,
-          devices=None, progress: bool = True) -> dict:
+          devices=None, progress: bool = True, quiet: bool = False) -> dict:
     """Train `cfg` in `workdir` (a fresh run, or the latest checkpoint's continuation when resume).
 
-    `stop_at_step` stops (and checkpoints) early as if interrupted. Returns the final state, the
-    last eval metrics, the data's tokenizer and the setup.
+    `stop_at_step` stops (and checkpoints) early as if interrupted. `progress` shows a progress bar
+    (only when stdout and stderr are a terminal); `quiet` shows neither the bar nor the line printed
+    after each evaluation. Returns the final state, the last eval metrics, the data's tokenizer and the
+    setup.
     """
     _check_workdir(workdir, resume)
     s = setup(cfg, devices)
@@ -192,13 +228,26 @@ def train(cfg: Config, workdir: str, *, resume: bool = False, stop_at_step: int 
             state = init_from(s, state, cfg.init_from)
     step_fn = s.jit_train_step()
     eval_fn = jax.jit(make_eval_step(s.task))
-    writer = MetricsWriter(workdir, enabled=main)
+    perplexity = getattr(s.task, "PERPLEXITY", True)
+    start = int(jax.device_get(state.step))
+    # Records after `start` belong to a run that got further than its last checkpoint: dropped.
+    writer = MetricsWriter(workdir, enabled=main, start_step=start)
     flops_per_token = s.task.flops_per_token(cfg.data.seq_len)
     peak = flops.total_peak(s.mesh.devices.flatten().tolist())
-    start = int(jax.device_get(state.step))
     last = cfg.train.steps if stop_at_step is None else min(stop_at_step, cfg.train.steps)
-    bar = tqdm(total=cfg.train.steps, initial=start, disable=not (main and progress), dynamic_ncols=True)
+    bar = tqdm(total=cfg.train.steps, initial=start, dynamic_ncols=True,
+               disable=not (main and progress and not quiet and _is_terminal()))
+
+    def say(line: str) -> None:  # a console line (process 0, unless quiet) that does not break the bar
+        if not main or quiet:
+            return
+        if bar.disable:
+            print(line, flush=True)
+        else:
+            tqdm.write(line)
+
     buffered, eval_metrics, t0, t0_step, compile_s = [], {}, time.perf_counter(), start, None
+    pending = None  # metrics of the newest step, which may still be running
     prefetch = Prefetcher(lambda i: to_device(data.train(i), s.mesh), start, last)
     with prefetch as batches, _Stopper() as stopper:
         step = start
@@ -206,6 +255,10 @@ def train(cfg: Config, workdir: str, *, resume: bool = False, stop_at_step: int 
             state, m = step_fn(state, batches.get(step))
             step += 1
             buffered.append((step, m))
+            if pending is not None:  # the host runs at most one step ahead: wait for the step before
+                jax.block_until_ready(pending)
+                bar.update(1)
+            pending = m
             if compile_s is None:  # the first step compiles; time throughput from the second on
                 jax.block_until_ready(m)
                 compile_s, t0, t0_step = time.perf_counter() - t0, time.perf_counter(), step
@@ -213,6 +266,8 @@ def train(cfg: Config, workdir: str, *, resume: bool = False, stop_at_step: int 
             do_save = step % cfg.train.save_every == 0 or step == last
             if step % cfg.train.log_every == 0 or do_eval or do_save or step == last:
                 host = jax.device_get(buffered)
+                bar.update(1)
+                pending = None
                 bad = _first_bad_step(host)
                 if bad is not None:
                     mngr.wait_until_finished()
@@ -225,22 +280,28 @@ def train(cfg: Config, workdir: str, *, resume: bool = False, stop_at_step: int 
                     record["compile_s"] = compile_s
                 buffered, t0, t0_step = [], time.perf_counter(), step
                 if do_eval:
-                    eval_metrics = evaluate(eval_fn, state.params, data.eval, s.mesh, s.task.eval_metrics)
+                    eval_metrics = evaluate(eval_fn, state.params, data.eval, s.mesh, s.task.eval_metrics,
+                                            perplexity=perplexity)
                     eval_metrics.update(s.task.evaluate_extra(state.params, data))
                     record.update(eval_metrics)
                 writer.write(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
                                 tok_s=f"{record.get('tokens_per_s', 0):.0f}", refresh=False)
+                if do_eval:
+                    say(eval_line(record))
                 if do_save:
                     checkpoint.save(mngr, state, cfg)
+        if pending is not None:
+            jax.block_until_ready(pending)
             bar.update(1)
         if stopper.signal is not None or step < cfg.train.steps:
             jax.block_until_ready(state)
             if mngr.latest_step() != step:
                 checkpoint.save(mngr, state, cfg, force=True)
             if main and stopper.signal is not None:
-                print(f"\nstopped by signal {stopper.signal} at step {step}; checkpoint saved. Continue with: "
-                      f"python train.py --resume {workdir}")
+                bar.close()
+                print(f"stopped by signal {stopper.signal} at step {step}; checkpoint saved. Continue with: "
+                      f"python train.py --resume {workdir}", flush=True)
     mngr.wait_until_finished()
     mngr.close()
     bar.close()
@@ -264,5 +325,7 @@ def _summarise(host, step, t0, t0_step, flops_per_token, peak) -> dict:
     timed = [m for s_, m in host if s_ > t0_step]
     if timed and elapsed > 0:
         tps = sum(float(m["tokens"]) for m in timed) / elapsed
-        record.update(tokens_per_s=tps, mfu=tps * flops_per_token / peak)
+        record["tokens_per_s"] = tps
+        if math.isfinite(peak) and peak > 0:  # no MFU for a device of unknown peak
+            record["mfu"] = tps * flops_per_token / peak
     return record
