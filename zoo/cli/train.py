@@ -35,6 +35,9 @@ def parse(argv):
                     help="override a config field, e.g. --set optim.lr=1e-3 (repeatable)")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     ap.add_argument("--list", action="store_true", help="list the shipped configs and model presets and exit")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress bar and no line per evaluation; the final summary only (no bar anyway when "
+                         "the output is not a terminal)")
     a = ap.parse_args(argv)
     if a.list:
         return a
@@ -128,6 +131,8 @@ def resolve(a):
 
 
 def train_main(argv=None) -> int:
+    from zoo import accel
+    accel.configure()  # XLA's GPU flags, before anything starts jax's backend
     a = parse(sys.argv[1:] if argv is None else argv)
     if a.list:
         print(configs.listing())
@@ -140,13 +145,18 @@ def train_main(argv=None) -> int:
             print(cfg.to_json())
             return 0
         print(f"{'resuming' if resume else 'training'} {cfg.task} in {workdir}", flush=True)
-        out = trainer.train(cfg, workdir, resume=resume)
+        if a.quiet or not sys.stderr.isatty():
+            import datasets
+            datasets.disable_progress_bars()  # the one-time tokenization's bars are noise in a log
+        out = trainer.train(cfg, workdir, resume=resume, quiet=a.quiet)
     except (TrainError, *BAD_INPUT) as e:
         return error(e)
     last = out["records"][-1] if out["records"] else {}
+    # What the run's records hold: eval_ppl is absent for classification, eval_bleu/eval_exact_match seq2seq's.
     summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("loss", "eval_loss", "eval_ppl", "eval_accuracy",
-                                                      "eval_macro_f1", "eval_bleu", "tokens_per_s", "mfu")
-                        if k in last)
+                                                      "eval_macro_f1", "eval_bleu", "eval_exact_match",
+                                                      "tokens_per_s", "mfu")
+                        if last.get(k) is not None)
     print(f"done: step {int(out['state'].step)} ({summary}); checkpoints and metrics.jsonl in {workdir}")
     if cfg.train.sample_tokens and not out["interrupted"]:
         import jax
