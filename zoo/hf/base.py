@@ -58,3 +58,16 @@ def check(module) -> Converter:
     if missing:
         raise ConversionError(f"converter {module.__name__} lacks {', '.join(missing)}")
     return module
+
+
+# Defaults for the members an architecture has nothing to say about: `data_fields = no_data_fields`.
+def no_data_fields(hf: dict, task: str) -> dict:
+    return {}
+
+
+def no_head_config(cfg, run_dir: str) -> dict:
+    return {}
+
+
+def no_seq2seq_framing(hf: dict, gen: dict) -> None:
+    return None

@@ -11,7 +11,7 @@ import numpy as np
 
 from zoo.models.gpt import GptConfig
 from zoo.errors import ConversionError
-from zoo.hf import table
+from zoo.hf import base, table
 from zoo.hf.io import Keys
 
 TASK = "gpt_lm"  # the zoo task a converted checkpoint trains as
@@ -72,16 +72,13 @@ def task_for(hf: dict, keys: Keys) -> str:
     return TASK
 
 
-def data_fields(hf: dict, task: str) -> dict:
-    return {}
+data_fields = base.no_data_fields
 
 
-def seq2seq_framing(hf: dict, gen: dict) -> None:
-    return None
+seq2seq_framing = base.no_seq2seq_framing
 
 
-def head_config(cfg, run_dir: str) -> dict:
-    return {}
+head_config = base.no_head_config
 
 
 def run_fields(cfg) -> dict:

@@ -18,7 +18,7 @@ dim (d_kv), F MLP width, V vocab.
 from __future__ import annotations
 
 from zoo.models.encdec import EncDecConfig
-from zoo.hf import seq2seq
+from zoo.hf import base, seq2seq
 from zoo.errors import ConversionError
 from zoo.hf import table
 from zoo.hf.io import Keys
@@ -120,12 +120,10 @@ def task_for(hf: dict, keys: Keys) -> str:
     return TASK
 
 
-def data_fields(hf: dict, task: str) -> dict:
-    return {}
+data_fields = base.no_data_fields
 
 
-def head_config(cfg, run_dir: str) -> dict:
-    return {}
+head_config = base.no_head_config
 
 
 def exports(model_cfg) -> bool:
