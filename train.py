@@ -7,7 +7,11 @@
 
 import sys
 
-from zoo.cli.train import train_main
+from zoo import accel
+
+accel.configure()  # XLA's GPU flags, before anything starts jax's backend
+
+from zoo.cli.train import train_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(train_main())

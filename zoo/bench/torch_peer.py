@@ -1,19 +1,31 @@
-"""The transformers (PyTorch, float32) side of `zoo.bench --peer hf-torch`: same shapes, same
-round protocol as zoo.bench.worker. Imported only in the peer's own process."""
+"""The transformers (PyTorch) side of `zoo-bench --peer hf-torch|hf-torch-compile`: same shapes, same
+round protocol as zoo.bench.worker. Imported only in the peer's own process.
+
+On the device zoo runs on: CUDA when torch sees a GPU, with SDPA attention, bf16 autocast (float32
+weights, as zoo's bf16 compute with float32 master weights) and fused AdamW for training, bf16
+weights for generation (as `torch_dtype=torch.bfloat16` inference), `torch.cuda.synchronize()`
+before every timer read. `hf-torch-compile` adds `torch.compile` of the model for training and, for
+generation, a static KV cache, with which transformers compiles the decoding step itself on CUDA
+(prefill stays eager on both peers). On CPU both stay float32 as before. A spec with dtype float32
+keeps float32 on CUDA too.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
 import transformers
 
 from zoo.bench.common import calibrate, median, rss_mb
+from zoo.bench.shapes import PEER_NAMES
 
 
-def _hf_model(hf: dict, lm: bool = True):
+def _hf_model(hf: dict):
     arch = hf["arch"]
     kw = {k: v for k, v in hf.items() if k != "arch"}
+    kw["attn_implementation"] = "sdpa"  # transformers' default where available; named so every row says it
     if arch == "gpt2":
         cfg = transformers.GPT2Config(**kw, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         return transformers.GPT2LMHeadModel(cfg)
@@ -26,36 +38,69 @@ def _hf_model(hf: dict, lm: bool = True):
     raise ValueError(f"no transformers peer for {arch!r}")
 
 
-class TorchTrain:
-    def __init__(self, spec):
+class _Peer:
+    """What both peers share: the device, the bf16 choice, synchronisation, the ready() report."""
+
+    def __init__(self, spec, name: str):
         torch.manual_seed(0)
-        self.model = _hf_model(spec["hf"]).train()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.1)
+        self.name, self.compiled = name, name.endswith("-compile")
+        self.cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda" if self.cuda else "cpu")
+        self.bf16 = self.cuda and spec.get("dtype") != "float32"
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def card(self) -> str:
+        return torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
+
+    def peak_memory_mb(self) -> float:
+        return torch.cuda.max_memory_allocated(self.device) / 2**20 if self.cuda else rss_mb()
+
+    def report(self, model, dtype: str) -> dict:
+        return {"name": self.name, "versions": f"transformers {transformers.__version__} / torch {torch.__version__}",
+                "device": self.card(), "dtype": dtype, "attention": model.config._attn_implementation,
+                "compile": self.compiled, "compile_s": self.compile_s, "threads": torch.get_num_threads()}
+
+
+class TorchTrain(_Peer):
+    def __init__(self, spec, name: str = "hf-torch"):
+        super().__init__(spec, name)
+        self.model = _hf_model(spec["hf"]).to(self.device).train()
+        self.forward = torch.compile(self.model) if self.compiled else self.model
+        opt_kw = {"fused": True} if self.cuda else {}
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.1, **opt_kw)
         B, T, V = spec["batch"], spec["seq_len"], spec["hf"]["vocab_size"]
-        self.x = torch.randint(0, V, (B, T))
-        self.kwargs = {"input_ids": self.x, "labels": self.x}
+        x = torch.randint(0, V, (B, T))
+        self.kwargs = {"input_ids": x, "labels": x}
         self.tokens, self.batch, self.times = B * T, B, []
         if spec["hf"]["arch"] == "bert":  # MLM: loss on 15% of positions, like zoo's masking
-            labels = self.x.clone()
+            labels = x.clone()
             labels[torch.rand(B, T) >= 0.15] = -100
             self.kwargs["labels"] = labels
         if spec["hf"]["arch"] == "t5":
             y = torch.randint(0, V, (B, spec["target_len"]))
-            self.kwargs = {"input_ids": self.x, "labels": y}
+            self.kwargs = {"input_ids": x, "labels": y}
             self.tokens = B * (T + spec["target_len"])
+        self.kwargs = {k: v.to(self.device) for k, v in self.kwargs.items()}
         self.compile_s, self.k = calibrate(self._steps)
+
+    def _autocast(self):
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
 
     def _steps(self, n):
         for _ in range(n):
-            loss = self.model(**self.kwargs).loss
+            with self._autocast():
+                loss = self.forward(**self.kwargs).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
+        self.sync()
 
     def ready(self):
-        return {"name": f"transformers {transformers.__version__} / torch {torch.__version__}",
-                "compile_s": self.compile_s, "threads": torch.get_num_threads()}
+        return self.report(self.model, "bfloat16 autocast, float32 weights" if self.bf16 else "float32")
 
     def round(self):
         t = time.perf_counter()
@@ -64,42 +109,59 @@ class TorchTrain:
         self.times.append(dt)
         return {"step_s": dt}
 
-    def final(self):
-        step = median(self.times)
-        return {"tokens_per_s": self.tokens / step, "sequences_per_s": self.batch / step, "peak_memory_mb": rss_mb()}
+    def final(self, since: int = 0):
+        step = median(self.times[since:])
+        return {"tokens_per_s": self.tokens / step, "sequences_per_s": self.batch / step,
+                "peak_memory_mb": self.peak_memory_mb()}
 
 
-class TorchGenerate:
-    def __init__(self, spec):
-        torch.manual_seed(0)
-        self.model = _hf_model(spec["hf"]).eval()
+class TorchGenerate(_Peer):
+    def __init__(self, spec, name: str = "hf-torch"):
+        super().__init__(spec, name)
+        model = _hf_model(spec["hf"]).eval()
+        self.model = model.to(self.device, torch.bfloat16 if self.bf16 else torch.float32)
         B, self.P, self.new = spec["batch"], spec["prompt"], spec["new"]
-        self.x = torch.randint(0, spec["hf"]["vocab_size"], (B, self.P))
+        self.x = torch.randint(0, spec["hf"]["vocab_size"], (B, self.P)).to(self.device)
+        self.gen_kw = dict(max_new_tokens=self.new, min_new_tokens=self.new, do_sample=False, use_cache=True,
+                           pad_token_id=0)
+        if self.compiled:  # transformers compiles the decoding step itself with a static cache (on CUDA)
+            self.gen_kw["cache_implementation"] = "static"
         self.B, self.times = B, []
+        t = time.perf_counter()
         self.round()
+        self.compile_s = time.perf_counter() - t  # the first prefill + generate (compile included)
         self.times = []
 
     def ready(self):
-        return {"name": f"transformers {transformers.__version__} / torch {torch.__version__}", "compile_s": 0.0}
+        return self.report(self.model, "bfloat16" if self.bf16 else "float32")
 
     @torch.no_grad()
     def round(self):
         t = time.perf_counter()
         self.model(input_ids=self.x, use_cache=True)
+        self.sync()
         prefill = time.perf_counter() - t
         t = time.perf_counter()
-        self.model.generate(self.x, max_new_tokens=self.new, min_new_tokens=self.new, do_sample=False,
-                            use_cache=True, pad_token_id=0)
+        self.model.generate(self.x, **self.gen_kw)
+        self.sync()
         r = {"prefill_s": prefill, "generate_s": time.perf_counter() - t}
         self.times.append(r)
         return r
 
-    def final(self):
-        prefill = median([r["prefill_s"] for r in self.times])
-        decode = max(median([r["generate_s"] for r in self.times]) - prefill, 1e-9)
+    def final(self, since: int = 0):
+        times = self.times[since:]
+        prefill = median([r["prefill_s"] for r in times])
+        decode = max(median([r["generate_s"] for r in times]) - prefill, 1e-9)
         dtps = self.B * self.new / decode
         return {"tokens_per_s": dtps, "decode_tokens_per_s": dtps, "prefill_tokens_per_s": self.B * self.P / prefill,
-                "time_to_first_token_s": prefill + decode / self.new, "peak_memory_mb": rss_mb()}
+                "time_to_first_token_s": prefill + decode / self.new, "peak_memory_mb": self.peak_memory_mb()}
 
 
 PEERS = {"gpt_train": TorchTrain, "bert_mlm": TorchTrain, "encdec_train": TorchTrain, "generate": TorchGenerate}
+
+
+def make(name: str, spec: dict):
+    """The peer `name` (one of PEER_NAMES) set up for `spec`."""
+    if name not in PEER_NAMES:
+        raise ValueError(f"unknown peer {name!r}; choose one of {', '.join(PEER_NAMES)}")
+    return PEERS[spec["workload"]](spec, name)

@@ -1,7 +1,12 @@
-"""One framework's side of a benchmark (`python -m zoo.bench.worker zoo|hf-torch SPEC_JSON`).
+"""One framework's side of a benchmark (`python -m zoo.bench.worker zoo|hf-torch|hf-torch-compile SPEC_JSON
+[--hold]`).
 
-Sets up and warms up, prints one JSON line, then answers each stdin line: `round` (time one
-round), `final` (throughput, MFU, memory from the rounds so far), `quit`. One framework per process.
+Sets up and warms up, prints one JSON line, then answers each stdin line: `round` (time one round),
+`final [SINCE]` (throughput, MFU, memory from the rounds so far, or from round SINCE on), `profile DIR`
+(zoo: a jax.profiler trace of a few steps into DIR), `quit`. One framework per process. With --hold the
+process imports its framework and then waits for a `go` line before it touches the device (the parent
+starts peers early so that their imports overlap zoo's compile). zoo's process sets XLA's GPU flags
+(zoo.accel) before jax starts.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import json
 import sys
 import time
 
-from zoo.bench.common import calibrate, median, rss_mb
+from zoo.bench.common import calibrate, hbm_bandwidth, median, rss_mb
 
 
 class ZooTrain:
@@ -24,7 +29,7 @@ class ZooTrain:
         self.jax = jax
         cfg = load_config_file(spec["config"])
         over = [o for o in spec["overrides"] if not o.startswith("preset=")]
-        dtype = spec.get("dtype") or ("float32" if jax.devices()[0].platform == "cpu" else "bfloat16")
+        dtype = compute_dtype(spec, jax)
         cfg = apply_overrides(cfg, over + [f"model.dtype={dtype}", "train.steps=1000000", "train.eval_every=0"])
         cfg = _apply_preset(cfg, spec)
         s = trainer.setup(cfg)
@@ -53,7 +58,11 @@ class ZooTrain:
     def ready(self):
         d = self.devices[0]
         return {"device_kind": d.device_kind, "device_count": len(self.devices), "compile_s": self.compile_s,
-                "peak_flops": self.peak, "settings": self.settings}
+                "peak_flops": self.peak, "settings": self.settings, **_versions_and_fallbacks()}
+
+    def profile(self, path):
+        with self.jax.profiler.trace(path):
+            self._steps(3)
 
     def round(self):
         self.wait = 0.0
@@ -63,8 +72,8 @@ class ZooTrain:
         self.times.append(dt)
         return {"step_s": dt, "input_wait_frac": self.wait / (dt * self.k)}
 
-    def final(self):
-        step = median(self.times)
+    def final(self, since: int = 0):
+        step = median(self.times[since:])
         tps = self.tokens / step
         return {"tokens_per_s": tps, "sequences_per_s": self.batch / step,
                 "tokens_per_s_per_device": tps / len(self.devices), "mfu": tps * self.flops_per_token / self.peak,
@@ -72,12 +81,28 @@ class ZooTrain:
 
 
 def settings(model_cfg) -> dict:
-    """The model switches that decide speed, as run: dtype, attention backend, remat, layer scan."""
+    """The model switches that decide speed, as run: dtype, attention backend (auto on GPU: cudnn, with XLA
+    where the shapes refuse it, see `attention_fallbacks` in the ready report), remat, layer scan."""
     from zoo.nn.attention import resolve_attention
-    impl = resolve_attention(model_cfg.attention_impl)
-    return {"dtype": model_cfg.dtype, "attention": impl or "auto (jax.nn.dot_product_attention)",
+    return {"dtype": model_cfg.dtype, "attention": resolve_attention(model_cfg.attention_impl),
             "remat": getattr(model_cfg, "remat_policy", "full") if getattr(model_cfg, "remat", False) else "none",
             "scan_layers": getattr(model_cfg, "scan_layers", False)}
+
+
+def _versions_and_fallbacks() -> dict:
+    """zoo's framework versions, and why `auto` attention ran XLA instead of cuDNN (if it did)."""
+    import flax
+    import jax
+    from zoo.nn.attention import FALLBACKS
+    out = {"zoo": f"jax {jax.__version__} / flax {flax.__version__}"}
+    if FALLBACKS:
+        out["attention_fallbacks"] = sorted(FALLBACKS)
+    return out
+
+
+def compute_dtype(spec, jax) -> str:
+    """The bench's dtype: the spec's, else float32 on CPU and bfloat16 on accelerators."""
+    return spec.get("dtype") or ("float32" if jax.devices()[0].platform == "cpu" else "bfloat16")
 
 
 def synthetic_batches(spec, cfg):
@@ -126,8 +151,11 @@ class ZooGenerate:
         from zoo.infer.sample import _generate
         from zoo.train import flops
         self.jax = jax
-        cfg = apply_overrides(load_config_file(spec["config"]), [o for o in spec["overrides"]
-                                                                 if not o.startswith("preset=")])
+        over = [o for o in spec["overrides"] if not o.startswith("preset=")]
+        dtype = compute_dtype(spec, jax)
+        if dtype != "float32":  # inference: parameters stored in the compute dtype (no master weights to keep)
+            over = [f"model.dtype={dtype}", f"model.param_dtype={dtype}"] + over
+        cfg = apply_overrides(load_config_file(spec["config"]), over)
         cfg = _apply_preset(cfg, spec)
         task = tasks.build(cfg)
         self.model = task.model
@@ -148,13 +176,19 @@ class ZooGenerate:
         jax.block_until_ready(self.prefill(self.params, self.cache, self.prompt))
         self.B, self.P = B, P
         self.n_params = sum(x.size for x in jax.tree.leaves(self.params))
+        self.param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.params))
         self.device = jax.devices()[0]
         self.peak = flops.total_peak([self.device])
+        self.settings = settings(cfg.model)
         self.times = []
 
     def ready(self):
         return {"device_kind": self.device.device_kind, "device_count": 1, "compile_s": self.compile_s,
-                "peak_flops": self.peak}
+                "peak_flops": self.peak, "settings": self.settings, **_versions_and_fallbacks()}
+
+    def profile(self, path):
+        with self.jax.profiler.trace(path):
+            self.jax.block_until_ready(self.gen(self.new))
 
     def round(self):
         t = time.perf_counter()
@@ -167,14 +201,28 @@ class ZooGenerate:
         self.times.append(r)
         return r
 
-    def final(self):
-        prefill = median([r["prefill_s"] for r in self.times])
-        total = median([r["generate_s"] for r in self.times])
+    def final(self, since: int = 0):
+        times = self.times[since:]
+        prefill = median([r["prefill_s"] for r in times])
+        total = median([r["generate_s"] for r in times])
         decode = max(total - prefill, 1e-9)
         dtps = self.B * self.new / decode
-        return {"tokens_per_s": dtps, "decode_tokens_per_s": dtps, "prefill_tokens_per_s": self.B * self.P / prefill,
-                "time_to_first_token_s": prefill + decode / self.new,
-                "mfu": dtps * 2 * self.n_params / self.peak, "peak_memory_mb": _peak_memory_mb(self.device)}
+        out = {"tokens_per_s": dtps, "decode_tokens_per_s": dtps, "prefill_tokens_per_s": self.B * self.P / prefill,
+               "time_to_first_token_s": prefill + decode / self.new,
+               "mfu": dtps * 2 * self.n_params / self.peak, "peak_memory_mb": _peak_memory_mb(self.device)}
+        return {**out, **bandwidth_bound(dtps, self.B, self.param_bytes, self.device.device_kind)}
+
+
+def bandwidth_bound(decode_tokens_per_s, batch, param_bytes, device_kind) -> dict:
+    """Decoding against the memory-bandwidth bound on a GPU of known bandwidth: each step reads every
+    parameter once (param_bytes; the KV cache, small at these lengths, is left out), so at most
+    batch * bandwidth / param_bytes tokens/s; `decode_bound_frac` is the share of that reached."""
+    bw = hbm_bandwidth(device_kind)
+    if not bw:
+        return {}
+    bound = batch * bw / param_bytes
+    return {"param_bytes": param_bytes, "hbm_bandwidth": bw, "decode_bound_tokens_per_s": bound,
+            "decode_bound_frac": decode_tokens_per_s / bound}
 
 
 class ZooInput:
@@ -208,10 +256,11 @@ class ZooInput:
         self.times.append(r)
         return r
 
-    def final(self):
-        out = {f"tokenizer_{n}_mb_per_s": self.mb / median([r[f"tokenize_{n}_s"] for r in self.times])
+    def final(self, since: int = 0):
+        times = self.times[since:]
+        out = {f"tokenizer_{n}_mb_per_s": self.mb / median([r[f"tokenize_{n}_s"] for r in times])
                for n in self.tokenizers}
-        bps = 200 / median([r["batches_200_s"] for r in self.times])
+        bps = 200 / median([r["batches_200_s"] for r in times])
         return {**out, "batches_per_s": bps, "tokens_per_s": bps * self.batch * self.T, "mfu": None}
 
 
@@ -222,20 +271,39 @@ ZOO = {"gpt_train": ZooTrain, "bert_mlm": ZooTrain, "encdec_train": ZooTrain, "g
 def serve(bench) -> None:
     print(json.dumps(bench.ready()), flush=True)
     for line in sys.stdin:
-        cmd = line.strip()
+        cmd, _, arg = line.strip().partition(" ")
         if cmd == "quit":
             break
-        print(json.dumps(bench.round() if cmd == "round" else bench.final()), flush=True)
+        if cmd == "round":
+            out = bench.round()
+        elif cmd == "final":
+            out = bench.final(int(arg or 0))
+        elif cmd == "profile":
+            if not hasattr(bench, "profile"):
+                out = {"profile": None}
+            else:
+                bench.profile(arg)
+                out = {"profile": arg}
+        else:
+            out = {"error": f"unknown command {cmd!r}"}
+        print(json.dumps(out), flush=True)
 
 
 def main() -> int:
     framework, spec = sys.argv[1], json.loads(sys.argv[2])
+    hold = "--hold" in sys.argv[3:]
     try:
         if framework == "zoo":
+            from zoo import accel
+            accel.configure()  # XLA's GPU flags, before jax's backend starts
+            if hold:
+                sys.stdin.readline()
             bench = ZOO[spec["workload"]](spec)
         else:
-            from zoo.bench.torch_peer import PEERS
-            bench = PEERS[spec["workload"]](spec)
+            from zoo.bench import torch_peer  # the framework imports, before waiting
+            if hold:
+                sys.stdin.readline()
+            bench = torch_peer.make(framework, spec)
     except Exception as e:  # reported to the parent as one line
         print(json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}), flush=True)
         return 1

@@ -1,14 +1,19 @@
 """Benchmark zoo's hot paths (step time, tokens/s, MFU, memory, compile time), beside transformers if asked.
 
-The peer (--peer hf-torch) runs transformers (PyTorch) on the same shapes.
+Peers (--peer, repeatable or a comma list): hf-torch runs transformers (PyTorch) on the same shapes and
+device (CUDA: bf16 autocast, SDPA, fused AdamW; CPU: float32), hf-torch-compile adds torch.compile.
 
     zoo-bench --workload gpt_train --preset gpt2_small --seq-len 1024 --batch 8 --dtype bfloat16
     zoo-bench --out bench.jsonl                    # every workload, one JSON line each, then a table
     zoo-bench --shapes cpu --peer hf-torch         # the scaled CPU shapes, transformers side by side
+    zoo-bench --shapes gpu --peer hf-torch,hf-torch-compile --rounds 3 --out bench_gpu.jsonl
+                                                   # the GPU story in one call (one H100/H200)
 
-Each framework runs in its own worker process; the parent alternates timed rounds between them
-so that both see the same machine conditions, and reports medians and minima over rounds. Ratios
-are zoo / peer measured in the same run.
+Each framework runs in its own worker process; the parent alternates timed rounds between zoo and
+each peer so that both see the same machine conditions, and reports medians and minima over rounds.
+Ratios are zoo / peer measured in the same run. Each row names the card, the dtype, zoo's jax/flax
+versions and each peer's transformers/torch versions. `--profile DIR` writes a jax.profiler trace of
+a few zoo steps per shape (view with TensorBoard's profile plugin or Perfetto).
 """
 
 from __future__ import annotations
@@ -20,27 +25,37 @@ import time
 
 from zoo.bench import shapes as bench_shapes
 from zoo.bench.run import ROUNDS, run_spec, table
+from zoo.bench.shapes import PEER_NAMES
 from zoo.cli import error
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="zoo-bench", description=__doc__.split("\n")[0])
     ap.add_argument("--workload", choices=bench_shapes.WORKLOADS, action="append",
-                    help="repeatable; default: all")
-    ap.add_argument("--shapes", choices=("full", "cpu"), default="full",
-                    help="full: the published shapes; cpu: the scaled shapes for a CPU")
+                    help="repeatable; default: every workload with shapes in the --shapes set")
+    ap.add_argument("--shapes", choices=bench_shapes.SHAPE_SETS, default="full",
+                    help="full: the published shapes; cpu: the scaled shapes for a CPU; gpu: the GPU story "
+                         "(GPT-2, BERT-base, T5-small, generation) for one H100/H200")
     ap.add_argument("--preset", help="model preset for the train workloads (e.g. gpt2_small, bert_base)")
     ap.add_argument("--seq-len", type=int)
     ap.add_argument("--batch", type=int)
     ap.add_argument("--dtype", choices=("float32", "bfloat16"))
     ap.add_argument("--rounds", type=int, default=ROUNDS)
-    ap.add_argument("--peer", choices=("hf-torch",), help="run transformers (PyTorch) on the same shapes")
+    ap.add_argument("--peer", action="append", default=[], metavar="|".join(PEER_NAMES),
+                    help="run transformers (PyTorch) on the same shapes and device, beside zoo; repeatable or "
+                         "a comma list (each peer's ratio is reported)")
     ap.add_argument("--out", help="append one JSON line per shape to this file")
+    ap.add_argument("--profile", metavar="DIR", help="write a jax.profiler trace of a few zoo steps per shape "
+                                                     "to DIR/WORKLOAD-SHAPE")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for zoo's side, repeatable (e.g. model.attention_impl=xla, model.remat=true)")
     a = ap.parse_args(argv)
+    peers = list(dict.fromkeys(p.strip() for arg in a.peer for p in arg.split(",") if p.strip()))
+    for p in peers:
+        if p not in PEER_NAMES:
+            ap.error(f"argument --peer: invalid choice: {p!r} (choose from {', '.join(PEER_NAMES)})")
     try:
-        specs = bench_shapes.specs(a.workload or list(bench_shapes.WORKLOADS), a.shapes, preset=a.preset,
+        specs = bench_shapes.specs(a.workload or bench_shapes.workloads_with(a.shapes), a.shapes, preset=a.preset,
                                    seq_len=a.seq_len, batch=a.batch, dtype=a.dtype)
     except ValueError as e:
         return error(e)
@@ -49,7 +64,7 @@ def main(argv=None) -> int:
         spec["overrides"] = spec.get("overrides", []) + a.set
         t = time.perf_counter()
         try:
-            row = run_spec(spec, a.peer, a.rounds)
+            row = run_spec(spec, peers, a.rounds, profile=a.profile)
         except RuntimeError as e:  # zoo's worker refused the spec (bad --set) or died: one line, no traceback
             print(f"error: {spec['workload']} {spec['name']}: {e}", file=sys.stderr)
             return 2

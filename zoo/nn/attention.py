@@ -1,11 +1,17 @@
-"""Attention: masks, the backend choice per platform, and the multi-head `Attention` module.
+"""Attention: masks, the backend choice per platform and shape, and the multi-head `Attention` module.
 
 `attention()` is the one entry point: zoo's einsum softmax (`einsum_attention`) on CPU, or
 `jax.nn.dot_product_attention` with the backend `model.attention_impl` names (see
-`resolve_attention`). Masks are boolean, True = may attend, shaped [B, 1, T, S] (broadcastable).
+`resolve_attention`). On an NVIDIA GPU `auto` is cuDNN flash attention wherever
+`cudnn_unsupported_reason` finds nothing against the shapes and dtype, else XLA, with the reason
+logged once (`FALLBACKS` keeps them). Masks are boolean, True = may attend, shaped [B, 1, T, S]
+(broadcastable).
 """
 
 from __future__ import annotations
+
+import functools
+import logging
 
 import flax.linen as nn
 import jax
@@ -14,8 +20,12 @@ import jax.numpy as jnp
 from zoo.nn.layers import Dtype, Einsum
 
 # model.attention_impl: einsum is zoo's own softmax attention, what `auto` runs on CPU; xla and cudnn are
-# jax.nn.dot_product_attention's backends (cudnn: flash attention on NVIDIA GPUs).
+# jax.nn.dot_product_attention's backends (cudnn: flash attention on NVIDIA GPUs, what `auto` runs there).
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "einsum")
+CUDNN_DTYPES = ("bfloat16", "float16")
+
+log = logging.getLogger(__name__)
+FALLBACKS: set[str] = set()  # why `auto` ran XLA instead of cuDNN in this process, each logged once
 
 
 def causal_mask(positions_T, length: int):
@@ -59,27 +69,167 @@ def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None
     return (out_BTNH / jnp.sum(e_BNTS, -1).transpose(0, 2, 1)[..., None]).astype(q_BTNH.dtype)
 
 
-def resolve_attention(implementation: str | None) -> str | None:
-    """The backend `attention` runs for model.attention_impl: "einsum" for "einsum", and for "auto" (or
-    None) on CPU; otherwise the name passed to jax.nn.dot_product_attention (None: its own pick, cuDNN
-    flash attention on a GPU when the shapes allow)."""
-    if implementation in (None, "auto"):
-        return "einsum" if jax.default_backend() == "cpu" else None
-    return implementation
+def resolve_attention(implementation: str | None, platform: str | None = None) -> str:
+    """The backend `attention` runs for model.attention_impl on `platform` (default: jax's default backend),
+    before looking at shapes: the named one for einsum | xla | cudnn; for auto (or None) einsum on CPU,
+    cudnn on GPU (XLA where `cudnn_unsupported_reason` objects, see `select_backend`), xla elsewhere."""
+    if implementation not in (None, "auto"):
+        return implementation
+    platform = platform or jax.default_backend()
+    return {"cpu": "einsum", "gpu": "cudnn", "cuda": "cudnn"}.get(platform, "xla")
 
 
-def attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None, is_causal=False, implementation=None):
-    """einsum_attention or jax.nn.dot_product_attention, as `resolve_attention(implementation)` says."""
-    implementation = resolve_attention(implementation)
-    if implementation == "einsum":
+def _capability(cc) -> tuple[int, int] | None:
+    try:
+        major, minor = str(cc).split(".")
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+def cudnn_unsupported_reason(q, k, v, bias=None, mask=None, *, is_causal: bool = False, training: bool = True,
+                             compute_capability: str | None = None) -> str | None:
+    """Why jax.nn.dot_product_attention(implementation="cudnn") cannot take these operands (arrays, tracers or
+    jax.ShapeDtypeStruct: only shapes and dtypes are read), or None when it can.
+
+    The conditions, from jax's cuDNN path (jax/_src/cudnn/fused_attention_stablehlo.py: check_layout,
+    check_is_flash_attention, combine_bias_and_mask; jax 0.10) and NVIDIA's cuDNN SDPA support matrix
+    (docs.nvidia.com/cudnn, "Attention"):
+
+    - query, key and value of one dtype, float16 or bfloat16 (fp8 is a separate API);
+    - rank 4, [B, T, N, H] / [B, S, K, H], N a multiple of K (grouped keys are fine), key and value of one
+      head dim H: a multiple of 8, at most 128, or 256 on Hopper (compute capability 9.0) and later;
+    - a GPU of compute capability 8.0 (Ampere) or later, when `compute_capability` is given (None: not
+      checked, and H at most 128);
+    - a mask is folded into an additive bias; `attention` broadcasts a mask's length axes to [T, S], so any
+      broadcastable boolean mask is fine, but a bias must span [T, S] itself;
+    - a bias (or a mask) in training needs even T and S;
+    - a bias whose gradient jax's cuDNN rule would not return (`should_export_dbias`: every shape in jax 0.10,
+      only [1, N, T, S] in older releases, where the gradient of any other shape came back as zeros).
+
+    `is_causal` needs nothing (cuDNN's causal mask), nor the scale. `training` is False for decoding
+    (no gradient is taken), where odd lengths (T = 1) are fine.
+    """
+    dtypes = {jnp.dtype(x.dtype).name for x in (q, k, v)}
+    if len(dtypes) > 1:
+        return f"query, key and value dtypes differ ({', '.join(sorted(dtypes))})"
+    dtype = dtypes.pop()
+    if dtype not in CUDNN_DTYPES:
+        return f"dtype {dtype} (cuDNN flash attention takes {' or '.join(CUDNN_DTYPES)})"
+    if not len(q.shape) == len(k.shape) == len(v.shape) == 4:
+        return "query, key and value must be [batch, length, heads, head dim]"
+    B, T, N, H = q.shape
+    S, K, Hv = k.shape[1], k.shape[2], v.shape[3]
+    if N % K:
+        return f"{N} query heads are not a multiple of {K} key/value heads"
+    if Hv != H:
+        return f"key head dim {H} differs from value head dim {Hv}"
+    cc = None if compute_capability is None else _capability(compute_capability)
+    if compute_capability is not None and cc is None:
+        return f"not an NVIDIA GPU (compute capability {compute_capability!r})"
+    if cc is not None and cc < (8, 0):
+        return f"compute capability {compute_capability} (cuDNN flash attention needs 8.0, Ampere, or later)"
+    h_max = 256 if cc is not None and cc >= (9, 0) else 128
+    if H % 8 or H > h_max:
+        return f"head dim {H} (cuDNN flash attention takes a multiple of 8 up to {h_max})"
+    if bias is not None:
+        b_shape = (1,) * (4 - len(bias.shape)) + tuple(bias.shape)
+        if b_shape[2:] != (T, S):
+            return f"bias of shape {tuple(bias.shape)} does not span the query and key lengths [{T}, {S}]"
+        combined = b_shape if mask is None else jnp.broadcast_shapes(b_shape, (1,) * (4 - len(mask.shape)) +
+                                                                    tuple(mask.shape))
+        if training and not _dbias_exported(combined, q.shape):
+            return f"this jax returns no cuDNN gradient for a bias of shape {combined} (only [1, N, T, S])"
+    if training and (bias is not None or mask is not None) and (T % 2 or S % 2):
+        return f"odd length (T={T}, S={S}) with a mask or bias in training"
+    return None
+
+
+def _dbias_exported(bias_shape, q_shape) -> bool:
+    """jax's own rule for whether its cuDNN attention returns the bias gradient (False if it cannot be asked)."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as fa
+        return bool(fa.should_export_dbias(tuple(bias_shape), tuple(q_shape), fa.AttentionLayout.BTNH.value))
+    except Exception:  # moved or changed: assume not, so a learned bias keeps a correct gradient (XLA)
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_compute_capability() -> str | None:
+    """The compute capability of jax's first device ("9.0"); "not CUDA" for a GPU of another vendor (ROCm);
+    None when it is not a GPU or does not say."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return None
+    version = str(getattr(getattr(device, "client", None), "platform_version", "cuda")).lower()
+    return getattr(device, "compute_capability", None) if "cuda" in version else "not CUDA"
+
+
+def note_fallback(reason: str) -> None:
+    """Log, once per reason, that `auto` attention runs XLA instead of cuDNN."""
+    if reason not in FALLBACKS:
+        FALLBACKS.add(reason)
+        log.warning("attention: model.attention_impl=auto runs XLA here, not cuDNN flash attention: %s", reason)
+
+
+def select_backend(implementation, q, k, v, bias=None, mask=None, *, is_causal=False, training=True,
+                   platform: str | None = None) -> str:
+    """`resolve_attention`, then for auto on a GPU: cuDNN if `cudnn_unsupported_reason` finds nothing, else xla
+    (the reason logged once). A backend named explicitly is returned as is (cuDNN then raises if it must)."""
+    backend = resolve_attention(implementation, platform)
+    if backend != "cudnn" or implementation not in (None, "auto"):
+        return backend
+    if platform is None and jax.default_backend() == "gpu":
+        cc = gpu_compute_capability()
+    else:
+        cc = None
+    reason = cudnn_unsupported_reason(q, k, v, bias, mask, is_causal=is_causal, training=training,
+                                      compute_capability=cc)
+    if reason:
+        note_fallback(reason)
+        return "xla"
+    return "cudnn"
+
+
+def attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None, is_causal=False, implementation=None,
+              training=True):
+    """einsum_attention or jax.nn.dot_product_attention, as `select_backend` says. `training` False (decoding:
+    no gradient) lets `auto` take cuDNN at odd lengths."""
+    backend = select_backend(implementation, q_BTNH, k_BSKH, v_BSKH, bias, mask, is_causal=is_causal,
+                             training=training)
+    if backend == "einsum":
         return einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias, mask, scale=scale, is_causal=is_causal)
+    if backend == "cudnn":
+        return _cudnn(q_BTNH, k_BSKH, v_BSKH, bias, mask, scale=scale, is_causal=is_causal,
+                      fallback=implementation in (None, "auto"))
     return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=bias, mask=mask, scale=scale,
-                                        is_causal=is_causal, implementation=implementation)
+                                        is_causal=is_causal, implementation=backend)
+
+
+def _cudnn(q_BTNH, k_BSKH, v_BSKH, bias, mask, *, scale, is_causal, fallback):
+    """cuDNN flash attention: the mask's length axes broadcast to [T, S] (cuDNN takes it as a full-length
+    bias), the bias in the compute dtype. With `fallback` (auto), a shape jax's cuDNN checks still refuse
+    at trace time runs XLA instead, the reason logged once."""
+    T, S = q_BTNH.shape[1], k_BSKH.shape[1]
+    cmask = None
+    if mask is not None:
+        mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+        cmask = jnp.broadcast_to(mask, mask.shape[:2] + (T, S))
+    cbias = None if bias is None else bias.astype(q_BTNH.dtype)
+    try:
+        return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=cbias, mask=cmask, scale=scale,
+                                            is_causal=is_causal, implementation="cudnn")
+    except (NotImplementedError, ValueError, RuntimeError) as e:
+        if not fallback:
+            raise
+        note_fallback(f"jax's cuDNN checks: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=bias, mask=mask, scale=scale,
+                                        is_causal=is_causal, implementation="xla")
 
 
 class Attention(nn.Module):
     """Multi-head attention: zoo's einsum softmax on CPU, jax.nn.dot_product_attention elsewhere
-    (cuDNN flash on GPU), see `attention`.
+    (cuDNN flash attention on GPU where the shapes allow), see `attention`.
 
     Self-attention when `kv_BSD` is None, cross-attention otherwise. With `decode=True` keys and
     values are written into a cache (collection "cache", length fixed when the cache is created)
@@ -119,7 +269,7 @@ class Attention(nn.Module):
             k_BSKH, v_BSKH, mask_B1TS = self._update_cache(k_BSKH, v_BSKH, positions_T, mask_B1TS)
             is_causal = False
         out_BTNH = attention(q_BTNH, k_BSKH, v_BSKH, bias=bias_BNTS, mask=mask_B1TS, scale=self.scale,
-                             is_causal=is_causal, implementation=self.implementation)
+                             is_causal=is_causal, implementation=self.implementation, training=not decode)
         return Einsum((self.num_heads, self.head_dim, D), ("heads", "kv", "embed"), "BTNH,NHD->BTD",
                       std=self.out_std, bias_axes=("embed",) if self.use_bias else None,
                       dtype=self.dtype, param_dtype=self.param_dtype, name="out")(out_BTNH)

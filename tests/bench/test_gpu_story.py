@@ -1,0 +1,122 @@
+"""The GPU story of zoo-bench, checked on CPU: the `gpu` shape set, several peers in one call (parsing,
+per-peer ratios, the table), the decoding bandwidth bound, the torch peer's report, and a real run beside
+hf-torch with a profile."""
+
+import json
+
+import pytest
+
+from zoo.bench import run, shapes
+from zoo.bench.common import hbm_bandwidth
+from zoo.bench.worker import bandwidth_bound
+from zoo.cli import bench
+
+SMALL = ["model.num_layers=1", "model.d_model=64", "model.num_heads=2", "model.d_ff=128", "model.vocab_size=512",
+         "data.seq_len=32", "train.batch_size=8"]
+
+
+def test_the_gpu_set_holds_exactly_the_gpu_story():
+    specs = shapes.specs(shapes.workloads_with("gpu"), "gpu")
+    got = [(s["workload"], s["name"], s["batch"], s["seq_len"]) for s in specs]
+    assert got == [("gpt_train", "gpt2_small-T1024-B16", 16, 1024), ("gpt_train", "gpt2_small-T1024-B32", 32, 1024),
+                   ("bert_mlm", "bert_base-T128-B64", 64, 128), ("bert_mlm", "bert_base-T512-B16", 16, 512),
+                   ("encdec_train", "t5_small-S512-T128-B16", 16, 512),
+                   ("generate", "gpt2_small-P32-N128-B1", 1, 160), ("generate", "gpt2_small-P32-N128-B8", 8, 160)]
+    gpt = specs[0]["hf"]
+    assert (gpt["n_layer"], gpt["n_embd"], gpt["vocab_size"]) == (12, 768, 50257)
+    assert all(s["dtype"] is None for s in specs)  # the worker's default: bfloat16 on a GPU
+    assert "input" not in shapes.workloads_with("gpu") and "input" in shapes.workloads_with("cpu")
+
+
+def test_one_call_runs_every_gpu_shape_beside_both_peers(monkeypatch, tmp_path, capsys):
+    calls = []
+
+    def fake_run_spec(spec, peers, rounds, profile=None):
+        calls.append((spec["name"], peers, rounds, profile))
+        pairs = {p: ({"name": p, "device": "cpu"}, [{"step_s": 1.0}], {"tokens_per_s": 50.0 * (i + 1)},
+                     {"tokens_per_s": 100.0}) for i, p in enumerate(peers)}
+        ready = {"device_kind": "cpu", "settings": {"dtype": "bfloat16"}, "zoo": "jax / flax"}
+        return run.summarise(spec, (ready, [{"step_s": 1.0}], {"tokens_per_s": 100.0}), pairs)
+
+    monkeypatch.setattr(bench, "run_spec", fake_run_spec)
+    out = tmp_path / "bench_gpu.jsonl"
+    argv = ["--shapes", "gpu", "--peer", "hf-torch,hf-torch-compile", "--peer", "hf-torch", "--rounds", "3",
+            "--out", str(out), "--profile", str(tmp_path / "prof")]
+    assert bench.main(argv) == 0
+    assert [c[1:] for c in calls] == [(["hf-torch", "hf-torch-compile"], 3, str(tmp_path / "prof"))] * 7
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["peers"]["hf-torch"]["ratio_tokens_per_s"] for r in rows] == [2.0] * 7
+    assert rows[0]["peers"]["hf-torch-compile"]["ratio_tokens_per_s"] == 1.0
+    assert "ratio_tokens_per_s" not in rows[0]  # two peers: the ratios are per peer only
+    assert rows[0]["card"] == "cpu" and rows[0]["dtype"] == "bfloat16" and rows[0]["zoo"] == "jax / flax"
+    table = capsys.readouterr().out.splitlines()[-9:]
+    assert table[0].endswith("zoo / hf-torch | zoo / hf-torch-compile") and table[2].endswith("| 2 | 1")
+
+
+def test_an_unknown_peer_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--peer", "hf-torch,jax-flax"])
+    assert e.value.code == 2 and "'jax-flax'" in capsys.readouterr().err
+
+
+def test_a_single_peer_keeps_the_top_level_ratios():
+    spec = {"workload": "generate", "name": "x"}
+    ready = {"device_kind": "NVIDIA H100 80GB HBM3", "settings": {"dtype": "bfloat16"}}
+    zoo = (ready, [{"prefill_s": 1.0, "generate_s": 2.0}], {"tokens_per_s": 30.0, "decode_tokens_per_s": 30.0})
+    peer = ({"name": "hf-torch", "device": "NVIDIA H100 80GB HBM3", "versions": "transformers / torch"},
+            [{"prefill_s": 1.0, "generate_s": 4.0}], {"tokens_per_s": 10.0, "decode_tokens_per_s": 10.0},
+            {"tokens_per_s": 20.0, "decode_tokens_per_s": 20.0})
+    row = run.summarise(spec, zoo, {"hf-torch": peer})
+    assert row["ratio_decode_tokens_per_s"] == row["peers"]["hf-torch"]["ratio_tokens_per_s"] == 2.0  # its pairing
+    assert row["peers"]["hf-torch"]["versions"] == "transformers / torch" and row["generate_s_median"] == 2.0
+
+
+def test_decoding_is_measured_against_the_bandwidth_bound():
+    assert hbm_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12 and hbm_bandwidth("NVIDIA H200") == 4.8e12
+    assert hbm_bandwidth("NVIDIA A100-SXM4-80GB") == 2.0e12 and hbm_bandwidth("NVIDIA H100 PCIe") == 2.0e12
+    assert hbm_bandwidth("cpu") is None and bandwidth_bound(100.0, 1, 248e6, "cpu") == {}
+    b = bandwidth_bound(6000.0, 1, 250e6, "NVIDIA H200")  # GPT-2 124M in bf16: 250 MB a token
+    assert b["decode_bound_tokens_per_s"] == pytest.approx(19200) and b["decode_bound_frac"] == pytest.approx(0.3125)
+    assert bandwidth_bound(6000.0, 8, 250e6, "NVIDIA H200")["decode_bound_tokens_per_s"] == pytest.approx(8 * 19200)
+
+
+def _tiny_gpt(**kw):
+    return {"workload": "generate", "hf": {"arch": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64,
+                                           "vocab_size": 128, "n_positions": 64}, "batch": 2, "seq_len": 16, **kw}
+
+
+def test_the_torch_peers_name_device_dtype_and_versions():
+    from zoo.bench import torch_peer
+    train = torch_peer.make("hf-torch", {**_tiny_gpt(), "workload": "gpt_train"})
+    r = train.ready()
+    assert (r["name"], r["device"], r["dtype"], r["attention"], r["compile"]) == ("hf-torch", "cpu", "float32",
+                                                                                  "sdpa", False)
+    assert r["versions"].startswith("transformers ") and " / torch " in r["versions"]
+    train.round()
+    assert train.final()["tokens_per_s"] > 0
+    gen = torch_peer.make("hf-torch-compile", _tiny_gpt(prompt=4, new=6))  # static cache (compiled on CUDA only)
+    assert gen.ready()["compile"] and gen.gen_kw["cache_implementation"] == "static"
+    gen.round()
+    assert gen.final(since=0)["decode_tokens_per_s"] > 0
+    with pytest.raises(ValueError, match="unknown peer"):
+        torch_peer.make("hf-jax", _tiny_gpt())
+
+
+def test_a_cpu_run_beside_hf_torch_with_a_profile(tmp_path):
+    out, prof = tmp_path / "bench.jsonl", tmp_path / "prof"
+    args = ["--workload", "gpt_train", "--shapes", "cpu", "--rounds", "1", "--peer", "hf-torch", "--out", str(out),
+            "--profile", str(prof)]
+    assert bench.main(args + [f"--set={o}" for o in SMALL]) == 0
+    row = json.loads(out.read_text().splitlines()[0])
+    peer = row["peers"]["hf-torch"]
+    assert peer["device"] == "cpu" and peer["dtype"] == "float32" and peer["tokens_per_s"] > 0
+    assert row["ratio_tokens_per_s"] == peer["ratio_tokens_per_s"] > 0
+    assert row["zoo"].startswith("jax ") and row["card"] == "cpu" and row["dtype"] == "float32"
+    assert list(prof.glob("gpt_train-*/**/*.xplane.pb"))
+
+
+def test_a_peer_that_cannot_start_says_why():
+    w = run.Worker("hf-torch", {"workload": "gpt_train"}, hold=True)  # no transformers config in the spec
+    with pytest.raises(RuntimeError, match="hf-torch worker: KeyError"):
+        w.go()
+    w.close()
