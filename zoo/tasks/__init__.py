@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from zoo.models import FAMILIES, TASK_FAMILY
 from zoo.models.base import resolve
-from zoo.tasks.base import Data, Task  # noqa: F401  (the public names)
+from zoo.tasks.base import Data, Task
+
+__all__ = ["Data", "Task", "build"]
 
 
 def build(cfg) -> Task:
