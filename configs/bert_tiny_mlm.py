@@ -3,10 +3,11 @@
     python train.py configs/bert_tiny_mlm.py --workdir runs/mlm
     zoo-fill-mask runs/mlm --text 'The "wh[MASK]le" statement is used for repeated execution'
 
-Expect (measured on a shared 2-core CPU: 7.6 min, ~7.5k tokens/s): MLM loss from 5.6 (ln 264) to
-2.53 at step 1000 (the corpus' byte unigram entropy is 3.26), eval_loss 2.68, eval_accuracy 0.31
-(masked bytes predicted exactly). The loss is still falling at the end, and fill-mask still leans on
-frequent bytes (' ', 'e'); more steps (--set train.steps=5000) pay.
+Expect (`python -m zoo.cli.results bert_tiny_mlm`, 2-core CPU, 2026-11-26): 2m52s wall; loss 4.12 ->
+2.58 over 1000 steps, eval_loss 2.703, eval_accuracy 0.2712; 25,649 tokens/s, MFU 0.36.
+
+For scale: the corpus' byte unigram entropy is 3.26 nats. The loss is still falling at the end and
+fill-mask still leans on frequent bytes (' ', 'e'); more steps (--set train.steps=5000) pay.
 """
 
 import dataclasses

@@ -7,9 +7,9 @@ keeps the phrases of at most 31 bytes, 5% held out.
     python train.py configs/encdec_tiny.py --workdir runs/s2s
     zoo-translate runs/s2s --text "a tiny model reverses words" --beam 4    # words reverses model tiny a
 
-Expect (2-core CPU shared with other jobs: 9m47s wall, ~6.6k source + target tokens/s): at step
-1500 eval_loss 0.008 (ppl 1.008), token accuracy 99.85%, and greedy decoding of the first 256
-held-out phrases: exact match 97.3%, BLEU 97.9 (step 500: 9.8% / 15.5; step 1000: 82.4% / 88.8).
+Expect (`python -m zoo.cli.results encdec_tiny`, 2-core CPU, 2026-11-26): 5m55s wall; loss 5.79 ->
+0.01 over 1500 steps, eval_loss 0.01107, eval_accuracy 0.9973, eval_exact_match 0.9453, eval_bleu
+96.89; 12,735 tokens/s, MFU 0.28.
 """
 
 from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
