@@ -23,6 +23,7 @@ from zoo.config import Config, DataConfig  # noqa: E402
 from zoo.data.tokenizers import get_tokenizer  # noqa: E402
 from zoo.hf import bart  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
+from tests.helpers.hf_runs import one_torch_thread  # noqa: F401,E402  (autouse fixture)
 
 V = 300  # the trained byte-level BPE: 5 specials, 256 bytes, 39 merges
 SMALL = dict(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -34,14 +35,6 @@ VARIANTS = {"tied": {}, "untied": dict(tie_word_embeddings=False)}
 SENTENCES = ["The if statement is used for conditional execution.", "Classes are callable",
              "  spaces\tand\nnewlines  ", "Unicode: naïve café — ünïcödé 😀"]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models: torch's threads only contend with XLA's on a small CPU (2 threads: ~100x slower here)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

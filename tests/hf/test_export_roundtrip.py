@@ -27,6 +27,7 @@ from zoo.models.gpt import GptConfig  # noqa: E402
 from zoo.tasks import mlm  # noqa: E402
 from zoo.tasks.seq2seq_data import framing  # noqa: E402
 from zoo.train import checkpoint  # noqa: E402
+from tests.helpers.hf_runs import one_torch_thread  # noqa: F401,E402  (autouse fixture)
 
 TEXTS = ["The if statement is used for conditional execution.", "  spaces\tand\nnewlines  \n\n",
          "Unicode: naïve café — ünïcödé 😀 北京 3.14159 km²", "I'm sure they'll've 12345678 items"]
@@ -66,14 +67,6 @@ REFUSED = {
 HF_CLASS = {"gpt_lm": "GPT2LMHeadModel", "bert_mlm": "BertForMaskedLM", "bert_cls": "BertForSequenceClassification",
             "seq2seq": None}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models: torch's threads only contend with XLA's on a small CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def make_run(run_dir, task, model, tokenizer="bytes", seq_len=32, seed=0):

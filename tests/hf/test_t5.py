@@ -25,6 +25,7 @@ from zoo.cli import translate  # noqa: E402
 from zoo.config import Config, DataConfig, OptimConfig, TrainConfig  # noqa: E402
 from zoo.hf import t5  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
+from tests.helpers.hf_runs import one_torch_thread  # noqa: F401,E402  (autouse fixture)
 
 V, EXTRA = 256, 4  # model rows; the tokenizer has 250 pieces + 4 sentinels
 SMALL = dict(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
@@ -36,14 +37,6 @@ VARIANTS = {"v1.0": dict(feed_forward_proj="relu", num_decoder_layers=3),
 SENTENCES = ["The if statement is used for conditional execution.", "Classes are callable",
              "  spaces\tand\nnewlines  ", "x <extra_id_0> y"]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models: torch's threads only contend with XLA's on a small CPU (2 threads: ~100x slower here)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def train_unigram(out_dir, texts):
