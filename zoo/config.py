@@ -247,13 +247,32 @@ def apply_overrides(cfg: Config, assignments) -> Config:
 
 def load_config_file(path: str) -> Config:
     """Run `get_config()` of a config file such as configs/gpt_tiny.py."""
+    import importlib.machinery
     import importlib.util
     import os
+    if os.path.isdir(path):
+        raise ConfigError(f"config file {path!r} is a directory; give a .py file such as configs/gpt_tiny.py")
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} does not exist (see configs/ for the shipped ones)")
-    spec = importlib.util.spec_from_file_location(f"zoo_config_{os.path.basename(path)[:-3]}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    if not path.endswith(".py"):
+        raise ConfigError(f"config file {path!r} is not a Python file (.py) with a get_config() function")
+    name = f"zoo_config_{os.path.basename(path)[:-3]}"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(
+        name, importlib.machinery.SourceFileLoader(name, path)))
+    try:
+        module.__loader__.exec_module(module)
+    except SyntaxError as e:
+        raise ConfigError(f"config file {path!r} line {e.lineno}: syntax error ({e.msg})") from None
+    except Exception as e:  # an exception while the file runs: name the file and the first line of it
+        raise ConfigError(f"config file {path!r} failed to run: {type(e).__name__}: {e}") from None
     if not hasattr(module, "get_config"):
         raise ConfigError(f"config file {path!r} has no get_config() function")
-    return module.get_config()
+    try:
+        cfg = module.get_config()
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"config file {path!r}: get_config() failed: {type(e).__name__}: {e}") from None
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"config file {path!r}: get_config() returned {type(cfg).__name__}, not a zoo.config.Config")
+    return cfg
