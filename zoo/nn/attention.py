@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from zoo.nn.layers import Dtype, Einsum
+from zoo.nn.layers import Dtype, Einsum, einsum_f32
 
 # model.attention_impl: einsum is zoo's own softmax attention, what `auto` runs on CPU; xla and cudnn are
 # jax.nn.dot_product_attention's backends (cudnn: flash attention on NVIDIA GPUs, what `auto` runs there).
@@ -55,8 +55,7 @@ def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None
     if K != N:
         k_BSKH, v_BSKH = (jnp.repeat(x, N // K, axis=2) for x in (k_BSKH, v_BSKH))
     scale = H ** -0.5 if scale is None else scale
-    s_BNTS = jnp.einsum("BTNH,BSNH->BNTS", q_BTNH * jnp.asarray(scale, q_BTNH.dtype), k_BSKH,
-                        preferred_element_type=jnp.float32)
+    s_BNTS = einsum_f32("BTNH,BSNH->BNTS", q_BTNH * jnp.asarray(scale, q_BTNH.dtype), k_BSKH)
     if bias is not None:
         s_BNTS = s_BNTS + bias.astype(jnp.float32)
     if is_causal:
@@ -65,7 +64,7 @@ def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None
     if mask is not None:
         s_BNTS = jnp.where(mask, s_BNTS, NEG_LARGE)
     e_BNTS = jnp.exp(s_BNTS - jax.lax.stop_gradient(jnp.max(s_BNTS, -1, keepdims=True)))
-    out_BTNH = jnp.einsum("BNTS,BSNH->BTNH", e_BNTS.astype(v_BSKH.dtype), v_BSKH, preferred_element_type=jnp.float32)
+    out_BTNH = einsum_f32("BNTS,BSNH->BTNH", e_BNTS.astype(v_BSKH.dtype), v_BSKH)
     return (out_BTNH / jnp.sum(e_BNTS, -1).transpose(0, 2, 1)[..., None]).astype(q_BTNH.dtype)
 
 

@@ -21,6 +21,14 @@ import jax.numpy as jnp
 Dtype = jnp.dtype
 
 
+def einsum_f32(eq: str, *xs):
+    """einsum with a float32 result whatever the operands' dtype (logits, scores, loss gradients). XLA:CPU
+    has no bfloat16 x bfloat16 -> float32 dot, so on CPU the operands are upcast first (the same numbers)."""
+    if jax.default_backend() == "cpu":
+        xs = tuple(x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x for x in xs)
+    return jnp.einsum(eq, *xs, preferred_element_type=jnp.float32)
+
+
 def normal(std: float, axes: tuple) -> Callable:
     """Normal(0, std) initializer tagged with logical axis names."""
     return nn.with_logical_partitioning(nn.initializers.normal(std), axes)
@@ -79,8 +87,7 @@ class Embed(nn.Module):
 
     def attend(self, x_BTD):
         # Logits in float32 whatever the compute dtype: softmax and loss need the range.
-        return jnp.einsum("BTD,VD->BTV", x_BTD.astype(self.dtype), self.embedding.astype(self.dtype),
-                          preferred_element_type=jnp.float32)
+        return einsum_f32("BTD,VD->BTV", x_BTD.astype(self.dtype), self.embedding.astype(self.dtype))
 
 
 def layer_norm(eps: float, dtype, param_dtype, name: str) -> nn.LayerNorm:

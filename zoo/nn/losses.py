@@ -26,6 +26,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from zoo.nn.layers import einsum_f32
+
 # Chunk the length axis so that one chunk's float32 logits stay at or below a budget: CHUNK_BYTES on CPU
 # (small chunks stay in cache and the scan costs nothing there); on GPU/TPU a few large chunks, since
 # every chunk is a sequential scan step with its own pair of backward matmuls and the [V, D] gradient
@@ -74,7 +76,7 @@ def num_chunks(B: int, T: int, V: int, chunk_bytes: int | None = None) -> int:
 
 def _chunk_stats(h_BCD, w_VD, bias_V, t_BC, smoothing: float, with_grad: bool):
     """Loss and correct per row of one chunk, and (with_grad) d loss / d logits weighted later."""
-    logits_BCV = jnp.einsum("BCD,VD->BCV", h_BCD, w_VD.astype(h_BCD.dtype), preferred_element_type=jnp.float32)
+    logits_BCV = einsum_f32("BCD,VD->BCV", h_BCD, w_VD.astype(h_BCD.dtype))
     if bias_V is not None:
         logits_BCV = logits_BCV + bias_V.astype(jnp.float32)
     max_BC = jnp.max(logits_BCV, -1)
@@ -114,10 +116,10 @@ def _run(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, with_grad):
         if not with_grad:
             return sums, None
         dz_BCV = (dz_BCV * wt_BC[..., None]).astype(h_BCD.dtype)
-        dh_BCD = jnp.einsum("BCV,VD->BCD", dz_BCV, w_VD.astype(h_BCD.dtype), preferred_element_type=jnp.float32)
+        dh_BCD = einsum_f32("BCV,VD->BCD", dz_BCV, w_VD.astype(h_BCD.dtype))
         # As D x V then transposed: the contraction runs over the leading axes of both operands, and this
         # order keeps the big dz as the row-major right-hand side (no [V, B*C] transpose of dz on CPU).
-        dw_VD = jnp.einsum("BCD,BCV->DV", h_BCD, dz_BCV, preferred_element_type=jnp.float32).T
+        dw_VD = einsum_f32("BCD,BCV->DV", h_BCD, dz_BCV).T
         db_V = None if bias_V is None else jnp.sum(dz_BCV.astype(jnp.float32), (0, 1))
         return sums, (dh_BCD.astype(h_BCD.dtype), dw_VD, db_V)
 
