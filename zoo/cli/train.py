@@ -109,10 +109,12 @@ def resolve(a):
     if a.resume:
         old = checkpoint.load_config(a.resume)
         cfg = apply_overrides(old, a.set)
-        shapes = lambda c: jax.tree.map(lambda x: x.shape, jax.eval_shape(tasks.build(c).init, jax.random.PRNGKey(0)))
+        shapes = lambda c: jax.tree.map(lambda x: (x.shape, x.dtype),  # noqa: E731
+                                        jax.eval_shape(tasks.build(c).init, jax.random.PRNGKey(0)))
         if cfg.task != old.task or shapes(cfg) != shapes(old):
-            raise ConfigError(f"--set {' '.join(a.set)} changes the model's shape; a resumed run keeps the "
-                              f"model of {a.resume!r} (only data, optim, train and mesh settings may change)")
+            raise ConfigError(f"--set {' '.join(a.set)} changes the model's parameters (shape or dtype); a resumed "
+                              f"run keeps the model of {a.resume!r} (only data, optim, train and mesh settings and "
+                              f"model.dtype may change)")
         return cfg, a.resume, True
     if a.init_from:
         workdir = a.workdir or _default_workdir(os.path.basename(os.path.normpath(a.init_from)) + "-ft")

@@ -1,23 +1,37 @@
 """Orbax CheckpointManager wrapper: save / restore / resume, and the one loader of a run's weights.
 
-Layout: WORKDIR/checkpoints/<step>/{params, train, config}. `params` is stored as its own item so
-sampling, fine-tuning (`init_from`) and conversion read only the weights. Orbax writes each step
+Layout: WORKDIR/checkpoints/<step>/{params, train, config, digest}. `params` is stored as its own item
+so sampling, fine-tuning (`init_from`) and conversion read only the weights. Orbax writes each step
 into a temporary directory and renames it when complete, so an interrupted save never replaces a
 good checkpoint; saves are asynchronous and `close()` waits for the last one.
+
+Trust: a state is saved only when every float in its params and optimizer state is finite, with a
+`digest` item holding a checksum per array (`fingerprint`), verified whenever the arrays are read back.
+Every reader (resume, sampling, init_from, conversion) takes the newest step that restores and
+verifies: a step that fails (a missing item, an Orbax/tensorstore/JSON error, a checksum mismatch) is
+reported in one line with its path and reason, and the next older step is tried.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import os
+import re
+import shutil
+import sys
+import time
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from zoo import tasks
 from zoo.config import Config, from_dict
 from zoo.data.tokenizers import get_tokenizer
-from zoo.errors import CheckpointError
+from zoo.errors import CheckpointError, ConfigError
 from zoo.models import FAMILIES
 
 
@@ -25,19 +39,31 @@ def ckpt_dir(workdir: str) -> str:
     return os.path.join(os.path.abspath(os.path.expanduser(workdir)), "checkpoints")
 
 
+def step_dir(workdir: str, step: int) -> str:
+    return os.path.join(ckpt_dir(workdir), str(step))
+
+
+ITEMS = ("params", "train", "config", "digest")
+
+
 def manager(workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False):
     # Readers open the manager with create=False and never save; orbax's read_only mode only logs noise.
     options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only,
                                            enable_async_checkpointing=async_save and not read_only)
-    return ocp.CheckpointManager(ckpt_dir(workdir), options=options,
-                                 item_names=("params", "train", "config"))
+    return ocp.CheckpointManager(ckpt_dir(workdir), options=options, item_names=ITEMS)
+
+
+def all_steps(workdir: str) -> list[int]:
+    """The run's checkpoint steps, newest first."""
+    if not os.path.isdir(ckpt_dir(workdir)):
+        return []
+    with manager(workdir, read_only=True) as m:
+        return sorted(m.all_steps(), reverse=True)
 
 
 def latest_step(workdir: str) -> int | None:
-    if not os.path.isdir(ckpt_dir(workdir)):
-        return None
-    with manager(workdir, read_only=True) as m:
-        return m.latest_step()
+    steps = all_steps(workdir)
+    return steps[0] if steps else None
 
 
 def require_latest(workdir: str) -> int:
@@ -48,50 +74,275 @@ def require_latest(workdir: str) -> int:
     return step
 
 
+# ---- checksums and finiteness, computed on the device(s) where the arrays live ----
+
+def _leaf_digest(x) -> jax.Array:
+    """A uint32 checksum of an array's bits, weighted by position (so swapped blocks differ too). Integer
+    sums wrap exactly, so the value is the same under any sharding and on any number of devices."""
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    width = {1: jnp.uint8, 2: jnp.uint16}.get(x.dtype.itemsize, jnp.uint32)
+    u = jax.lax.bitcast_convert_type(x, width).astype(jnp.uint32).reshape(-1)
+    weight = jnp.arange(u.size, dtype=jnp.uint32) * jnp.uint32(2654435761) + jnp.uint32(1)
+    return jnp.sum(u * weight, dtype=jnp.uint32)
+
+
+@jax.jit
+def _check(tree):
+    floats = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jax.tree.map(_leaf_digest, tree), jnp.all(jnp.stack(floats)) if floats else jnp.bool_(True)
+
+
+def fingerprint(tree) -> tuple[dict[str, int], bool]:
+    """({array path: checksum}, whether every float in `tree` is finite)."""
+    digests, finite = jax.device_get(_check(tree))
+    return ({jax.tree_util.keystr(p): int(v) for p, v in jax.tree_util.tree_flatten_with_path(digests)[0]},
+            bool(finite))
+
+
+def _train_item(state) -> dict:
+    return {"step": state.step, "opt_state": state.opt_state, "rng": state.rng}
+
+
+class NonFiniteState(Exception):
+    """The state to save holds NaN/Inf: it was not saved."""
+
+
+class SaveError(Exception):
+    """Orbax could not write a checkpoint (disk full, read-only, ...); the message is one line."""
+
+
+def _save_reason(e: BaseException) -> str:
+    """The OS reason of an Orbax/tensorstore write failure (e.g. "No space left on device"), else its first line."""
+    msg = str(e)
+    m = re.search(r"([A-Z][^:\"]*?) \[os_error_code", msg) or re.search(r"(\[Errno \d+\] [^\n]*)", msg)
+    return m.group(1) if m else f"{type(e).__name__}: {msg.splitlines()[0][:200] if msg else ''}"
+
+
+class _HeldOrbaxErrors(logging.Filter):
+    """Holds back the error records Orbax's background threads log about a failed save."""
+
+    def __init__(self):
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+        self.reported = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        text = f"{record.pathname} {record.getMessage()}"
+        if "orbax" in text or "OCDBT" in text or "tensorstore" in text:
+            if not self.reported:
+                self.held.append(record)
+            return False
+        return True
+
+
+def _event_loop_closed(exc_type, exc, tb) -> bool:
+    return exc_type is RuntimeError and "Event loop is closed" in str(exc)
+
+
+@contextlib.contextmanager
+def orbax_errors_held():
+    """While training: a failed asynchronous save makes Orbax's threads log the same error dozens of times
+    with tracebacks, and tensorstore's callbacks print 'Event loop is closed' into a closed loop. The run
+    reports such a failure itself in one line (SaveError), so those are held back; if the run ends without
+    having reported one, the held records are logged as usual."""
+    held = _HeldOrbaxErrors()
+    loggers = [logging.getLogger(n) for n in ("absl", "asyncio")]
+    for lg in loggers:
+        lg.addFilter(held)
+    old_hook = sys.unraisablehook
+
+    def hook(u):  # tensorstore's callbacks into a closed loop: reported as unraisable, with no object
+        if not _event_loop_closed(u.exc_type, u.exc_value, u.exc_traceback):
+            old_hook(u)
+    sys.unraisablehook = hook
+    try:
+        yield held
+    except SaveError:
+        held.reported = True  # stays installed: the process ends with the one line, not the echoes after it
+        raise
+    finally:
+        if not held.reported:
+            sys.unraisablehook = old_hook
+            for lg in loggers:
+                lg.removeFilter(held)
+            for record in held.held:
+                logging.getLogger(record.name).handle(record)
+
+
 def save(mngr, state, cfg: Config, force: bool = False) -> None:
+    """Save `state` as its step, with a checksum per array. Raises NonFiniteState (nothing saved) if any
+    float of params or optimizer state is NaN/Inf, SaveError if Orbax fails (an earlier asynchronous save
+    included)."""
     step = int(jax.device_get(state.step))
-    mngr.save(step, force=force, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(state.params),
-        train=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state, "rng": state.rng}),
-        config=ocp.args.JsonSave(cfg.to_dict())))
+    params_digest, params_finite = fingerprint(state.params)
+    train_digest, train_finite = fingerprint(_train_item(state))
+    if not (params_finite and train_finite):
+        raise NonFiniteState(f"step {step}: {'params' if not params_finite else 'optimizer state'} hold NaN/Inf")
+    try:
+        mngr.save(step, force=force, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(state.params),
+            train=ocp.args.StandardSave(_train_item(state)),
+            config=ocp.args.JsonSave(cfg.to_dict()),
+            digest=ocp.args.JsonSave({"params": params_digest, "train": train_digest})))
+    except Exception as e:
+        raise SaveError(f"saving checkpoints in {mngr.directory} failed (at step {step}): {_save_reason(e)}") from None
 
 
-def restore(mngr, step: int, abstract_state):
-    """Restore the whole TrainState; `abstract_state` holds ShapeDtypeStructs with shardings."""
+def check_for_errors(mngr) -> None:
+    """Raise SaveError now if an asynchronous save has failed (called at every log step)."""
+    try:
+        mngr.check_for_errors()
+    except Exception as e:
+        raise SaveError(f"saving a checkpoint in {mngr.directory} failed: {_save_reason(e)}") from None
+
+
+def finish(mngr) -> None:
+    """Wait for the last asynchronous save and close; a failed save -> SaveError (one line)."""
+    try:
+        mngr.wait_until_finished()
+    except Exception as e:
+        raise SaveError(f"saving a checkpoint in {mngr.directory} failed: {_save_reason(e)}") from None
+    finally:
+        try:
+            mngr.close()
+        except Exception:
+            pass  # the failure itself was raised above
+
+
+# ---- reading back: verified, newest step that restores ----
+
+def _reason(e: BaseException) -> str:
+    """One line saying why a step did not restore."""
+    msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    msg = msg.split("See full TensorStore details")[0].strip() or type(e).__name__
+    first = msg.splitlines()[0][:240]
+    if "reading array index" in first:
+        return f"an array file is missing or truncated (tensorstore: {first.rstrip('.')})"
+    return first if isinstance(e, (CheckpointError, ConfigError)) else f"{type(e).__name__}: {first}"
+
+
+def _verify(workdir: str, step: int, item: str, tree) -> None:
+    """Compare `tree`'s checksums with those saved beside it (checkpoints older than checksums: skipped)."""
+    path = os.path.join(step_dir(workdir, step), "digest", "metadata")
+    if not os.path.isdir(os.path.dirname(path)):
+        return
+    with open(path) as f:
+        saved = json.load(f)[item]
+    got, _ = fingerprint(tree)
+    bad = sorted(k for k in set(saved) | set(got) if saved.get(k) != got.get(k))
+    if bad:
+        raise CheckpointError(f"{item}{bad[0]} does not match its saved checksum"
+                              + (f" (and {len(bad) - 1} more arrays)" if len(bad) > 1 else "")
+                              + ": the files are damaged")
+
+
+def first_restorable(workdir: str, load, steps: list[int] | None = None):
+    """(step, load(step)) for the newest step where `load` succeeds. Each step that fails is reported on
+    stderr in one line (its path and the reason) before the next older one is tried; CheckpointError
+    naming every step tried if none restores."""
+    steps = all_steps(workdir) if steps is None else steps
+    if not steps:
+        require_latest(workdir)
+    failed = []
+    for i, step in enumerate(steps):
+        try:
+            return step, load(step)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:
+            failed.append(f"step {step} ({_reason(e)})")
+            after = f"trying step {steps[i + 1]}" if i + 1 < len(steps) else "no older step"
+            if jax.process_index() == 0:
+                print(f"warning: checkpoint {step_dir(workdir, step)} does not restore: {_reason(e)}; {after}",
+                      file=sys.stderr, flush=True)
+    raise CheckpointError(f"no checkpoint in {ckpt_dir(workdir)} restores; tried " + ", ".join(failed))
+
+
+def restore(mngr, step: int, abstract_state, workdir: str | None = None):
+    """Restore the whole TrainState of `step`, verified against its checksums when `workdir` is given;
+    `abstract_state` holds ShapeDtypeStructs with shardings."""
     a = abstract_state
     out = mngr.restore(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(a.params),
         train=ocp.args.StandardRestore({"step": a.step, "opt_state": a.opt_state, "rng": a.rng})))
+    if workdir is not None:
+        _verify(workdir, step, "params", out["params"])
+        _verify(workdir, step, "train", out["train"])
     t = out["train"]
     return a.replace(step=t["step"], params=out["params"], opt_state=t["opt_state"], rng=t["rng"])
 
 
-def load_config(workdir: str, step: int | None = None) -> Config:
-    step = require_latest(workdir) if step is None else step
+def restore_latest(workdir: str, abstract_state):
+    """(step, TrainState) of the newest step that restores and verifies, for resuming. Newer steps that did
+    not restore are moved aside into WORKDIR/checkpoints-damaged/ (kept for inspection, out of Orbax's way)."""
+    with manager(workdir, read_only=True) as m:
+        steps = sorted(m.all_steps(), reverse=True)
+        step, state = first_restorable(workdir, lambda s: restore(m, s, abstract_state, workdir), steps)
+    damaged = [s for s in steps if s > step]
+    if damaged and jax.process_index() == 0:
+        aside = os.path.join(os.path.dirname(ckpt_dir(workdir)), "checkpoints-damaged")
+        os.makedirs(aside, exist_ok=True)
+        for s in damaged:
+            shutil.move(step_dir(workdir, s), os.path.join(aside, f"{s}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    if damaged and jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("zoo: damaged checkpoints moved aside")
+    return step, state
+
+
+def prune(mngr, keep: int) -> None:
+    """Delete the oldest steps beyond `keep` (a kill between a save and Orbax's cleanup leaves one extra)."""
+    for s in sorted(mngr.all_steps())[:-keep] if keep else []:
+        mngr.delete(s)
+
+
+def _restore_config(workdir: str, step: int) -> Config:
     with manager(workdir, read_only=True) as m:
         d = m.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
     return from_dict(d)
 
 
-def load_params(workdir: str, abstract_params=None, step: int | None = None):
-    """The params of a run's latest (or given) checkpoint; laid out as `abstract_params` if given."""
-    step = require_latest(workdir) if step is None else step
+def load_config(workdir: str, step: int | None = None) -> Config:
+    """The config of the given step, or of the newest step whose config restores."""
+    if step is not None:
+        return _restore_config(workdir, step)
+    return first_restorable(workdir, lambda s: _restore_config(workdir, s))[1]
+
+
+def _restore_params(workdir: str, step: int, abstract_params):
     with manager(workdir, read_only=True) as m:
         args = ocp.args.StandardRestore(abstract_params) if abstract_params is not None else \
             ocp.args.StandardRestore()
-        return m.restore(step, args=ocp.args.Composite(params=args))["params"]
+        params = m.restore(step, args=ocp.args.Composite(params=args))["params"]
+    _verify(workdir, step, "params", params)
+    return params
+
+
+def load_params(workdir: str, abstract_params=None, step: int | None = None):
+    """The verified params of the given step, or of the newest step whose params restore and verify;
+    laid out as `abstract_params` if given."""
+    if step is not None:
+        return _restore_params(workdir, step, abstract_params)
+    return first_restorable(workdir, lambda s: _restore_params(workdir, s, abstract_params))[1]
 
 
 def save_weights(workdir: str, params, cfg: Config, step: int = 0) -> None:
-    """A weights-only checkpoint (converted models): `params` and `config`, no optimizer state.
+    """A weights-only checkpoint (converted models): `params`, `config` and checksums, no optimizer state.
     Sampling, `init_from` and `to-hf` read it; `--resume` does not apply."""
+    digest, _ = fingerprint(params)
     with manager(workdir, async_save=False) as m:
         m.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                             config=ocp.args.JsonSave(cfg.to_dict())))
+                                             config=ocp.args.JsonSave(cfg.to_dict()),
+                                             digest=ocp.args.JsonSave({"params": digest})))
 
 
 def has_train_state(workdir: str, step: int) -> bool:
-    return os.path.isdir(os.path.join(ckpt_dir(workdir), str(step), "train"))
+    return os.path.isdir(os.path.join(step_dir(workdir, step), "train"))
 
 
 def load_params_of(workdir: str, cfg: Config, sharding=None, step: int | None = None):

@@ -54,8 +54,11 @@ def make_train_step(task, tx, schedule, grad_accum: int):
 
         params, opt_state = jax.lax.cond(finite, apply, lambda p, o: (p, o), state.params, state.opt_state)
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-        metrics = {**sums, "grad_norm": grad_norm, "param_norm": optax.tree.norm(params),
-                   "lr": schedule(state.step), "finite": finite}
+        param_norm = optax.tree.norm(params)
+        # An update can overflow although its gradients were finite (a huge lr): the params' norm, computed
+        # anyway, flags it, and the host stops before anything saves this state.
+        metrics = {**sums, "grad_norm": grad_norm, "param_norm": param_norm,
+                   "lr": schedule(state.step), "finite": finite & jnp.isfinite(param_norm)}
         return new_state, metrics
     return train_step
 

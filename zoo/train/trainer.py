@@ -34,6 +34,7 @@ from zoo.errors import ConfigError, TrainError
 from zoo.train import checkpoint, flops, optim, sharding
 from zoo.train.metrics import MetricsWriter
 from zoo.train.prefetch import Prefetcher
+from zoo.train.workdir import claim, remove_new
 from zoo.train.step import TrainState, make_eval_step, make_train_step, state_init
 
 
@@ -157,15 +158,27 @@ class _Stopper:
 
 
 def _check_workdir(workdir: str, resume: bool) -> None:
-    has = checkpoint.latest_step(workdir) is not None
-    if resume and not has:
+    steps = checkpoint.all_steps(workdir)
+    if resume and not steps:
         checkpoint.require_latest(workdir)
-    if resume and not checkpoint.has_train_state(workdir, checkpoint.latest_step(workdir)):
+    if resume and not any(checkpoint.has_train_state(workdir, st) for st in steps):
         raise TrainError(f"{workdir!r} holds weights only (a converted checkpoint), nothing to resume; "
                          f"fine-tune from it with --set init_from={workdir}")
-    if not resume and has:
+    if not resume and steps:
         raise TrainError(f"workdir {workdir!r} already holds checkpoints; continue it with "
                          f"`python train.py --resume {workdir}` or pick another --workdir")
+
+
+def _diverged(bad_step: int, workdir: str, mngr) -> TrainError:
+    """The error of a non-finite step: which step, and the newest checkpoint (all are finite: `save`
+    refuses a state with NaN/Inf) to resume from with a lower learning rate."""
+    checkpoint.finish(mngr)
+    good = checkpoint.latest_step(workdir)
+    where = ("no checkpoint was saved before it" if good is None else
+             f"the newest checkpoint, step {good} in {checkpoint.ckpt_dir(workdir)}, is finite; resume from it with a "
+             f"lower learning rate: python train.py --resume {workdir} --set optim.lr=...")
+    return TrainError(f"training diverged: loss, gradients or params became non-finite (NaN/Inf) at step {bad_step}; "
+                      f"stopped; {where}")
 
 
 def _first_bad_step(buffered) -> int | None:
@@ -199,33 +212,54 @@ def eval_line(record: dict) -> str:
     return f"step {record['step']}: " + ", ".join(parts)
 
 
-def train(cfg: Config, workdir: str, *, resume: bool = False, stop_at_step: int | None = None,
+def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | None = None,
           devices=None, progress: bool = True, quiet: bool = False) -> dict:
-    """Train `cfg` in `workdir` (a fresh run, or the latest checkpoint's continuation when resume).
+    """Train `cfg` in workdir `path` (a fresh run, or the continuation of the newest checkpoint that restores
+    when resume). The workdir is locked for the run; nothing in it changes until the state is restored.
 
     `stop_at_step` stops (and checkpoints) early as if interrupted. `progress` shows a progress bar
     (only when stdout and stderr are a terminal); `quiet` shows neither the bar nor the line printed
     after each evaluation. Returns the final state, the last eval metrics, the data's tokenizer and the
     setup.
     """
-    _check_workdir(workdir, resume)
-    s = setup(cfg, devices)
     main = jax.process_index() == 0
-    data = s.task.make_data(cfg, jax.process_index(), jax.process_count())
-    if main:
-        os.makedirs(workdir, exist_ok=True)
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(cfg.to_json())
-        for name, text in data.files.items():  # what the task keeps beside the run, e.g. labels.json
-            with open(os.path.join(workdir, name), "w") as f:
-                f.write(text)
-    mngr = checkpoint.manager(workdir, keep=cfg.train.keep)
-    if resume:
-        state = checkpoint.restore(mngr, mngr.latest_step(), s.abstract_state)
-    else:
-        state = s.init_state(jax.random.PRNGKey(cfg.train.seed))
-        if cfg.init_from:
-            state = init_from(s, state, cfg.init_from)
+    with claim(path, enabled=main) as created:
+        try:
+            _check_workdir(path, resume)
+            s = setup(cfg, devices)
+            if resume:
+                start, state = checkpoint.restore_latest(path, s.abstract_state)
+                if start >= cfg.train.steps:
+                    raise TrainError(f"the run in {path!r} is at step {start} and train.steps={cfg.train.steps}: "
+                                     f"nothing to train; continue it with --set train.steps=N for some N > {start}")
+            else:
+                state = s.init_state(jax.random.PRNGKey(cfg.train.seed))
+                if cfg.init_from:
+                    state = init_from(s, state, cfg.init_from)
+            data = s.task.make_data(cfg, jax.process_index(), jax.process_count())
+        except BaseException:
+            if created:  # a config, data or restore error: no empty workdir left behind
+                remove_new(path)
+            raise
+        # Only now, with the state restored, does the run's directory change.
+        if main:
+            with open(os.path.join(path, "config.json"), "w") as f:
+                f.write(cfg.to_json())
+            for name, text in data.files.items():  # what the task keeps beside the run, e.g. labels.json
+                with open(os.path.join(path, name), "w") as f:
+                    f.write(text)
+        mngr = checkpoint.manager(path, keep=cfg.train.keep)
+        if resume:
+            checkpoint.prune(mngr, cfg.train.keep)
+        try:
+            with checkpoint.orbax_errors_held():
+                return _loop(cfg, path, s, state, data, mngr, stop_at_step, progress, quiet)
+        except checkpoint.SaveError as e:
+            raise TrainError(f"{e}; the run stopped (free space or fix permissions, then --resume {path})") from None
+
+
+def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, progress, quiet) -> dict:
+    main = jax.process_index() == 0
     step_fn = s.jit_train_step()
     eval_fn = jax.jit(make_eval_step(s.task))
     perplexity = getattr(s.task, "PERPLEXITY", True)
@@ -268,13 +302,10 @@ def train(cfg: Config, workdir: str, *, resume: bool = False, stop_at_step: int 
                 host = jax.device_get(buffered)
                 bar.update(1)
                 pending = None
+                checkpoint.check_for_errors(mngr)  # a failed asynchronous save ends the run now, not at the next
                 bad = _first_bad_step(host)
                 if bad is not None:
-                    mngr.wait_until_finished()
-                    good = mngr.latest_step()
-                    raise TrainError(f"loss became non-finite (NaN/Inf) at step {bad}; stopped. Last good "
-                                     f"checkpoint: {'none' if good is None else f'step {good}'} in "
-                                     f"{checkpoint.ckpt_dir(workdir)}. Lower optim.lr or check the data.")
+                    raise _diverged(bad, workdir, mngr)
                 record = _summarise(host, step, t0, t0_step, flops_per_token, peak)
                 if not writer.records:
                     record["compile_s"] = compile_s
@@ -290,25 +321,37 @@ def train(cfg: Config, workdir: str, *, resume: bool = False, stop_at_step: int 
                 if do_eval:
                     say(eval_line(record))
                 if do_save:
-                    checkpoint.save(mngr, state, cfg)
+                    _save(mngr, state, cfg, workdir)
         if pending is not None:
             jax.block_until_ready(pending)
             bar.update(1)
         if stopper.signal is not None or step < cfg.train.steps:
             jax.block_until_ready(state)
             if mngr.latest_step() != step:
-                checkpoint.save(mngr, state, cfg, force=True)
+                _save(mngr, state, cfg, workdir, force=True)
             if main and stopper.signal is not None:
                 bar.close()
                 print(f"stopped by signal {stopper.signal} at step {step}; checkpoint saved. Continue with: "
                       f"python train.py --resume {workdir}", flush=True)
-    mngr.wait_until_finished()
-    mngr.close()
+    checkpoint.finish(mngr)
     bar.close()
     writer.plot()
     writer.close()
     return {"state": state, "eval": eval_metrics, "tokenizer": data.tokenizer, "setup": s,
             "records": writer.records, "interrupted": stopper.signal is not None}
+
+
+def _save(mngr, state, cfg: Config, workdir: str, force: bool = False) -> None:
+    try:
+        checkpoint.save(mngr, state, cfg, force=force)
+    except checkpoint.NonFiniteState:
+        raise _diverged(int(jax.device_get(state.step)), workdir, mngr) from None
+    except checkpoint.SaveError:
+        try:  # stop Orbax's background work; the save's own error is the one reported
+            checkpoint.finish(mngr)
+        except checkpoint.SaveError:
+            pass
+        raise
 
 
 def _summarise(host, step, t0, t0_step, flops_per_token, peak) -> dict:

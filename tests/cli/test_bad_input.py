@@ -1,0 +1,79 @@
+"""Every bad input a user tried (issue "trustworthy runs"), one row each: the command exits 2 with exactly
+one `error:` line on stderr that names the value or path, no traceback, and leaves nothing behind."""
+
+import json
+import os
+
+import pytest
+
+from tests.helpers.runs import run
+from zoo.cli import convert, sample
+from zoo.cli.train import train_main
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory, cache_dir):
+    """A finished 2-step tiny GPT run (resume, sample and convert rows act on it)."""
+    from conftest import replace
+    from tests.helpers import tiny_configs
+    work = str(tmp_path_factory.mktemp("bad_input") / "run")
+    run(replace(tiny_configs.gpt_lm(cache_dir), train=dict(steps=2, save_every=2)), work)
+    return work
+
+
+def files(tmp):
+    """Paths the rows use, made on demand: {name} in a row's arguments is replaced by its path."""
+    (tmp / "syntax.py").write_text("def get_config(:\n")
+    (tmp / "notes.txt").write_text("optim.lr = 1e-3\n")
+    (tmp / "a_dir").mkdir()
+    (tmp / "a_file").write_text("")
+    (tmp / "full").mkdir()
+    (tmp / "full" / "keep.txt").write_text("")
+    (tmp / "hf").mkdir()
+    (tmp / "hf" / "config.json").write_text("{not json")
+    return {"syntax": tmp / "syntax.py", "notes": tmp / "notes.txt", "a_dir": tmp / "a_dir",
+            "a_file": tmp / "a_file", "full": tmp / "full", "hf": tmp / "hf", "new": tmp / "new"}
+
+
+TRAIN = ["configs/gpt_tiny.py", "--workdir", "{new}"]
+ROWS = [  # (command, arguments, fragment of the error line)
+    ("train", ["{syntax}"], "config file '{syntax}' line 1: syntax error"),
+    ("train", ["{notes}"], "config file '{notes}' is not a Python file (.py)"),
+    ("train", ["{a_dir}"], "config file '{a_dir}' is a directory"),
+    ("train", ["configs/gpt_tiny.py", "--workdir", "{a_file}"], "workdir '{a_file}' is a file, not a directory"),
+    ("train", [*TRAIN, "--set", "optim.b1=2"], "optim.b1=2"),
+    ("train", [*TRAIN, "--set", "optim.b2=-1"], "optim.b2=-1"),
+    ("train", [*TRAIN, "--set", "optim.weight_decay=-1"], "optim.weight_decay=-1"),
+    ("train", [*TRAIN, "--set", "optim.lr=inf"], "optim.lr=inf"),
+    ("train", [*TRAIN, "--set", "optim.eps=0"], "optim.eps=0"),
+    ("train", [*TRAIN, "--set", "train.eval_every=-1"], "train.eval_every=-1"),
+    ("train", ["--resume", "{run}", "--set", "model.param_dtype=bfloat16"],
+     "--set model.param_dtype=bfloat16 changes the model's parameters (shape or dtype)"),
+    ("train", ["--resume", "{run}", "--set", "train.steps=1"], "is at step 2 and train.steps=1: nothing to train"),
+    ("train", ["--resume", "{run}"], "is at step 2 and train.steps=2: nothing to train"),
+    ("sample", ["{run}", "--max-new-tokens", "-1"], "max-new-tokens=-1"),
+    ("sample", ["{run}", "--max-new-tokens", "0"], "max-new-tokens=0"),
+    ("sample", ["{run}", "--num-samples", "0"], "num-samples=0"),
+    ("sample", ["{run}", "--temperature", "nan"], "temperature"),
+    ("convert", ["from-hf", "{hf}", "{new}"], "'{hf}/config.json' is not JSON"),
+    ("convert", ["to-hf", "{run}", "{full}"], "'{full}'"),
+    ("convert", ["to-hf", "{run}", "{a_file}"], "'{a_file}'"),
+]
+MAINS = {"train": train_main, "sample": sample.main, "convert": convert.main}
+
+
+@pytest.mark.parametrize("command, args, fragment", ROWS, ids=[f"{c} {' '.join(a)}" for c, a, _ in ROWS])
+def test_bad_input_is_one_error_line(done, tmp_path, capsys, cache_dir, command, args, fragment):
+    paths = {k: str(v) for k, v in files(tmp_path).items()} | {"run": done}
+    argv = [a.format(**paths) for a in args]
+    if command == "train" and "--resume" not in argv:
+        argv += ["--set", f"data.cache_dir={cache_dir}"]
+    before = sorted(os.listdir(done)), open(os.path.join(done, "config.json")).read()
+    assert MAINS[command](argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert fragment.format(**paths) in err[0]
+    assert "Traceback" not in err[0]
+    assert not os.path.exists(paths["new"])  # nothing half-made
+    assert (sorted(os.listdir(done)), open(os.path.join(done, "config.json")).read()) == before
+    assert json.loads(open(os.path.join(done, "config.json")).read())["train"]["steps"] == 2

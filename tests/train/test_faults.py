@@ -1,0 +1,213 @@
+"""Fault injection: damaged checkpoints fall back to the previous step, a diverged run never saves a
+non-finite state, one run per workdir, and a failed save ends the run in seconds with one line."""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import replace
+from tests.helpers.runs import run
+from zoo.cli.train import train_main
+from zoo.errors import CheckpointError, TrainError
+from zoo.train import checkpoint, trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, cache_dir):
+    """(cfg, workdir) of a 4-step tiny GPT run checkpointed at steps 2 and 4; copy it before damaging it."""
+    from tests.helpers import tiny_configs
+    cfg = replace(tiny_configs.gpt_lm(cache_dir), train=dict(steps=4, save_every=2, keep=5))
+    work = str(tmp_path_factory.mktemp("faults") / "base")
+    run(cfg, work)
+    return cfg, work
+
+
+def copy_of(base, tmp_path) -> str:
+    work = str(tmp_path / "run")
+    shutil.copytree(base[1], work)
+    return work
+
+
+def biggest_array_file(step_dir: str, item: str = "params") -> str:
+    return max(glob.glob(f"{step_dir}/{item}/ocdbt.process_0/d/*"), key=os.path.getsize)
+
+
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def _scribble(path):  # random bytes in the middle: the file still parses, its numbers are wrong
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        f.write(np.random.default_rng(0).bytes(64))
+
+
+DAMAGE = {  # what happens to step 4 -> a fragment of the one-line reason
+    "truncated params data": (lambda d: _truncate(biggest_array_file(d)), "missing or truncated"),
+    "random bytes in params": (lambda d: _scribble(biggest_array_file(d)), "does not match its saved checksum"),
+    "random bytes in optimizer state": (lambda d: _scribble(biggest_array_file(d, "train")),
+                                        "does not match its saved checksum"),
+    "params item deleted": (lambda d: shutil.rmtree(f"{d}/params"), 'Item "params" was not found'),
+    "train item deleted": (lambda d: shutil.rmtree(f"{d}/train"), 'Item "train" was not found'),
+    "array store deleted": (lambda d: shutil.rmtree(f"{d}/params/ocdbt.process_0"), "missing or truncated"),
+    "truncated _METADATA": (lambda d: _truncate(f"{d}/params/_METADATA"), "JSONDecodeError"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_step_is_reported_and_the_previous_one_restores(base, tmp_path, capsys, damage):
+    cfg, _ = base
+    work = copy_of(base, tmp_path)
+    do, reason = DAMAGE[damage]
+    do(checkpoint.step_dir(work, 4))
+    s = trainer.setup(cfg)
+    step, state = checkpoint.restore_latest(work, s.abstract_state)
+    assert step == 2 and int(state.step) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: checkpoint {checkpoint.step_dir(work, 4)} does not restore: ")
+    assert reason in err[0] and err[0].endswith("; trying step 2")
+    # Moved aside, not deleted: checkpoints/ holds only what restores; the damaged step is kept to inspect.
+    assert checkpoint.all_steps(work) == [2]
+    assert [p.split("-")[0] for p in os.listdir(os.path.join(work, "checkpoints-damaged"))] == ["4"]
+
+
+def test_readers_fall_back_too_and_stop_naming_every_step_tried(base, tmp_path, capsys):
+    cfg, _ = base
+    work = copy_of(base, tmp_path)
+    _scribble(biggest_array_file(checkpoint.step_dir(work, 4)))
+    params = checkpoint.load_params_of(work, cfg)
+    assert fingerprint_equal(params, checkpoint.load_params(base[1], step=2))
+    assert "checkpoints/4 does not restore" in capsys.readouterr().err
+    _truncate(f"{checkpoint.step_dir(work, 2)}/params/_METADATA")
+    with pytest.raises(CheckpointError, match=r"no checkpoint in .* restores; tried step 4 \(.*checksum.*\), "
+                                              r"step 2 \(JSONDecodeError"):
+        checkpoint.load_params_of(work, cfg)
+
+
+def fingerprint_equal(a, b) -> bool:
+    return checkpoint.fingerprint(a)[0] == checkpoint.fingerprint(b)[0]
+
+
+def test_resume_past_a_damaged_step_reproduces_the_uninterrupted_run(base, tmp_path):
+    cfg, _ = base
+    work = copy_of(base, tmp_path)
+    _scribble(biggest_array_file(checkpoint.step_dir(work, 4)))
+    with open(os.path.join(work, "config.json")) as f:
+        config_before = f.read()
+    longer = replace(cfg, train=dict(steps=6))
+    resumed = run(longer, work, resume=True)
+    straight = run(longer, tmp_path / "straight")
+    assert fingerprint_equal(resumed["state"].params, straight["state"].params)
+    with open(os.path.join(work, "metrics.jsonl")) as f:
+        assert [json.loads(line)["step"] for line in f] == [1, 2, 3, 4, 5, 6]  # 3-4 relogged once, not twice
+    assert config_before != open(os.path.join(work, "config.json")).read()  # rewritten, after the restore
+
+
+def test_a_failed_restore_changes_nothing_in_the_run(base, tmp_path):
+    cfg, _ = base
+    work = copy_of(base, tmp_path)
+    shutil.rmtree(f"{checkpoint.step_dir(work, 2)}/train")
+    _scribble(biggest_array_file(checkpoint.step_dir(work, 4)))
+    before = {p: open(os.path.join(work, p), "rb").read() for p in ("config.json", "metrics.jsonl")}
+    with pytest.raises(CheckpointError, match=r"no checkpoint in .* restores; tried step 4 \(.*checksum.*\), step 2 \("
+                                              r"KeyError: Item \"train\" was not found"):
+        run(replace(cfg, train=dict(steps=8, log_every=2)), work, resume=True)
+    assert before == {p: open(os.path.join(work, p), "rb").read() for p in before}
+
+
+def test_divergence_saves_nothing_non_finite_and_a_lower_lr_resumes(base, tmp_path):
+    cfg, _ = base
+    work = copy_of(base, tmp_path)
+    # lr 1e30: step 5's update overflows the params although its loss and gradients were finite.
+    huge = replace(cfg, optim=dict(lr=1e30, schedule="constant", warmup=0, clip_norm=0.0),
+                   train=dict(steps=8, save_every=1, log_every=1))
+    with pytest.raises(TrainError) as e:
+        run(huge, work, resume=True)
+    msg = str(e.value)
+    assert "\n" not in msg and "non-finite (NaN/Inf) at step 5" in msg
+    assert f"the newest checkpoint, step 4 in {checkpoint.ckpt_dir(work)}, is finite" in msg
+    assert checkpoint.all_steps(work) == [4, 2]
+    params = checkpoint.load_params(work)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+    out = run(replace(cfg, optim=dict(lr=1e-4), train=dict(steps=6)), work, resume=True)
+    assert int(out["state"].step) == 6 and np.isfinite(out["records"][-1]["loss"])
+
+
+def test_a_non_finite_state_is_never_saved(base, tmp_path):
+    cfg, _ = base
+    s = trainer.setup(cfg)
+    state = s.init_state(jax.random.PRNGKey(0))
+    state = state.replace(opt_state=jax.tree.map(lambda x: x * np.float32("nan") if x.dtype == np.float32 else x,
+                                                 state.opt_state))
+    mngr = checkpoint.manager(str(tmp_path))
+    with pytest.raises(checkpoint.NonFiniteState, match="optimizer state hold NaN/Inf"):
+        checkpoint.save(mngr, state, cfg)
+    checkpoint.finish(mngr)
+    assert checkpoint.all_steps(str(tmp_path)) == []
+
+
+HOLD = """
+import sys, time
+from zoo.train.workdir import claim
+with claim(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_one_run_per_workdir_and_a_killed_holder_does_not_block(base, tmp_path, capsys, cache_dir):
+    work = str(tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, work], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        argv = ["configs/gpt_tiny.py", "--workdir", work, "--set", f"data.cache_dir={cache_dir}",
+                "--set", "train.steps=2", "--set", "train.sample_tokens=0"]
+        assert train_main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: workdir {work!r} is in use by another training run (pid {holder.pid}); wait for "
+                       f"it to end or pick another --workdir"]
+        assert checkpoint.all_steps(work) == []
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert train_main(argv) == 0  # the kernel released the dead holder's lock
+    assert checkpoint.all_steps(work) == [2]
+
+
+FULL_DISK = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
+from zoo.cli.train import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_failing_save_ends_the_run_within_seconds_with_one_line(base, tmp_path, cache_dir):
+    work = str(tmp_path / "run")
+    env = {**os.environ, "XLA_FLAGS": ""}
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", FULL_DISK, "configs/gpt_tiny.py", "--workdir", work, "--set",
+                          f"data.cache_dir={cache_dir}", "--set", "train.steps=40", "--set", "train.save_every=2",
+                          "--set", "train.log_every=1", "--set", "train.batch_size=8", "--set", "train.sample_tokens=0",
+                          "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    took = time.perf_counter() - t
+    err = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert len(err) == 1 and err[0].startswith(f"error: saving checkpoints in {checkpoint.ckpt_dir(work)} failed "), err
+    assert "File too large" in err[0]
+    records = [json.loads(line) for line in open(os.path.join(work, "metrics.jsonl"))]
+    assert records[-1]["step"] <= 6  # stopped at the next save or log step, not after 40 steps (nor a hang)
+    assert took < 120

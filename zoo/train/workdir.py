@@ -1,0 +1,53 @@
+"""One run per workdir: `claim(workdir)` creates the directory if needed, proves it writable and takes an
+exclusive lock (`fcntl.flock` on WORKDIR/.lock) held until the run ends. A second run on the same workdir
+is refused at once, naming the holder's pid; the kernel drops the lock when its holder dies, so a run
+killed with kill -9 leaves nothing that blocks the next one. Checked before any expensive work."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+
+from zoo.errors import TrainError
+
+LOCK = ".lock"
+
+
+@contextlib.contextmanager
+def claim(workdir: str, enabled: bool = True):
+    """Hold `workdir` for one run; yields whether it was created here (the caller may remove it if the run
+    fails before it made anything worth keeping). `enabled=False` (processes other than 0) does nothing."""
+    if not enabled:
+        yield False
+        return
+    created = not os.path.exists(workdir)
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise TrainError(f"workdir {workdir!r} is a file, not a directory; pick another --workdir")
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        fd = os.open(os.path.join(workdir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise TrainError(f"workdir {workdir!r} is not writable ({e.strerror}); pick another --workdir") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise TrainError(f"workdir {workdir!r} is in use by another training run (pid {holder}); wait for it "
+                             f"to end or pick another --workdir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        ckpts = os.path.join(workdir, "checkpoints")
+        for d in (workdir, ckpts):
+            if os.path.isdir(d) and not os.access(d, os.W_OK):
+                raise TrainError(f"{d!r} is read-only; checkpoints could not be saved (pick another --workdir)")
+        yield created
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def remove_new(workdir: str) -> None:
+    """Remove a workdir this run created, after a failure before any result (config or data error)."""
+    shutil.rmtree(workdir, ignore_errors=True)
