@@ -25,6 +25,9 @@ import time
 CPU_CONFIGS = ("gpt_tiny", "bert_tiny_mlm", "bert_tiny_cls", "encdec_tiny", "minilm_cls")
 DEPENDS = {"bert_tiny_cls": ("bert_tiny_mlm", "init_from")}  # config -> (run it starts from, the key)
 EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_macro_f1", "eval_exact_match", "eval_bleu")
+# What the trained run answers to the config's documented example, quoted in the docstring too.
+FILL_MASK_EXAMPLE = 'The "wh[MASK]le" statement is used for repeated execution'
+PROBES = {"bert_tiny_mlm": ("zoo.cli.fill_mask", "--text", FILL_MASK_EXAMPLE, "--top-k", "3")}
 
 
 def run(name: str, workdir: str, extra: list[str]) -> dict:
@@ -39,6 +42,19 @@ def run(name: str, workdir: str, extra: list[str]) -> dict:
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f if line.strip()]
     return {"wall": wall, "records": records, "stdout": out.stdout}
+
+
+def probe(name: str, workdir: str) -> str | None:
+    """The run's answer to its config's example command (PROBES), as one phrase for the docstring."""
+    if name not in PROBES:
+        return None
+    module, *args = PROBES[name]
+    out = subprocess.run([sys.executable, "-m", module, workdir, *args], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+    if out.returncode:
+        raise RuntimeError(f"{module} on {name} failed: {out.stderr.strip().splitlines()[-1:]}")
+    answers = next(line for line in out.stdout.splitlines() if line.startswith("[MASK] 1: "))
+    return f"zoo-fill-mask answers {answers[len('[MASK] 1: '):].replace('  ', ', ')} for '{args[1]}'"
 
 
 def summary(result: dict) -> dict:
@@ -61,7 +77,8 @@ def sentence(name: str, s: dict, machine: str) -> str:
     if speed and s.get("mfu") is not None:
         speed += f", MFU {s['mfu']:.2f}"
     return (f"Expect (`python -m zoo.cli.results {name}`, {machine}, {datetime.date.today()}): {m}m{sec:02d}s "
-            f"wall; {', '.join(parts)}" + (f"; {speed}." if speed else "."))
+            f"wall; {', '.join(parts)}" + (f"; {speed}" if speed else "")
+            + (f"; {s['probe']}" if s.get("probe") else "") + ".")
 
 
 def rewrite_docstring(path: str, text: str) -> None:
@@ -108,6 +125,7 @@ def main(argv=None) -> int:
             extra = ["--set", f"{key}={done[parent]}"]
         done[name] = os.path.join(work, name)
         s = summary(run(name, done[name], extra))
+        s["probe"] = probe(name, done[name])
         text = sentence(name, s, machine)
         print(text, flush=True)
         rewrite_docstring(os.path.join(a.root, "configs", f"{name}.py"), text)
