@@ -49,6 +49,8 @@ ROWS = [  # (command, arguments, fragment of the error line)
     ("train", [*TRAIN, "--set", "train.eval_every=-1"], "train.eval_every=-1"),
     ("train", ["--resume", "{run}", "--set", "model.param_dtype=bfloat16"],
      "--set model.param_dtype=bfloat16 changes the model's parameters (shape or dtype)"),
+    ("train", ["--resume", "{run}", "--set", "train.steps=4", "--set", "optim.clip_norm=0"],
+     "changes the optimizer state's layout (optim.clip_norm turned on or off)"),
     ("train", ["--resume", "{run}", "--set", "train.steps=1"], "is at step 2 and train.steps=1: nothing to train"),
     ("train", ["--resume", "{run}"], "is at step 2 and train.steps=2: nothing to train"),
     ("sample", ["{run}", "--max-new-tokens", "-1"], "max-new-tokens=-1"),

@@ -30,14 +30,14 @@ def main(argv=None) -> int:
     try:
         model, params, tok, cfg = load_run(a.workdir)
         prompt, window = tok.encode(a.prompt), cfg.data.seq_len  # the length the run trained on
-        if crops(len(prompt), a.max_new_tokens, window):
-            print(f"note: the model was trained on {window}-token windows; the context is cropped to the last "
-                  f"{window} tokens", file=sys.stderr)
         outs = generate(model, params, prompt, a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                         top_p=a.top_p, seed=a.seed, eos_id=tok.eot_token, vocab_limit=tok.n_vocab,
                         num_samples=a.num_samples, window=window)
     except BAD_INPUT as e:
         return error(e)
+    if crops(len(prompt), a.max_new_tokens, window):  # said after the arguments were accepted
+        print(f"note: the model was trained on {window}-token windows; the context is cropped to the last "
+              f"{window} tokens", file=sys.stderr)
     for i, ids in enumerate(outs):
         if a.num_samples > 1:
             print(f"--- sample {i}")

@@ -99,6 +99,17 @@ def fine_tune_config(a, workdir: str):
     return apply_overrides(cfg, a.set)
 
 
+def optimizer_state(cfg):
+    """The tree structure of a config's optimizer state (what a checkpoint's `train` item must match)."""
+    import jax
+    from zoo import tasks
+    from zoo.train import optim
+    abstract = jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))
+    tx = optim.make_optimizer(cfg.optim, optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model),
+                              optim.decay_mask(abstract))
+    return jax.tree.structure(jax.eval_shape(tx.init, abstract))
+
+
 def resolve(a):
     """(config, workdir, resume) from parsed arguments."""
     import jax
@@ -115,6 +126,9 @@ def resolve(a):
             raise ConfigError(f"--set {' '.join(a.set)} changes the model's parameters (shape or dtype); a resumed "
                               f"run keeps the model of {a.resume!r} (only data, optim, train and mesh settings and "
                               f"model.dtype may change)")
+        if optimizer_state(cfg) != optimizer_state(old):
+            raise ConfigError(f"--set {' '.join(a.set)} changes the optimizer state's layout (optim.clip_norm turned on "
+                              f"or off); a resumed run keeps it. Start from the weights instead: --init-from {a.resume}")
         return cfg, a.resume, True
     if a.init_from:
         workdir = a.workdir or _default_workdir(os.path.basename(os.path.normpath(a.init_from)) + "-ft")
