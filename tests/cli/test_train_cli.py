@@ -80,7 +80,7 @@ def test_resume_errors(capsys, tmp_path, cache_dir):
                        f"data.cache_dir={cache_dir}", "--set", "train.sample_tokens=0"]) == 0
     capsys.readouterr()
     err = one_line_error(capsys, ["--resume", work, "--set", "model.num_layers=2"])
-    assert "changes the model's shape" in err
+    assert "changes the model's parameters (shape or dtype)" in err
 
 
 def test_sigterm_saves_and_exits_cleanly(tmp_path, cache_dir):
