@@ -61,10 +61,10 @@ def test_a_hugging_face_directory_is_converted_into_the_workdir_first(hf_gpt2, t
 def test_a_failed_conversion_leaves_no_workdir(tmp_path, capsys):
     bad = tmp_path / "hf"
     bad.mkdir()
-    (bad / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    (bad / "config.json").write_text(json.dumps({"model_type": "falcon", "architectures": ["FalconForCausalLM"]}))
     work = tmp_path / "ft"
     assert train_main(["--init-from", str(bad), "--workdir", str(work)]) == 2
-    assert "unsupported architecture LlamaForCausalLM" in capsys.readouterr().err and not work.exists()
+    assert "unsupported architecture FalconForCausalLM" in capsys.readouterr().err and not work.exists()
 
 
 @pytest.fixture(scope="module")

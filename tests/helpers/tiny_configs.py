@@ -1,8 +1,8 @@
 """The small configs the tests train, one builder per task: each trains a few steps in about a second
 on the offline data (the built-in corpus, labelled set or word-reversal pairs), dropout on.
 
-TINY maps each task name to its builder, for the checks written once for every task
-(tests/train/test_invariants.py)."""
+TINY maps each task name (and llama_lm, gpt_lm's task on the Llama-style decoder) to its builder, for
+the checks written once for every task (tests/train/test_invariants.py)."""
 
 import dataclasses
 import functools
@@ -22,6 +22,15 @@ def gpt_lm(cache_dir):
         optim=OptimConfig(lr=1e-3, schedule="cosine", warmup=2),
         train=TrainConfig(steps=6, batch_size=16, log_every=1, eval_every=0, save_every=3, keep=5),
     )
+
+
+def llama_lm(cache_dir):
+    """gpt_lm's run with the Llama switches: rope, RMSNorm, SwiGLU, 2 key/value heads for 4 query heads, no
+    biases, an untied head (dropout kept on, for the rng replay checks)."""
+    cfg = gpt_lm(cache_dir)
+    return dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, positions="rope", norm="rmsnorm", mlp="swiglu", num_kv_heads=2, qkv_bias=False, out_bias=False,
+        mlp_bias=False, tie_embeddings=False))
 
 
 BERT_MODEL = dataclasses.replace(BERT_TINY, vocab_size=264, max_len=64, num_layers=2, d_model=32, num_heads=2,
@@ -52,7 +61,7 @@ def seq2seq(cache_dir):
     )
 
 
-TINY = {"gpt_lm": gpt_lm, "bert_mlm": functools.partial(bert, "bert_mlm"),
+TINY = {"gpt_lm": gpt_lm, "llama_lm": llama_lm, "bert_mlm": functools.partial(bert, "bert_mlm"),
         "bert_cls": functools.partial(bert, "bert_cls"), "seq2seq": seq2seq}
 
 

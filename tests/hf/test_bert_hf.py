@@ -121,9 +121,9 @@ def test_round_trip_is_exact_and_export_loads_in_transformers(hf_dirs, tmp_path,
 
 def test_unsupported_architecture_and_variants_are_refused(tmp_path, hf_dirs):
     for name, cfg, match in [
-            ("llama", {"model_type": "llama", "architectures": ["LlamaForCausalLM"]},
-             r"unsupported architecture LlamaForCausalLM .*supported: GPT2LMHeadModel, GPT2Model, BertModel, "
-             r"BertForMaskedLM, BertForSequenceClassification"),
+            ("falcon", {"model_type": "falcon", "architectures": ["FalconForCausalLM"]},
+             r"unsupported architecture FalconForCausalLM .*supported: GPT2LMHeadModel, GPT2Model, .*LlamaForCausalLM, "
+             r"LlamaModel, BertModel, BertForMaskedLM, BertForSequenceClassification"),
             ("tokcls", {"model_type": "bert", "architectures": ["BertForTokenClassification"]},
              r"unsupported architecture BertForTokenClassification \(model_type='bert'\); supported: .*BertModel"),
             ("act", {**json.load(open(os.path.join(hf_dirs["BertModel"][0], "config.json"))), "hidden_act": "relu"},

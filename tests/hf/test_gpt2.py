@@ -86,8 +86,8 @@ def test_byte_level_bpe_from_vocab_and_merges_equals_transformers(tmp_path):
 
 def test_unsupported_architecture_and_missing_keys(tmp_path, hf_dir):
     (tmp_path / "x").mkdir()
-    (tmp_path / "x" / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(ConversionError, match=r"unsupported architecture LlamaForCausalLM .*supported: GPT2LMHeadModel"):
+    (tmp_path / "x" / "config.json").write_text(json.dumps({"model_type": "falcon", "architectures": ["FalconForCausalLM"]}))
+    with pytest.raises(ConversionError, match=r"unsupported architecture FalconForCausalLM .*supported: GPT2LMHeadModel"):
         hf.from_hf(str(tmp_path / "x"), str(tmp_path / "run"), verbose=False)
     from safetensors.numpy import load_file, save_file
     src, _ = hf_dir

@@ -12,10 +12,10 @@ import pytest
 
 from zoo import tasks
 from zoo.errors import ConversionError
-from zoo.hf import bart, base, bert, convert, gpt2, io, t5, table
+from zoo.hf import bart, base, bert, convert, gpt2, io, llama, mistral, qwen2, t5, table
 from zoo.models.bert import BERT_TINY
 from zoo.models.encdec import BART_BASE, T5_SMALL
-from zoo.models.gpt import GPT_TINY
+from zoo.models.gpt import GPT_TINY, LLAMA_TINY
 
 GPT = dataclasses.replace(GPT_TINY, vocab_size=50, max_len=16, num_layers=2, d_model=32, num_heads=4, d_ff=64)
 BERT = dataclasses.replace(BERT_TINY, vocab_size=50, max_len=16, num_layers=2, d_model=32, num_heads=4, d_ff=64,
@@ -24,7 +24,15 @@ T5 = dataclasses.replace(T5_SMALL, vocab_size=40, max_len=16, num_encoder_layers
                          d_model=16, num_heads=2, d_kv=4, d_ff=32)  # N * H != D: the head reshapes are exercised
 BART = dataclasses.replace(BART_BASE, vocab_size=40, max_len=16, num_encoder_layers=2, num_decoder_layers=1,
                            d_model=16, num_heads=2, d_ff=32)
-CASES = {"gpt2": (gpt2, GPT, "gpt_lm"), "bert_mlm": (bert, BERT, "bert_mlm"), "bert_cls": (bert, BERT, "bert_cls"),
+# Llama-like: 4 query heads over 2 key/value heads, untied; Qwen2's q/k/v biases; Mistral's window.
+LLAMA = dataclasses.replace(LLAMA_TINY, vocab_size=50, max_len=16, num_layers=2, d_model=32, d_ff=48)
+CASES = {"gpt2": (gpt2, GPT, "gpt_lm"),
+         "llama": (llama, LLAMA, "gpt_lm"),
+         "llama_biases_tied": (llama, dataclasses.replace(LLAMA, qkv_bias=True, out_bias=True, mlp_bias=True,
+                                                          tie_embeddings=True), "gpt_lm"),
+         "qwen2": (qwen2, dataclasses.replace(LLAMA, qkv_bias=True, tie_embeddings=True), "gpt_lm"),
+         "mistral": (mistral, dataclasses.replace(LLAMA, sliding_window=4), "gpt_lm"),
+         "bert_mlm": (bert, BERT, "bert_mlm"), "bert_cls": (bert, BERT, "bert_cls"),
          "bert_encoder": (bert, BERT, "bert_encoder"), "t5_v1.0": (t5, T5, "seq2seq"),
          "t5_v1.1": (t5, dataclasses.replace(T5, activation="gated_gelu", tie_output=False, output_scale=False),
                      "seq2seq"),
@@ -36,7 +44,8 @@ CASES = {"gpt2": (gpt2, GPT, "gpt_lm"), "bert_mlm": (bert, BERT, "bert_mlm"), "b
 
 def test_every_converter_module_satisfies_the_protocol():
     mods = set(convert.converters().values())
-    assert {m.__name__ for m in mods} == {"zoo.hf.gpt2", "zoo.hf.bert", "zoo.hf.t5", "zoo.hf.bart"}
+    assert {m.__name__ for m in mods} == {"zoo.hf.gpt2", "zoo.hf.llama", "zoo.hf.qwen2", "zoo.hf.mistral",
+                                          "zoo.hf.bert", "zoo.hf.t5", "zoo.hf.bart"}
     assert {"task_for", "data_fields", "head_config", "seq2seq_framing", "run_fields"} <= set(base.MEMBERS)
     for mod in mods:
         assert base.check(mod) is mod
@@ -60,6 +69,15 @@ def test_transforms_invert():
         z = t.zoo(x, N, H)
         assert z.shape == zoo_shape, t.name
         np.testing.assert_array_equal(t.hf(z, N, H), x, err_msg=t.name)
+    K = 1  # grouped-query key/value: K heads of width H, whatever N is
+    for t, hf_shape, zoo_shape in [(table.KV_HEADS_IN, (K * H, D), (D, K, H)), (table.KV_HEADS_BIAS, (K * H,), (K, H))]:
+        x = rng.standard_normal(hf_shape).astype(np.float32)
+        z = t.zoo(x, N, H)
+        assert z.shape == zoo_shape, t.name
+        np.testing.assert_array_equal(t.hf(z, N, H), x, err_msg=t.name)
+    # as in HEADS_IN, row k*H + h of the torch weight is head k, dimension h (here 4 key/value heads > N)
+    x = np.arange(4 * H * D, dtype=np.float32).reshape(4 * H, D)
+    np.testing.assert_array_equal(table.KV_HEADS_IN.zoo(x, N, H)[:, 3, 1], x[3 * H + 1])
 
 
 def _flat(tree) -> dict:

@@ -1,4 +1,5 @@
-"""GPT: published parameter counts, causality, cached decoding, scan/remat equivalence."""
+"""GPT and the modern decoders (Llama, Qwen2, Mistral switches): published parameter counts, causality,
+cached decoding, rotary positions, the sliding window, scan/remat equivalence."""
 
 import dataclasses
 
@@ -9,11 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from zoo.models.gpt import GPT_TINY, PRESETS, Gpt
+from zoo.errors import ConfigError
+from zoo.models.gpt import GPT_TINY, LLAMA_TINY, PRESETS, Gpt, GptConfig
+from zoo.nn.positions import Rope
 
-# Published counts (Hugging Face GPT2LMHeadModel, tied head counted once).
+# Published counts (Hugging Face's models, a tied head counted once): GPT2LMHeadModel; SmolLM2-135M,
+# Llama-3.2-1B, Qwen2-0.5B and Mistral-7B-v0.1 as their model cards and num_parameters() give them.
 COUNTS = {"gpt2_small": 124_439_808, "gpt2_medium": 354_823_168, "gpt2_large": 774_030_080,
-          "gpt2_xl": 1_557_611_200, "gpt_tiny": 875_264}
+          "gpt2_xl": 1_557_611_200, "gpt_tiny": 875_264, "smollm2_135m": 134_515_008,
+          "llama3_1b": 1_235_814_400, "qwen2_0_5b": 494_032_768, "mistral_7b": 7_241_732_096}
 
 
 def n_params(cfg):
@@ -32,11 +37,27 @@ def test_scan_keeps_the_count(name):
 
 
 def _tiny(**kw):
-    return dataclasses.replace(GPT_TINY, num_layers=2, d_model=64, d_ff=128, max_len=32, **kw)
+    return dataclasses.replace(GPT_TINY, **{"num_layers": 2, "d_model": 64, "d_ff": 128, "max_len": 32, **kw})
 
 
-def test_causality():
-    model = Gpt(_tiny())
+# Each decoder variant zoo builds: GPT-2; Llama (rope, RMSNorm, SwiGLU, GQA, untied); Qwen2's q/k/v
+# biases with multi-query attention; Mistral's sliding window; Llama 3's scaled rope.
+VARIANTS = {
+    "gpt2": {},
+    "llama": dict(positions="rope", norm="rmsnorm", mlp="swiglu", num_kv_heads=2, qkv_bias=False, out_bias=False,
+                  mlp_bias=False, tie_embeddings=False, dropout=0.0),
+    "qwen2": dict(positions="rope", norm="rmsnorm", mlp="swiglu", num_kv_heads=1, out_bias=False, mlp_bias=False,
+                  rope_theta=1e6),
+    "mistral": dict(positions="rope", norm="rmsnorm", mlp="swiglu", num_kv_heads=2, qkv_bias=False, out_bias=False,
+                    mlp_bias=False, sliding_window=4),
+    "llama3": dict(positions="rope", norm="rmsnorm", mlp="swiglu", num_kv_heads=2, rope_scaling="llama3",
+                   rope_factor=32.0, rope_original_max_len=16),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_causality(variant):
+    model = Gpt(_tiny(**VARIANTS[variant]))
     ids = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 384)
     params = model.init(jax.random.PRNGKey(0), ids)["params"]
     base = model.apply({"params": params}, ids)
@@ -47,8 +68,9 @@ def test_causality():
         assert not np.allclose(out[:, t], base[:, t])  # the changed position itself does change
 
 
-def test_cached_decoding_equals_full_forward():
-    model = Gpt(_tiny())
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_cached_decoding_equals_full_forward(variant):
+    model = Gpt(_tiny(**VARIANTS[variant]))
     ids = jax.random.randint(jax.random.PRNGKey(2), (2, 12), 0, 384)
     params = model.init(jax.random.PRNGKey(0), ids)["params"]
     full = model.apply({"params": params}, ids)
@@ -62,6 +84,56 @@ def test_cached_decoding_equals_full_forward():
         cache = upd["cache"]
         steps.append(out)
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=2e-5, rtol=1e-5)
+
+
+def test_llama_parameters_are_what_the_switches_say():
+    shapes = jax.eval_shape(lambda: Gpt(LLAMA_TINY).init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))
+    p = nn.unbox(shapes["params"])
+    assert "wpe" not in p and p["lm_head"]["embedding"].shape == (384, 128)  # rope: no table; untied head
+    attn = p["h_0"]["attn"]
+    assert attn["query"]["kernel"].shape == (128, 4, 32) and attn["key"]["kernel"].shape == (128, 2, 32)
+    assert set(attn["query"]) == {"kernel"} and set(p["h_0"]["ln_1"]) == {"scale"}  # no biases; RMSNorm
+    assert set(p["h_0"]["mlp"]) == {"gate", "fc", "proj"}
+
+
+def test_rope_depends_only_on_the_offset():
+    rope = Rope(8, theta=100.0)
+    q, k = jax.random.normal(jax.random.PRNGKey(0), (2, 1, 1, 1, 8))
+    score = lambda i, j: float(jnp.sum(rope(q, jnp.array([i])) * rope(k, jnp.array([j]))))  # noqa: E731
+    assert score(5, 2) == pytest.approx(score(13, 10), rel=1e-5) == pytest.approx(score(3, 0), rel=1e-5)
+    assert score(5, 2) != pytest.approx(score(5, 3), rel=1e-3)
+    np.testing.assert_allclose(rope(q, jnp.array([0])), q)  # position 0: no rotation
+
+
+def test_llama3_scaling_keeps_high_frequencies_and_divides_low_ones():
+    plain, scaled = Rope(64, 500000.0), Rope(64, 500000.0, "llama3", factor=32.0, original_max_len=8192)
+    a, b = plain.inv_freq(), scaled.inv_freq()
+    assert a[0] == b[0]  # wavelength 2 pi, far below 8192 / 4: unchanged
+    assert b[-1] == pytest.approx(a[-1] / 32)  # wavelength beyond 8192: divided by the factor
+    assert np.all(b <= a)
+
+
+def test_the_sliding_window_hides_older_tokens():
+    model = Gpt(_tiny(**VARIANTS["mistral"], num_layers=1))  # one layer: a window of 4 sees 4 tokens back
+    ids = jax.random.randint(jax.random.PRNGKey(1), (1, 16), 0, 384)
+    params = model.init(jax.random.PRNGKey(0), ids)["params"]
+    base = model.apply({"params": params}, ids)
+    changed = model.apply({"params": params}, ids.at[:, 2].set((ids[:, 2] + 1) % 384))
+    np.testing.assert_array_equal(changed[:, 6:], base[:, 6:])  # position 6 sees 3..6: token 2 is gone
+    assert not np.allclose(changed[:, 5], base[:, 5])
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    (dict(positions="alibi"), "model.positions='alibi' is unknown; choose one of learned, rope"),
+    (dict(num_kv_heads=3), "model.num_kv_heads=3 must divide model.num_heads=4"),
+    (dict(mlp="geglu"), "model.mlp='geglu' is unknown; choose one of gelu, swiglu"),
+    (dict(norm="batchnorm"), "model.norm='batchnorm' is unknown"),
+    (dict(sliding_window=-1), "model.sliding_window=-1 must be >= 0"),
+    (dict(positions="rope", d_model=60, num_heads=4), "needs an even head dimension"),
+])
+def test_bad_switches_are_one_line_errors(bad, fragment):
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        GptConfig(**{**dataclasses.asdict(GPT_TINY), **bad})
 
 
 def _stack(params, L):

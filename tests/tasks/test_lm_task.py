@@ -10,8 +10,9 @@ from tests.helpers import plain_losses, tiny_configs
 from zoo import tasks
 
 
-def test_lm_training_loss_is_smoothed_cross_entropy(cache_dir):
-    cfg = replace(tiny_configs.TINY["gpt_lm"](cache_dir), train=dict(label_smoothing=0.2), model=dict(dropout=0.0))
+@pytest.mark.parametrize("model", ["gpt_lm", "llama_lm"])  # tied output; an untied lm_head
+def test_lm_training_loss_is_smoothed_cross_entropy(cache_dir, model):
+    cfg = replace(tiny_configs.TINY[model](cache_dir), train=dict(label_smoothing=0.2), model=dict(dropout=0.0))
     task = tasks.build(cfg)
     params = nn.unbox(task.init(jax.random.PRNGKey(0)))
     batch = task.make_data(cfg, 0, 1).train(0)

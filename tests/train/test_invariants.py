@@ -1,5 +1,5 @@
-"""The trainer's invariants, written once and run for every task (gpt_lm, bert_mlm, bert_cls, seq2seq)
-on its tiny config: 1 device and 8 devices in each mesh layout train the same numbers, and a run
+"""The trainer's invariants, written once and run for every task (gpt_lm, bert_mlm, bert_cls, seq2seq;
+gpt_lm also on the Llama-style decoder) on its tiny config: 1 device and 8 devices in each mesh layout train the same numbers, and a run
 stopped at step 3, resumed and finished is the uninterrupted 6-step run, bit for bit (dropout is on,
 so the per-step rng must be replayed too)."""
 
@@ -16,12 +16,13 @@ from zoo.train import checkpoint
 # the cheapest, takes all three; the BERT tasks take the layout that uses every axis.
 MESHES = {
     "gpt_lm": [(8, 1, 1), (2, 4, 1), (2, 2, 2)],
+    "llama_lm": [(2, 2, 2)],  # its 2 key/value heads split over tensor=2
     "bert_mlm": [(2, 2, 2)],
     "bert_cls": [(2, 2, 2)],
     "seq2seq": [(8, 1, 1), (2, 2, 2)],
 }
 # How many devices the resume check trains on (None: all 8, in the config's default mesh).
-RESUME_DEVICES = {"gpt_lm": None, "bert_mlm": None, "bert_cls": None, "seq2seq": 2}
+RESUME_DEVICES = {"gpt_lm": None, "llama_lm": 2, "bert_mlm": None, "bert_cls": None, "seq2seq": 2}
 assert set(MESHES) == set(RESUME_DEVICES) == set(tiny_configs.TINY)
 
 

@@ -1,6 +1,7 @@
 """The benchmark workloads and their shapes: published sizes (`full`), scaled CPU sizes (`cpu`), and the
 GPU story (`gpu`: GPT-2 124M at T=1024 B=16 and 32, BERT-base at T=128 B=64 and T=512 B=16, T5-small,
-GPT-2 124M generation at batch 1 and 8), for one call beside both peers on one H100/H200 that is to stay
+GPT-2 124M generation at batch 1 and 8, and the Llama-architecture SmolLM2-135M beside GPT-2: training at
+T=1024 B=16, generation at batch 8), for one call beside both peers on one H100/H200 that is to stay
 within 8 minutes, compile included: `zoo-bench --shapes gpu --peer hf-torch,hf-torch-compile --rounds 3`
 (an estimate until measured on a GPU: each row's bench_wall_s says where the time went).
 
@@ -10,8 +11,9 @@ setup, sharding, train step and input pipeline; `hf` gives the matching transfor
 
 from __future__ import annotations
 
-WORKLOADS = ("gpt_train", "bert_mlm", "encdec_train", "generate", "input")
-PEER_WORKLOADS = ("gpt_train", "bert_mlm", "encdec_train", "generate")  # input has no peer
+WORKLOADS = ("gpt_train", "llama_train", "bert_mlm", "encdec_train", "generate", "llama_generate", "input")
+# input has no peer. llama_*: the Llama architecture (rope, RMSNorm, SwiGLU, GQA) beside GPT-2.
+PEER_WORKLOADS = ("gpt_train", "llama_train", "bert_mlm", "encdec_train", "generate", "llama_generate")
 PEER_NAMES = ("hf-torch", "hf-torch-compile")  # zoo.bench.torch_peer: transformers, eager or torch.compile
 
 
@@ -22,6 +24,17 @@ def _gpt(L, D, N, F, V, T, B, dtype=None, preset=None):
     hf = {"arch": "gpt2", "n_layer": L, "n_embd": D, "n_head": N, "n_inner": F, "vocab_size": V,
           "n_positions": max(T, 1024 if V > 50000 else T)}
     return {"config": "configs/gpt_tiny.py", "overrides": over, "hf": hf, "batch": B, "seq_len": T, "dtype": dtype}
+
+
+def _llama(L, D, N, K, F, V, T, B, theta=10000.0, tie=False, dtype=None):
+    """A Llama-architecture decoder (rope, RMSNorm, SwiGLU, K key/value heads, no biases) from llama_tiny."""
+    over = [f"model.num_layers={L}", f"model.d_model={D}", f"model.num_heads={N}", f"model.num_kv_heads={K}",
+            f"model.d_ff={F}", f"model.vocab_size={V}", f"model.max_len={max(T, 2048)}", f"model.rope_theta={theta}",
+            f"model.tie_embeddings={tie}", f"data.seq_len={T}", f"train.batch_size={B}"]
+    hf = {"arch": "llama", "num_hidden_layers": L, "hidden_size": D, "num_attention_heads": N,
+          "num_key_value_heads": K, "intermediate_size": F, "vocab_size": V, "max_position_embeddings": max(T, 2048),
+          "rope_theta": theta, "tie_word_embeddings": tie, "rms_norm_eps": 1e-5}
+    return {"config": "configs/llama_tiny.py", "overrides": over, "hf": hf, "batch": B, "seq_len": T, "dtype": dtype}
 
 
 def _bert(L, D, N, F, V, T, B, dtype=None):
@@ -52,6 +65,8 @@ def _vaswani(S, T, B, dtype=None):
 
 
 GPT2_SMALL = dict(L=12, D=768, N=12, F=3072, V=50257)
+SMOLLM2_135M = dict(L=30, D=576, N=9, K=3, F=1536, V=49152, theta=100000.0, tie=True)
+LLAMA_CPU = dict(L=4, D=256, N=4, K=2, F=704, V=8192)
 BERT_BASE = dict(L=12, D=768, N=12, F=3072, V=30522)
 SHAPES = {
     ("gpt_train", "full"): [("gpt2_small-T1024-B8", _gpt(**GPT2_SMALL, T=1024, B=8))],
@@ -60,6 +75,11 @@ SHAPES = {
                            for b in (1, 8)],
     ("generate", "cpu"): [(f"L6-D384-P32-N128-B{b}", {**_gpt(6, 384, 6, 1536, 50257, 160, b), "prompt": 32, "new": 128})
                           for b in (1, 8)],
+    ("llama_train", "full"): [("smollm2_135m-T1024-B8", _llama(**SMOLLM2_135M, T=1024, B=8))],
+    ("llama_train", "cpu"): [("L4-D256-K2-T256-B8-V8192", _llama(**LLAMA_CPU, T=256, B=8))],
+    ("llama_generate", "full"): [(f"smollm2_135m-P32-N128-B{b}",
+                                  {**_llama(**SMOLLM2_135M, T=160, B=b), "prompt": 32, "new": 128}) for b in (1, 8)],
+    ("llama_generate", "cpu"): [("L4-D256-K2-P32-N128-B8", {**_llama(**LLAMA_CPU, T=160, B=8), "prompt": 32, "new": 128})],
     ("bert_mlm", "full"): [("bert_base-T128-B32", _bert(**BERT_BASE, T=128, B=32)),
                            ("bert_base-T512-B8", _bert(**BERT_BASE, T=512, B=8))],
     ("bert_mlm", "cpu"): [("L4-D256-T128-B16-V30522", _bert(4, 256, 4, 1024, 30522, 128, 16))],
@@ -72,6 +92,9 @@ SHAPES = {
 SHAPES[("input", "cpu")] = SHAPES[("input", "full")]
 SHAPES.update({
     ("gpt_train", "gpu"): [(f"gpt2_small-T1024-B{b}", _gpt(**GPT2_SMALL, T=1024, B=b)) for b in (16, 32)],
+    ("llama_train", "gpu"): [("smollm2_135m-T1024-B16", _llama(**SMOLLM2_135M, T=1024, B=16))],
+    ("llama_generate", "gpu"): [("smollm2_135m-P32-N128-B8",
+                                 {**_llama(**SMOLLM2_135M, T=160, B=8), "prompt": 32, "new": 128})],
     ("bert_mlm", "gpu"): [("bert_base-T128-B64", _bert(**BERT_BASE, T=128, B=64)),
                           ("bert_base-T512-B16", _bert(**BERT_BASE, T=512, B=16))],
     ("encdec_train", "gpu"): [("t5_small-S512-T128-B16", _t5(6, 512, 8, 2048, 32128, 512, 128, 16))],

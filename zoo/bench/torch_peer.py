@@ -32,6 +32,8 @@ def _hf_model(hf: dict):
     if arch == "bert":
         return transformers.BertForMaskedLM(transformers.BertConfig(**kw, hidden_dropout_prob=0.0,
                                                                    attention_probs_dropout_prob=0.0))
+    if arch == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw, attention_dropout=0.0))
     if arch == "t5":
         return transformers.T5ForConditionalGeneration(transformers.T5Config(**kw, dropout_rate=0.0, pad_token_id=0,
                                                                              decoder_start_token_id=0))
@@ -157,7 +159,8 @@ class TorchGenerate(_Peer):
                 "time_to_first_token_s": prefill + decode / self.new, "peak_memory_mb": self.peak_memory_mb()}
 
 
-PEERS = {"gpt_train": TorchTrain, "bert_mlm": TorchTrain, "encdec_train": TorchTrain, "generate": TorchGenerate}
+PEERS = {"gpt_train": TorchTrain, "llama_train": TorchTrain, "bert_mlm": TorchTrain, "encdec_train": TorchTrain,
+         "generate": TorchGenerate, "llama_generate": TorchGenerate}
 
 
 def make(name: str, spec: dict):

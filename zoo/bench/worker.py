@@ -264,8 +264,8 @@ class ZooInput:
         return {**out, "batches_per_s": bps, "tokens_per_s": bps * self.batch * self.T, "mfu": None}
 
 
-ZOO = {"gpt_train": ZooTrain, "bert_mlm": ZooTrain, "encdec_train": ZooTrain, "generate": ZooGenerate,
-       "input": ZooInput}
+ZOO = {"gpt_train": ZooTrain, "llama_train": ZooTrain, "bert_mlm": ZooTrain, "encdec_train": ZooTrain,
+       "generate": ZooGenerate, "llama_generate": ZooGenerate, "input": ZooInput}
 
 
 def serve(bench) -> None:

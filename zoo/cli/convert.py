@@ -1,6 +1,7 @@
-"""Hugging Face <-> zoo checkpoint conversion (GPT-2, BERT, T5, BART; see zoo.hf).
+"""Hugging Face <-> zoo checkpoint conversion (GPT-2, Llama, Qwen2, Mistral, BERT, T5, BART; see zoo.hf).
 
     zoo-convert from-hf PATH_OR_HUB_ID runs/base    # config.json + model.safetensors (or .bin) -> zoo run
+    zoo-convert from-gguf model.Q4_1.gguf runs/base  # a llama.cpp GGUF file, dequantised -> zoo run
     zoo-convert to-hf runs/finetuned out/            # -> config.json + model.safetensors + tokenizer files
 """
 
@@ -18,6 +19,10 @@ def main(argv=None) -> int:
     a = sub.add_parser("from-hf", help="a Hugging Face checkpoint (directory or hub id) -> a zoo run directory")
     a.add_argument("source", help="a directory with config.json and *.safetensors (or pytorch_model.bin), or a hub id")
     a.add_argument("run_dir", help="the new zoo run directory (must not hold checkpoints)")
+    g = sub.add_parser("from-gguf", help="a GGUF file (llama.cpp; quantised or not) -> a zoo run directory, "
+                                         "dequantised through transformers (needs the test extras)")
+    g.add_argument("source", help="the .gguf file")
+    g.add_argument("run_dir", help="the new zoo run directory (must not hold checkpoints)")
     b = sub.add_parser("to-hf", help="a zoo run directory -> a directory transformers loads")
     b.add_argument("run_dir", help="a zoo run directory (its latest checkpoint is exported)")
     b.add_argument("out_dir", help="the directory to write config.json, model.safetensors and tokenizer files to")
@@ -26,6 +31,9 @@ def main(argv=None) -> int:
     try:
         if args.cmd == "from-hf":
             hf.from_hf(args.source, args.run_dir)
+        elif args.cmd == "from-gguf":
+            from zoo.hf.gguf import from_gguf
+            from_gguf(args.source, args.run_dir)
         else:
             hf.to_hf(args.run_dir, args.out_dir)
     except BAD_INPUT as e:

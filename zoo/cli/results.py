@@ -22,7 +22,7 @@ import textwrap
 import time
 
 # The configs that run on a CPU in minutes, in the order their dependencies need (cls fine-tunes mlm).
-CPU_CONFIGS = ("gpt_tiny", "bert_tiny_mlm", "bert_tiny_cls", "encdec_tiny", "minilm_cls")
+CPU_CONFIGS = ("gpt_tiny", "llama_tiny", "bert_tiny_mlm", "bert_tiny_cls", "encdec_tiny", "minilm_cls")
 DEPENDS = {"bert_tiny_cls": ("bert_tiny_mlm", "init_from")}  # config -> (run it starts from, the key)
 EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_macro_f1", "eval_exact_match", "eval_bleu")
 # What the trained run answers to the config's documented example, quoted in the docstring too.

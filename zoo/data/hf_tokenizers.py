@@ -7,9 +7,15 @@
   `tokenizers` package, which tiktoken cannot stand in for (lower-casing, accent stripping, "##"
   continuations). Its `encode` gives the text's ids without [CLS] / [SEP] (zoo frames rows itself),
   and `special_ids` / `ordinary_ids` hand the vocabulary's own specials to zoo.tasks.mlm.
-- Any other tokenizer.json (T5's SentencePiece unigram) goes through `tokenizers` as it is; a T5
-  directory with only spiece.model is rebuilt into the same pipeline transformers builds from it.
-  `encode` gives ids without the checkpoint's specials; `eot_token` is its </s>.
+- Any other tokenizer.json (T5's SentencePiece unigram; Llama's, Mistral's and Qwen2's BPE, byte-level
+  or Metaspace) goes through `tokenizers` as it is; a T5 directory with only spiece.model is rebuilt
+  into the same pipeline transformers builds from it. `encode` gives ids without the checkpoint's
+  specials (no BOS); `eot_token` is its EOS (tokenizer_config.json's eos_token), `bos_token` its BOS.
+  vocab.json + merges.txt beside a tokenizer.json whose pipeline is not GPT-2's (Qwen2's split regex
+  and NFC) are left to the tokenizer.json.
+
+A chat template (chat_template.jinja, or `chat_template` in tokenizer_config.json) is copied with the
+files and written back by `to-hf`; zoo itself does not apply it.
 
 A converted encoder-decoder's directory also holds seq2seq.json (zoo's, written by zoo.hf.from_hf):
 how the checkpoint frames sources and targets. It is attached as the tokenizer's `seq2seq` dict,
@@ -35,7 +41,7 @@ from zoo.errors import ZooDataError
 SEQ2SEQ_FILE = "seq2seq.json"  # zoo's: the seq2seq framing of a converted T5 / BART checkpoint
 # The files of a Hugging Face checkpoint's tokenizer, copied into (and out of) a zoo run.
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json", "spiece.model")
+                   "special_tokens_map.json", "spiece.model", "chat_template.jinja")
 
 
 def _fingerprint(directory: str, names) -> str:
@@ -180,15 +186,16 @@ def wordpiece(directory: str) -> WordPiece:
 
 
 class Pretrained(HfTokenizer):
-    """Any other `tokenizers.Tokenizer` (T5's SentencePiece unigram, BART's tokenizer.json);
-    `eot_token` is its EOS (</s>)."""
+    """Any other `tokenizers.Tokenizer` (T5's SentencePiece unigram, BART's or Llama's tokenizer.json);
+    `eot_token` is its EOS (</s>), `bos_token` its BOS (None if it has none)."""
 
-    def __init__(self, tok, name: str, fingerprint: str, eos: str):
+    def __init__(self, tok, name: str, fingerprint: str, eos: str, bos: str | None = None):
         super().__init__(tok, name, fingerprint)
         vocab = tok.get_vocab(with_added_tokens=True)
         if eos not in vocab:
             raise ZooDataError(f"data.tokenizer={name!r}: the vocabulary has no EOS token {eos!r}")
         self.n_vocab, self.eot_token = max(vocab.values()) + 1, vocab[eos]
+        self.bos_token = vocab.get(bos) if bos else None
 
 
 def _tokenizer_config(directory: str) -> dict:
@@ -208,8 +215,9 @@ def pretrained(directory: str) -> Pretrained:
     from tokenizers import Tokenizer
     files = [f for f in ("tokenizer.json", "tokenizer_config.json") if os.path.isfile(os.path.join(directory, f))]
     tok = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
-    eos = _token(_tokenizer_config(directory), "eos_token", "</s>")
-    return Pretrained(tok, os.path.abspath(directory), _fingerprint(directory, files), eos)
+    conf = _tokenizer_config(directory)
+    return Pretrained(tok, os.path.abspath(directory), _fingerprint(directory, files),
+                      _token(conf, "eos_token", "</s>"), _token(conf, "bos_token", ""))
 
 
 def t5_sentencepiece(directory: str) -> Pretrained:
@@ -243,19 +251,31 @@ def t5_sentencepiece(directory: str) -> Pretrained:
     return Pretrained(tok, name, _fingerprint(directory, files), _token(conf, "eos_token", "</s>"))
 
 
-def _model_type(directory: str) -> str | None:
+def _tokenizer_json(directory: str) -> dict | None:
     path = os.path.join(directory, "tokenizer.json")
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f).get("model", {}).get("type")
+        return json.load(f)
+
+
+def _gpt2_pipeline(spec: dict | None) -> bool:
+    """Whether vocab.json + merges.txt say the whole tokenizer: there is no tokenizer.json, or it runs
+    GPT-2's pipeline (no normalizer, byte-level with GPT-2's split regex and no prefix space), as GPT-2's
+    and BART's do. Qwen2's also ships those files, but splits with its own regex after NFC."""
+    if spec is None:
+        return True
+    pre = spec.get("pre_tokenizer") or {}
+    return not spec.get("normalizer") and pre.get("type") == "ByteLevel" and pre.get("use_regex", True) and \
+        not pre.get("add_prefix_space")
 
 
 def load_dir(directory: str):
     """The tokenizer of a Hugging Face directory (with its seq2seq framing attached, if it has one)."""
-    kind = _model_type(directory)
+    spec = _tokenizer_json(directory)
+    kind = None if spec is None else spec.get("model", {}).get("type")
     has = lambda name: os.path.isfile(os.path.join(directory, name))
-    if has("vocab.json") and has("merges.txt"):
+    if has("vocab.json") and has("merges.txt") and _gpt2_pipeline(spec):
         tok = gpt2_bpe(directory)
     elif kind == "WordPiece" or (kind is None and has("vocab.txt")):
         tok = wordpiece(directory)

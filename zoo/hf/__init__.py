@@ -1,11 +1,12 @@
-"""Hugging Face checkpoints in and out, torch-free (GPT-2, BERT, T5, BART):
+"""Hugging Face checkpoints in and out, torch-free (GPT-2, Llama, Qwen2, Mistral, BERT, T5, BART):
 
     from_hf(path_or_id, run_dir)  -> a zoo run directory (weights-only checkpoint, config, tokenizer)
     to_hf(run_dir, out_dir)       -> config.json + model.safetensors (+ tokenizer files) for transformers
     from_pretrained(path)         -> (model, params, tokenizer, config) from either kind of directory
 
-Each architecture is one module holding its two-way key table (gpt2, bert, t5, bart), built with `table`
-and satisfying the `base.Converter` protocol; `convert` runs them.
+Each architecture is one module holding its two-way key table (gpt2, llama, bert, t5, bart; qwen2 and
+mistral share llama's), built with `table` and satisfying the `base.Converter` protocol; `convert`
+runs them.
 """
 
 from zoo.hf.convert import from_hf, from_pretrained, to_hf

@@ -34,7 +34,8 @@ def converters() -> dict[str, Converter]:
 
 def export_converter(model_cfg) -> Converter:
     """The converter a zoo model exports with: the first of its family's that `exports` it (an
-    encoder-decoder: relative positions -> T5, learned -> BART)."""
+    encoder-decoder: relative positions -> T5, learned -> BART; a GPT: learned positions -> GPT-2, rotary
+    ones -> Qwen2, Mistral or Llama by its biases and window)."""
     mods = [check(importlib.import_module(ref)) for ref in FAMILIES[model_cfg.family].hf.values()]
     for mod in mods:
         if mod.exports(model_cfg):

@@ -91,5 +91,7 @@ def run_fields(cfg) -> dict:
 
 
 def exports(model_cfg) -> bool:
-    """GPT-2: every zoo GPT"""
-    return True
+    """GPT-2: positions=learned, norm=layernorm, mlp=gelu, num_kv_heads=0, all biases, tied, sliding_window=0"""
+    c = model_cfg
+    return (c.positions, c.norm, c.mlp) == ("learned", "layernorm", "gelu") and c.kv_heads == c.num_heads and \
+        c.qkv_bias and c.out_bias and c.mlp_bias and c.tie_embeddings and c.sliding_window == 0

@@ -7,9 +7,10 @@ zoo param tree ("h_0/attn/query/kernel"), the name is the HF key with the wrappe
   `from_hf(keys, rows, cfg)`    walks the rows reading each HF tensor into the zoo tree
   `to_hf(params, rows, cfg)`    walks the same rows writing each zoo array out as an HF tensor
 
-Transforms take the head count N and head dim H from the model config (D width, N heads, H head dim,
-F MLP width, V vocab). A `fused` transform maps one zoo param to part j of n equal slices of one HF
-tensor's last axis (GPT-2's c_attn: query | key | value); export concatenates the parts back.
+Transforms take the head count N and head dim H from the model config (D width, N heads, K key/value
+heads, H head dim, F MLP width, V vocab); grouped-query key/value transforms read K off the tensor.
+A `fused` transform maps one zoo param to part j of n equal slices of one HF tensor's last axis
+(GPT-2's c_attn: query | key | value); export concatenates the parts back.
 
 Rows for a stack of layers are written once and templated by layer index (`layers`); `linear`, `conv`,
 `ln`, `rms` and `attention` build the rows of the common sub-modules.
@@ -51,6 +52,11 @@ CONV_HEADS_OUT = Transform("conv_heads_out", lambda x, N, H: x.reshape(N, H, -1)
                            lambda x, N, H: x.reshape(-1, x.shape[-1]))
 # per-head biases: [N*H] <-> [N, H]
 HEADS_BIAS = Transform("heads_bias", lambda x, N, H: x.reshape(N, H), lambda x, N, H: x.reshape(-1))
+# grouped-query key/value: torch Linear [K*H, D] <-> zoo [D, K, H]; K (not N) heads, so only H reshapes
+KV_HEADS_IN = Transform("kv_heads_in", lambda x, N, H: x.T.reshape(x.shape[1], -1, H),
+                        lambda x, N, H: x.reshape(x.shape[0], -1).T)
+# their biases: [K*H] <-> [K, H]
+KV_HEADS_BIAS = Transform("kv_heads_bias", lambda x, N, H: x.reshape(-1, H), lambda x, N, H: x.reshape(-1))
 
 
 def fused(t: Transform, j: int, n: int) -> Transform:

@@ -1,7 +1,10 @@
-"""Decoder-only GPT (GPT-2 architecture): its config, presets and the causal language model.
+"""Decoder-only GPT: its config, presets and the causal language model.
 
-Learned positions, pre-LN blocks, tanh-GELU MLP, dropout on embeddings and residual branches,
-causal attention, final LayerNorm, output tied to the token embedding.
+GPT-2 by default: learned positions, pre-LN blocks, tanh-GELU MLP, dropout on embeddings and residual
+branches, causal attention, final LayerNorm, output tied to the token embedding. The decoders trained
+today (Llama, Mistral, Qwen2, SmolLM) are the same causal stack with other parts, chosen by config
+switches: rotary positions (with Llama 3's frequency scaling), RMSNorm, a SwiGLU MLP, grouped-query
+attention (`num_kv_heads`), biases per projection, an untied output head and a sliding window.
 """
 
 from __future__ import annotations
@@ -13,49 +16,111 @@ from typing import ClassVar
 import flax.linen as nn
 import jax.numpy as jnp
 
-from zoo.models.base import ModelConfig, check, check_positive
+from zoo.models.base import ModelConfig, check, check_choice, check_positive
 from zoo.nn import layers
 from zoo.nn.block import Block
+from zoo.nn.positions import Rope
 from zoo.nn.stack import residual_std, stack_blocks
+
+POSITIONS = ("learned", "rope")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
+ROPE_SCALINGS = ("none", "llama3")
 
 
 @dataclass(frozen=True, kw_only=True)
 class GptConfig(ModelConfig):
-    """GPT-2 architecture: learned positions, pre-LN blocks, GELU MLP, output tied to the embedding."""
+    """A decoder-only transformer: GPT-2 by default; Llama, Mistral and Qwen2 through the switches below."""
 
     family: ClassVar[str] = "gpt"
     vocab_size: int = 50257  # rows of the token embedding; >= the tokenizer's vocabulary
-    max_len: int = 1024  # learned positions; the longest sequence the model accepts
+    max_len: int = 1024  # the longest sequence the model accepts (learned positions: their table's rows)
     num_layers: int = 12  # transformer blocks (L)
     d_model: int = 768  # residual width (D)
     num_heads: int = 12  # attention heads (N); D must divide by N
     d_ff: int = 3072  # MLP hidden width (F)
     dropout: float = 0.1  # on embeddings and on each residual branch, training only
-    ln_eps: float = 1e-5  # LayerNorm epsilon (GPT-2 uses 1e-5)
+    ln_eps: float = 1e-5  # norm epsilon (GPT-2 LayerNorm 1e-5; Llama RMSNorm 1e-5 or 1e-6)
+    # Modern decoders. GPT-2: learned, layernorm, gelu, num_kv_heads 0, biases on, tied, no window.
+    positions: str = "learned"  # learned (a table of max_len rows) | rope (rotary, no parameters)
+    rope_theta: float = 10000.0  # rope: the base of the frequencies
+    rope_scaling: str = "none"  # rope: none | llama3 (Llama 3.1/3.2's long-context frequency scaling)
+    rope_factor: float = 8.0  # llama3 scaling: factor
+    rope_low_freq_factor: float = 1.0  # llama3 scaling: low-frequency factor
+    rope_high_freq_factor: float = 4.0  # llama3 scaling: high-frequency factor
+    rope_original_max_len: int = 8192  # llama3 scaling: the context length the frequencies were trained for
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    mlp: str = "gelu"  # gelu (GPT-2's tanh GELU, 2 matrices) | swiglu (silu-gated, 3 matrices, Llama)
+    num_kv_heads: int = 0  # key/value heads K for grouped-query (1: multi-query) attention; 0: num_heads
+    qkv_bias: bool = True  # biases on the query/key/value projections (GPT-2, Qwen2: yes; Llama: no)
+    out_bias: bool = True  # bias on the attention output projection
+    mlp_bias: bool = True  # biases in the MLP
+    tie_embeddings: bool = True  # the output projection is the token embedding; else its own `lm_head`
+    sliding_window: int = 0  # > 0: each token attends to at most this many latest positions (Mistral)
 
     def __post_init__(self):
         super().__post_init__()
         check_positive(self, "vocab_size", "max_len", "num_layers", "d_model", "num_heads", "d_ff")
         check(self.d_model % self.num_heads == 0,
               f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}")
+        check_choice("positions", self.positions, POSITIONS)
+        check_choice("norm", self.norm, NORMS)
+        check_choice("mlp", self.mlp, MLPS)
+        check_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+        check(self.num_kv_heads >= 0 and (self.num_kv_heads == 0 or self.num_heads % self.num_kv_heads == 0),
+              f"model.num_kv_heads={self.num_kv_heads} must divide model.num_heads={self.num_heads} (0: as many)")
+        check(self.positions != "rope" or self.head_dim % 2 == 0,
+              f"model.positions=rope needs an even head dimension; d_model/num_heads={self.head_dim}")
+        check(self.rope_theta > 0, f"model.rope_theta={self.rope_theta} must be positive")
+        check(self.sliding_window >= 0, f"model.sliding_window={self.sliding_window} must be >= 0 (0: off)")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    def rope(self) -> Rope | None:
+        if self.positions != "rope":
+            return None
+        return Rope(self.head_dim, self.rope_theta, self.rope_scaling, self.rope_factor, self.rope_low_freq_factor,
+                    self.rope_high_freq_factor, self.rope_original_max_len)
+
 
 GPT_TINY = GptConfig(vocab_size=384, max_len=256, num_layers=4, d_model=128, num_heads=4, d_ff=512, dropout=0.0)
 GPT2_SMALL = GptConfig()  # 124,439,808 params, as GPT-2 124M
 GPT2_MEDIUM = dataclasses.replace(GPT2_SMALL, num_layers=24, d_model=1024, num_heads=16, d_ff=4096)
 GPT2_LARGE = dataclasses.replace(GPT2_SMALL, num_layers=36, d_model=1280, num_heads=20, d_ff=5120)
 GPT2_XL = dataclasses.replace(GPT2_SMALL, num_layers=48, d_model=1600, num_heads=25, d_ff=6400)
+# Llama-style decoders: rotary positions, RMSNorm, SwiGLU, grouped-query attention, no biases.
+_LLAMA = dict(positions="rope", norm="rmsnorm", mlp="swiglu", qkv_bias=False, out_bias=False, mlp_bias=False,
+              dropout=0.0)
+# A CPU model for the built-in corpus, byte tokens (configs/llama_tiny.py).
+LLAMA_TINY = GptConfig(vocab_size=384, max_len=256, num_layers=4, d_model=128, num_heads=4, num_kv_heads=2,
+                       d_ff=352, tie_embeddings=False, **_LLAMA)
+# SmolLM2-135M: 134,515,008 params.
+SMOLLM2_135M = GptConfig(vocab_size=49152, max_len=8192, num_layers=30, d_model=576, num_heads=9, num_kv_heads=3,
+                         d_ff=1536, rope_theta=100000.0, **_LLAMA)
+# Llama 3.2 1B: 1,235,814,400 params; rope scaled as Llama 3.1/3.2 (factor 32).
+LLAMA3_1B = GptConfig(vocab_size=128256, max_len=131072, num_layers=16, d_model=2048, num_heads=32, num_kv_heads=8,
+                      d_ff=8192, rope_theta=500000.0, rope_scaling="llama3", rope_factor=32.0, **_LLAMA)
+# Qwen2-0.5B: 494,032,768 params; biases on q/k/v only, RMSNorm eps 1e-6.
+QWEN2_0_5B = GptConfig(vocab_size=151936, max_len=32768, num_layers=24, d_model=896, num_heads=14, num_kv_heads=2,
+                       d_ff=4864, rope_theta=1000000.0, ln_eps=1e-6, **{**_LLAMA, "qkv_bias": True})
+# Mistral 7B v0.1: 7,241,732,096 params; untied output, a 4096-token sliding window.
+MISTRAL_7B = GptConfig(vocab_size=32000, max_len=32768, num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8,
+                       d_ff=14336, sliding_window=4096, tie_embeddings=False, **_LLAMA)
 PRESETS = {"gpt_tiny": GPT_TINY, "gpt2_small": GPT2_SMALL, "gpt2_medium": GPT2_MEDIUM,
-           "gpt2_large": GPT2_LARGE, "gpt2_xl": GPT2_XL}
+           "gpt2_large": GPT2_LARGE, "gpt2_xl": GPT2_XL, "llama_tiny": LLAMA_TINY, "smollm2_135m": SMOLLM2_135M,
+           "llama3_1b": LLAMA3_1B, "qwen2_0_5b": QWEN2_0_5B, "mistral_7b": MISTRAL_7B}
 
 
 class Gpt(nn.Module):
     """ids_BT -> logits_BTV (float32). `decode=True` runs incrementally against the "cache" collection;
     `hidden=True` returns the final hidden states x_BTD instead, for a fused loss (zoo.nn.losses) that
-    applies the tied output projection params["wte"]["embedding"] itself."""
+    applies the output projection (`output_embedding(params)`) itself."""
 
     cfg: GptConfig
 
@@ -65,7 +130,6 @@ class Gpt(nn.Module):
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         T = ids_BT.shape[1]
         wte = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype, name="wte")
-        wpe_PD = self.param("wpe", layers.normal(0.01, (None, "embed")), (cfg.max_len, cfg.d_model), param_dtype)
         positions_T = jnp.arange(T)
         if decode:  # absolute position of this chunk = tokens already in the cache
             index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
@@ -74,15 +138,32 @@ class Gpt(nn.Module):
             else:
                 positions_T = index.value + jnp.arange(T)
                 index.value = index.value + T
-        x_BTD = wte(ids_BT) + jnp.take(wpe_PD, positions_T, axis=0).astype(dtype)[None]
+        x_BTD = wte(ids_BT)
+        if cfg.positions == "learned":
+            wpe_PD = self.param("wpe", layers.normal(0.01, (None, "embed")), (cfg.max_len, cfg.d_model), param_dtype)
+            x_BTD = x_BTD + jnp.take(wpe_PD, positions_T, axis=0).astype(dtype)[None]
         x_BTD = nn.Dropout(cfg.dropout)(x_BTD, deterministic=deterministic)
         x_BTD = layers.constrain(x_BTD, ("batch", "length", "embed"))
         blocks = stack_blocks(
             Block, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, remat_policy=cfg.remat_policy, name="h",
             num_heads=cfg.num_heads, d_ff=cfg.d_ff, dropout=cfg.dropout, ln_eps=cfg.ln_eps, pre_ln=True,
-            norm_names=("ln_1", "ln_2"), activation=layers.gelu_tanh, out_std=residual_std(cfg.num_layers),
-            dtype=dtype, param_dtype=param_dtype, implementation=cfg.attention_impl)
+            norm_names=("ln_1", "ln_2"), activation=layers.gelu_tanh if cfg.mlp == "gelu" else nn.silu,
+            out_std=residual_std(cfg.num_layers), dtype=dtype, param_dtype=param_dtype,
+            implementation=cfg.attention_impl, norm=cfg.norm, gated=cfg.mlp == "swiglu",
+            num_kv_heads=cfg.kv_heads, qkv_bias=cfg.qkv_bias, out_bias=cfg.out_bias, mlp_bias=cfg.mlp_bias,
+            rope=cfg.rope(), sliding_window=cfg.sliding_window)
         # mask None + is_causal: the attention backend builds the causal mask (cheapest on cuDNN).
         x_BTD = blocks(x_BTD, None, deterministic, decode, positions_T)
-        x_BTD = layers.layer_norm(cfg.ln_eps, dtype, param_dtype, name="ln_f")(x_BTD)
-        return x_BTD if hidden else wte.attend(x_BTD)
+        norm = layers.rms_norm if cfg.norm == "rmsnorm" else layers.layer_norm
+        x_BTD = norm(cfg.ln_eps, dtype, param_dtype, name="ln_f")(x_BTD)
+        if hidden:
+            return x_BTD
+        if cfg.tie_embeddings:
+            return wte.attend(x_BTD)
+        return layers.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
+                            name="lm_head").attend(x_BTD)
+
+
+def output_embedding(cfg: GptConfig, params):
+    """w_VD of the output projection: the token embedding when tied, else `lm_head`."""
+    return params["wte" if cfg.tie_embeddings else "lm_head"]["embedding"]

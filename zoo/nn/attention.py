@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo.nn.layers import Dtype, Einsum, einsum_f32
+from zoo.nn.positions import Rope
 
 # model.attention_impl: einsum is zoo's own softmax attention, what `auto` runs on CPU; xla and cudnn are
 # jax.nn.dot_product_attention's backends (cudnn: flash attention on NVIDIA GPUs, what `auto` runs there).
@@ -239,9 +240,12 @@ class Attention(nn.Module):
 
     num_heads: int
     head_dim: int
-    num_kv_heads: int | None = None
+    num_kv_heads: int | None = None  # K key/value heads (grouped-query attention); None: N
     out_std: float = 0.02  # residual projection init (scaled by the caller)
-    use_bias: bool = True
+    use_bias: bool = True  # biases on the query, key and value projections
+    out_bias: bool | None = None  # bias on the output projection; None: as use_bias
+    rope: Rope | None = None  # rotary positions applied to queries and keys (self-attention)
+    sliding_window: int = 0  # > 0: a query sees only the last `sliding_window` keys (Mistral)
     scale: float | None = None  # logits scale; None: 1/sqrt(H) (T5 folds it into the init: 1.0)
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
@@ -264,13 +268,21 @@ class Attention(nn.Module):
             src_BSD = x_BTD if kv_BSD is None else kv_BSD
             k_BSKH = self._proj("key", src_BSD.shape[-1], K, src_BSD)
             v_BSKH = self._proj("value", src_BSD.shape[-1], K, src_BSD)
+        if self.rope is not None:
+            positions_T = jnp.arange(x_BTD.shape[1]) if positions_T is None else positions_T
+            q_BTNH, k_BSKH = self.rope(q_BTNH, positions_T), self.rope(k_BSKH, positions_T)
         if decode and kv_BSD is None:
             k_BSKH, v_BSKH, mask_B1TS = self._update_cache(k_BSKH, v_BSKH, positions_T, mask_B1TS)
             is_causal = False
+        if self.sliding_window:
+            q_T = jnp.arange(x_BTD.shape[1]) if positions_T is None else positions_T
+            window_11TS = (q_T[:, None] - jnp.arange(k_BSKH.shape[1])[None, :] < self.sliding_window)[None, None]
+            mask_B1TS = window_11TS if mask_B1TS is None else mask_B1TS & window_11TS
         out_BTNH = attention(q_BTNH, k_BSKH, v_BSKH, bias=bias_BNTS, mask=mask_B1TS, scale=self.scale,
                              is_causal=is_causal, implementation=self.implementation, training=not decode)
         return Einsum((self.num_heads, self.head_dim, D), ("heads", "kv", "embed"), "BTNH,NHD->BTD",
-                      std=self.out_std, bias_axes=("embed",) if self.use_bias else None,
+                      std=self.out_std,
+                      bias_axes=("embed",) if (self.use_bias if self.out_bias is None else self.out_bias) else None,
                       dtype=self.dtype, param_dtype=self.param_dtype, name="out")(out_BTNH)
 
     def _cross_cache(self, kv_BSD, K):

@@ -1,5 +1,6 @@
 """The transformer block GPT and BERT share: self-attention then MLP, each a residual sublayer with its
-norm before (pre-LN, GPT-2) or after (post-LN, BERT) it. The encoder-decoder's blocks add
+norm before (pre-LN, GPT-2, Llama) or after (post-LN, BERT) it; the modern decoders' parts (RMSNorm,
+SwiGLU, grouped-query attention, rotary positions, a sliding window) are switches of the same block. The encoder-decoder's blocks add
 cross-attention and relative position bias and build on the same `layers.sublayer`.
 
 Parameter names are the families' own checkpoint keys: the two norms are named by `norm_names`
@@ -14,7 +15,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from zoo.nn.attention import Attention
-from zoo.nn.layers import Dtype, Mlp, constrain, gelu_tanh, layer_norm, sublayer
+from zoo.nn.layers import Dtype, GatedMlp, Mlp, constrain, gelu_tanh, layer_norm, rms_norm, sublayer
+from zoo.nn.positions import Rope
 
 
 class Block(nn.Module):
@@ -33,15 +35,28 @@ class Block(nn.Module):
     param_dtype: Dtype = jnp.float32
     implementation: str | None = None
     scanned: bool = False
+    # Modern decoders (Llama, Mistral, Qwen2): RMSNorm, a SwiGLU MLP, grouped-query attention, rotary
+    # positions, a sliding window and biases per projection. The defaults are GPT-2's and BERT's.
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    gated: bool = False  # the MLP is gated (act(x W_gate) * x W_fc): SwiGLU with activation silu
+    num_kv_heads: int | None = None
+    qkv_bias: bool = True
+    out_bias: bool = True
+    mlp_bias: bool = True
+    rope: Rope | None = None
+    sliding_window: int = 0
 
     @nn.compact
     def __call__(self, x_BTD, mask_B1TS, deterministic: bool, decode: bool = False, positions_T=None):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         D = x_BTD.shape[-1]
-        attn_norm, mlp_norm = (layer_norm(self.ln_eps, name=n, **kw) for n in self.norm_names)
-        attn = Attention(self.num_heads, D // self.num_heads, out_std=self.out_std,
-                         implementation=self.implementation, name="attn", **kw)
-        mlp = Mlp(self.d_ff, self.activation, out_std=self.out_std, name="mlp", **kw)
+        make_norm = rms_norm if self.norm == "rmsnorm" else layer_norm
+        attn_norm, mlp_norm = (make_norm(self.ln_eps, name=n, **kw) for n in self.norm_names)
+        attn = Attention(self.num_heads, D // self.num_heads, num_kv_heads=self.num_kv_heads, out_std=self.out_std,
+                         use_bias=self.qkv_bias, out_bias=self.out_bias, rope=self.rope,
+                         sliding_window=self.sliding_window, implementation=self.implementation, name="attn", **kw)
+        mlp_cls = GatedMlp if self.gated else Mlp
+        mlp = mlp_cls(self.d_ff, self.activation, out_std=self.out_std, use_bias=self.mlp_bias, name="mlp", **kw)
         res = dict(pre_ln=self.pre_ln, dropout=self.dropout, deterministic=deterministic)
         x_BTD = sublayer(x_BTD, lambda h: attn(h, mask_B1TS, is_causal=mask_B1TS is None, decode=decode,
                                                positions_T=positions_T), attn_norm, **res)

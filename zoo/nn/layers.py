@@ -123,11 +123,13 @@ class Mlp(nn.Module):
 
 
 class GatedMlp(nn.Module):
-    """Gated feed-forward (GEGLU, T5 v1.1): D -> act(x W_gate) * (x W_fc) -> D, no biases."""
+    """Gated feed-forward: D -> act(x W_gate) * (x W_fc) -> D. GEGLU (T5 v1.1) with gelu, SwiGLU (Llama)
+    with silu; no biases unless `use_bias`."""
 
     d_ff: int
     activation: Callable = nn.gelu
     out_std: float = 0.02
+    use_bias: bool = False
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
 
@@ -135,10 +137,12 @@ class GatedMlp(nn.Module):
     def __call__(self, x_BTD):
         D = x_BTD.shape[-1]
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        gate_BTF = Einsum((D, self.d_ff), ("embed", "mlp"), "BTD,DF->BTF", name="gate", **kw)(x_BTD)
-        h_BTF = Einsum((D, self.d_ff), ("embed", "mlp"), "BTD,DF->BTF", name="fc", **kw)(x_BTD)
+        up = dict(bias_axes=("mlp",) if self.use_bias else None, **kw)
+        gate_BTF = Einsum((D, self.d_ff), ("embed", "mlp"), "BTD,DF->BTF", name="gate", **up)(x_BTD)
+        h_BTF = Einsum((D, self.d_ff), ("embed", "mlp"), "BTD,DF->BTF", name="fc", **up)(x_BTD)
         h_BTF = constrain(self.activation(gate_BTF) * h_BTF, ("batch", "length", "mlp"))
-        return Einsum((self.d_ff, D), ("mlp", "embed"), "BTF,FD->BTD", std=self.out_std, name="proj", **kw)(h_BTF)
+        return Einsum((self.d_ff, D), ("mlp", "embed"), "BTF,FD->BTD", std=self.out_std,
+                      bias_axes=("embed",) if self.use_bias else None, name="proj", **kw)(h_BTF)
 
 
 def gelu_tanh(x):
@@ -152,7 +156,7 @@ def gelu_exact(x):
 
 
 # Activation names as model configs spell them -> functions (GPT-2's "gelu_new" is gelu_tanh).
-ACTIVATIONS = {"relu": nn.relu, "gelu": gelu_exact, "gelu_tanh": gelu_tanh}
+ACTIVATIONS = {"relu": nn.relu, "gelu": gelu_exact, "gelu_tanh": gelu_tanh, "silu": nn.silu}
 
 
 def sublayer(x_BTD, f, norm, *, pre_ln: bool, dropout: float, deterministic: bool):

@@ -1,4 +1,5 @@
-"""Position signals: sinusoids (Vaswani), and T5's relative position buckets and their learned bias.
+"""Position signals: sinusoids (Vaswani), T5's relative position buckets and their learned bias, and
+rotary embeddings (RoPE, Llama's, with Llama 3's frequency scaling).
 
 Learned absolute tables live with the families that own them (GPT's `wpe`, BERT's `position`, the
 encoder-decoder's `Positions`), since their parameter names are checkpoint keys.
@@ -7,9 +8,11 @@ encoder-decoder's `Positions`), since their parameter names are checkpoint keys.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 from zoo.nn.layers import Dtype, normal
 
@@ -56,3 +59,41 @@ class RelativePositionBias(nn.Module):
         bias_TSN = jnp.take(table, bucket_TS, axis=0).astype(jnp.float32)
         return jnp.moveaxis(bias_TSN, -1, 0)[None]  # bias_1NTS
 
+
+
+@dataclass(frozen=True)
+class Rope:
+    """Rotary position embedding (Su et al.), as Llama applies it: each head's vector is split in two
+    halves that rotate as (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) by angle position * inv_freq.
+    `scaling` "llama3" stretches the low frequencies as Llama 3.1 does (factor, low/high frequency
+    factors, the original context length); "none" keeps them."""
+
+    head_dim: int
+    theta: float = 10000.0
+    scaling: str = "none"  # none | llama3
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_len: int = 8192
+
+    def inv_freq(self) -> np.ndarray:
+        """[H/2] float32 angular frequencies, computed in float64 on the host as transformers does in float32."""
+        inv = 1.0 / (self.theta ** (np.arange(0, self.head_dim, 2, dtype=np.int64).astype(np.float32) / self.head_dim))
+        if self.scaling == "llama3":
+            low_wavelen = self.original_max_len / self.low_freq_factor
+            high_wavelen = self.original_max_len / self.high_freq_factor
+            wavelen = 2 * math.pi / inv
+            scaled = np.where(wavelen > low_wavelen, inv / self.factor, inv)
+            smooth = (self.original_max_len / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
+            mid = (1 - smooth) * scaled / self.factor + smooth * scaled
+            medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+            inv = np.where(medium, mid, scaled)
+        return inv.astype(np.float32)
+
+    def __call__(self, x_BTNH, positions_T):
+        """x rotated by its positions; the angles in float32, the result in x's dtype."""
+        angle_TH2 = positions_T.astype(jnp.float32)[:, None] * jnp.asarray(self.inv_freq())[None]
+        cos_1T1H, sin_1T1H = (jnp.concatenate([f(angle_TH2)] * 2, -1)[None, :, None] for f in (jnp.cos, jnp.sin))
+        x1, x2 = jnp.split(x_BTNH.astype(jnp.float32), 2, axis=-1)
+        rotated = jnp.concatenate([-x2, x1], axis=-1)
+        return (x_BTNH.astype(jnp.float32) * cos_1T1H + rotated * sin_1T1H).astype(x_BTNH.dtype)

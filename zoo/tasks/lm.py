@@ -10,7 +10,7 @@ from zoo.data import batches, store
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ZooDataError
 from zoo.infer.sample import generate
-from zoo.models.gpt import Gpt
+from zoo.models.gpt import Gpt, output_embedding
 from zoo.nn import losses
 from zoo.tasks.base import BaseTask, Data, attention_flops, count
 
@@ -19,10 +19,10 @@ class LmTask(BaseTask):
     """Loss on every target token (weight = their count)."""
 
     name = "gpt_lm"
-    EXCLUDE = ("wpe",)  # learned positions are a lookup
-
     def __init__(self, cfg):
         self.cfg, self.model = cfg, Gpt(cfg.model)
+        # Lookups, not matmuls: learned positions, and the token embedding when the output has its own lm_head.
+        self.EXCLUDE = ("wpe",) if cfg.model.tie_embeddings else ("wpe", "['wte']")
 
     def init(self, rng):
         return self.model.init(rng, jnp.zeros((1, self.cfg.data.seq_len), jnp.int32))["params"]
@@ -31,7 +31,7 @@ class LmTask(BaseTask):
         h_BTD = self.model.apply({"params": params}, batch["inputs"], deterministic=not train, hidden=True,
                                  rngs={"dropout": rng})
         loss_sum, correct = losses.linear_cross_entropy(
-            h_BTD, params["wte"]["embedding"], batch["targets"], batch["weights"],
+            h_BTD, output_embedding(self.cfg.model, params), batch["targets"], batch["weights"],
             label_smoothing=self.cfg.train.label_smoothing if train else 0.0)
         weight = jnp.sum(batch["weights"])
         return loss_sum, {"weight": weight, "correct": correct, "tokens": weight}

