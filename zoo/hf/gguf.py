@@ -8,6 +8,7 @@ accelerate (the test extras); zoo's own path stays torch-free.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 
@@ -19,14 +20,12 @@ def from_gguf(path: str, run_dir: str, *, verbose: bool = True) -> dict:
     from zoo.hf.convert import from_hf
     if not os.path.isfile(path):
         raise ConversionError(f"{path!r} is not a file; pass the .gguf file itself")
-    try:
-        import gguf  # noqa: F401  (transformers needs it; named here for a clear error)
-        import torch
-        import accelerate  # noqa: F401  (as gguf)
-        import transformers
-    except ImportError as e:
-        raise ConversionError(f"reading a GGUF file needs torch, transformers, gguf and accelerate ({e.name} is missing): "
-                              f"pip install -e '.[test]'") from None
+    missing = [m for m in ("torch", "transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConversionError(f"reading a GGUF file needs torch, transformers, gguf and accelerate ({', '.join(missing)} "
+                              f"missing): pip install -e '.[test]'")
+    import torch
+    import transformers
     directory, name = os.path.split(os.path.abspath(path))
     with tempfile.TemporaryDirectory(prefix="zoo-gguf-") as hf_dir:
         try:
