@@ -72,17 +72,6 @@ def test_corpus_shorter_than_a_sequence(capsys, tmp_path, cache_dir):
     assert "has 22 train tokens, fewer than data.seq_len + 1 = 129" in err
 
 
-def test_resume_errors(capsys, tmp_path, cache_dir):
-    err = one_line_error(capsys, ["--resume", str(tmp_path / "nothing")])
-    assert "no checkpoint in" in err
-    work = str(tmp_path / "run")
-    assert train_main(["configs/gpt_tiny.py", "--workdir", work, "--set", "train.steps=2", "--set",
-                       f"data.cache_dir={cache_dir}", "--set", "train.sample_tokens=0"]) == 0
-    capsys.readouterr()
-    err = one_line_error(capsys, ["--resume", work, "--set", "model.num_layers=2"])
-    assert "changes the model's parameters (shape or dtype)" in err
-
-
 def test_sigterm_saves_and_exits_cleanly(tmp_path, cache_dir):
     import signal
     import time
