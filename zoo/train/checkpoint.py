@@ -14,18 +14,14 @@ reported in one line with its path and reason, and the next older step is tried.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
-import re
 import shutil
 import sys
 import time
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from zoo import tasks
@@ -33,6 +29,8 @@ from zoo.config import Config, from_dict
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import CheckpointError, ConfigError
 from zoo.models import FAMILIES
+from zoo.train import orbax_errors
+from zoo.train.checksums import fingerprint
 
 
 def ckpt_dir(workdir: str) -> str:
@@ -74,104 +72,12 @@ def require_latest(workdir: str) -> int:
     return step
 
 
-# ---- checksums and finiteness, computed on the device(s) where the arrays live ----
-
-def _leaf_digest(x) -> jax.Array:
-    """A uint32 checksum of an array's bits, weighted by position (so swapped blocks differ too). Integer
-    sums wrap exactly, so the value is the same under any sharding and on any number of devices."""
-    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-        x = jax.random.key_data(x)
-    if x.dtype == jnp.bool_:
-        x = x.astype(jnp.uint8)
-    width = {1: jnp.uint8, 2: jnp.uint16}.get(x.dtype.itemsize, jnp.uint32)
-    u = jax.lax.bitcast_convert_type(x, width).astype(jnp.uint32).reshape(-1)
-    weight = jnp.arange(u.size, dtype=jnp.uint32) * jnp.uint32(2654435761) + jnp.uint32(1)
-    return jnp.sum(u * weight, dtype=jnp.uint32)
-
-
-@jax.jit
-def _check(tree):
-    floats = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-    return jax.tree.map(_leaf_digest, tree), jnp.all(jnp.stack(floats)) if floats else jnp.bool_(True)
-
-
-def fingerprint(tree) -> tuple[dict[str, int], bool]:
-    """({array path: checksum}, whether every float in `tree` is finite)."""
-    digests, finite = jax.device_get(_check(tree))
-    return ({jax.tree_util.keystr(p): int(v) for p, v in jax.tree_util.tree_flatten_with_path(digests)[0]},
-            bool(finite))
-
-
 def _train_item(state) -> dict:
     return {"step": state.step, "opt_state": state.opt_state, "rng": state.rng}
 
 
 class NonFiniteState(Exception):
     """The state to save holds NaN/Inf: it was not saved."""
-
-
-class SaveError(Exception):
-    """Orbax could not write a checkpoint (disk full, read-only, ...); the message is one line."""
-
-
-def _save_reason(e: BaseException) -> str:
-    """The OS reason of an Orbax/tensorstore write failure (e.g. "No space left on device"), else its first line."""
-    msg = str(e)
-    m = re.search(r"([A-Z][^:\"]*?) \[os_error_code", msg) or re.search(r"(\[Errno \d+\] [^\n]*)", msg)
-    return m.group(1) if m else f"{type(e).__name__}: {msg.splitlines()[0][:200] if msg else ''}"
-
-
-class _HeldOrbaxErrors(logging.Filter):
-    """Holds back the error records Orbax's background threads log about a failed save."""
-
-    def __init__(self):
-        super().__init__()
-        self.held: list[logging.LogRecord] = []
-        self.reported = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR:
-            return True
-        text = f"{record.pathname} {record.getMessage()}"
-        if "orbax" in text or "OCDBT" in text or "tensorstore" in text:
-            if not self.reported:
-                self.held.append(record)
-            return False
-        return True
-
-
-def _event_loop_closed(exc_type, exc, tb) -> bool:
-    return exc_type is RuntimeError and "Event loop is closed" in str(exc)
-
-
-@contextlib.contextmanager
-def orbax_errors_held():
-    """While training: a failed asynchronous save makes Orbax's threads log the same error dozens of times
-    with tracebacks, and tensorstore's callbacks print 'Event loop is closed' into a closed loop. The run
-    reports such a failure itself in one line (SaveError), so those are held back; if the run ends without
-    having reported one, the held records are logged as usual."""
-    held = _HeldOrbaxErrors()
-    loggers = [logging.getLogger(n) for n in ("absl", "asyncio")]
-    for lg in loggers:
-        lg.addFilter(held)
-    old_hook = sys.unraisablehook
-
-    def hook(u):  # tensorstore's callbacks into a closed loop: reported as unraisable, with no object
-        if not _event_loop_closed(u.exc_type, u.exc_value, u.exc_traceback):
-            old_hook(u)
-    sys.unraisablehook = hook
-    try:
-        yield held
-    except SaveError:
-        held.reported = True  # stays installed: the process ends with the one line, not the echoes after it
-        raise
-    finally:
-        if not held.reported:
-            sys.unraisablehook = old_hook
-            for lg in loggers:
-                lg.removeFilter(held)
-            for record in held.held:
-                logging.getLogger(record.name).handle(record)
 
 
 def save(mngr, state, cfg: Config, force: bool = False) -> None:
@@ -190,7 +96,8 @@ def save(mngr, state, cfg: Config, force: bool = False) -> None:
             config=ocp.args.JsonSave(cfg.to_dict()),
             digest=ocp.args.JsonSave({"params": params_digest, "train": train_digest})))
     except Exception as e:
-        raise SaveError(f"saving checkpoints in {mngr.directory} failed (at step {step}): {_save_reason(e)}") from None
+        raise orbax_errors.SaveError(f"saving checkpoints in {mngr.directory} failed (at step {step}): "
+                                     f"{orbax_errors.reason(e)}") from None
 
 
 def check_for_errors(mngr) -> None:
@@ -198,7 +105,8 @@ def check_for_errors(mngr) -> None:
     try:
         mngr.check_for_errors()
     except Exception as e:
-        raise SaveError(f"saving a checkpoint in {mngr.directory} failed: {_save_reason(e)}") from None
+        raise orbax_errors.SaveError(f"saving a checkpoint in {mngr.directory} failed: "
+                                     f"{orbax_errors.reason(e)}") from None
 
 
 def finish(mngr) -> None:
@@ -206,7 +114,8 @@ def finish(mngr) -> None:
     try:
         mngr.wait_until_finished()
     except Exception as e:
-        raise SaveError(f"saving a checkpoint in {mngr.directory} failed: {_save_reason(e)}") from None
+        raise orbax_errors.SaveError(f"saving a checkpoint in {mngr.directory} failed: "
+                                     f"{orbax_errors.reason(e)}") from None
     finally:
         try:
             mngr.close()

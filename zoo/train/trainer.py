@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from zoo import tasks
 from zoo.config import Config
 from zoo.errors import ConfigError, TrainError
-from zoo.train import checkpoint, flops, optim, sharding
+from zoo.train import checkpoint, flops, optim, orbax_errors, sharding
 from zoo.train.metrics import MetricsWriter
 from zoo.train.prefetch import Prefetcher
 from zoo.train.workdir import claim, remove_new
@@ -252,9 +252,9 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
         if resume:
             checkpoint.prune(mngr, cfg.train.keep)
         try:
-            with checkpoint.orbax_errors_held():
+            with orbax_errors.held():
                 return _loop(cfg, path, s, state, data, mngr, stop_at_step, progress, quiet)
-        except checkpoint.SaveError as e:
+        except orbax_errors.SaveError as e:
             raise TrainError(f"{e}; the run stopped (free space or fix permissions, then --resume {path})") from None
 
 
@@ -346,10 +346,10 @@ def _save(mngr, state, cfg: Config, workdir: str, force: bool = False) -> None:
         checkpoint.save(mngr, state, cfg, force=force)
     except checkpoint.NonFiniteState:
         raise _diverged(int(jax.device_get(state.step)), workdir, mngr) from None
-    except checkpoint.SaveError:
+    except orbax_errors.SaveError:
         try:  # stop Orbax's background work; the save's own error is the one reported
             checkpoint.finish(mngr)
-        except checkpoint.SaveError:
+        except orbax_errors.SaveError:
             pass
         raise
 

@@ -1,0 +1,75 @@
+"""Orbax save failures, reported once: a failed asynchronous save (disk full, read-only) is raised as
+`SaveError` with a one-line message naming the OS reason, and the echoes of the same failure from
+Orbax's threads and tensorstore's callbacks are held back while training (`held`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import sys
+
+
+class SaveError(Exception):
+    """Orbax could not write a checkpoint (disk full, read-only, ...); the message is one line."""
+
+
+def reason(e: BaseException) -> str:
+    """The OS reason of an Orbax/tensorstore write failure (e.g. "No space left on device"), else its first line."""
+    msg = str(e)
+    m = re.search(r"([A-Z][^:\"]*?) \[os_error_code", msg) or re.search(r"(\[Errno \d+\] [^\n]*)", msg)
+    return m.group(1) if m else f"{type(e).__name__}: {msg.splitlines()[0][:200] if msg else ''}"
+
+
+class _HeldOrbaxErrors(logging.Filter):
+    """Holds back the error records Orbax's background threads log about a failed save."""
+
+    def __init__(self):
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+        self.reported = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        text = f"{record.pathname} {record.getMessage()}"
+        if "orbax" in text or "OCDBT" in text or "tensorstore" in text:
+            if not self.reported:
+                self.held.append(record)
+            return False
+        return True
+
+
+def _event_loop_closed(exc_type, exc, tb) -> bool:
+    return exc_type is RuntimeError and "Event loop is closed" in str(exc)
+
+
+@contextlib.contextmanager
+def held():
+    """While training: a failed asynchronous save makes Orbax's threads log the same error dozens of times
+    with tracebacks, and tensorstore's callbacks print 'Event loop is closed' into a closed loop. The run
+    reports such a failure itself in one line (SaveError), so those are held back; if the run ends without
+    having reported one, the held records are logged as usual."""
+    held = _HeldOrbaxErrors()
+    loggers = [logging.getLogger(n) for n in ("absl", "asyncio")]
+    for lg in loggers:
+        lg.addFilter(held)
+    old_hook = sys.unraisablehook
+
+    def hook(u):  # tensorstore's callbacks into a closed loop: reported as unraisable, with no object
+        if not _event_loop_closed(u.exc_type, u.exc_value, u.exc_traceback):
+            old_hook(u)
+    sys.unraisablehook = hook
+    try:
+        yield held
+    except SaveError:
+        held.reported = True  # stays installed: the process ends with the one line, not the echoes after it
+        raise
+    finally:
+        if not held.reported:
+            sys.unraisablehook = old_hook
+            for lg in loggers:
+                lg.removeFilter(held)
+            for record in held.held:
+                logging.getLogger(record.name).handle(record)
