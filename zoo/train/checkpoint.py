@@ -89,33 +89,25 @@ def save(mngr, state, cfg: Config, force: bool = False) -> None:
     train_digest, train_finite = fingerprint(_train_item(state))
     if not (params_finite and train_finite):
         raise NonFiniteState(f"step {step}: {'params' if not params_finite else 'optimizer state'} hold NaN/Inf")
-    try:
+    with orbax_errors.as_save_error(mngr.directory, f" (at step {step})"):
         mngr.save(step, force=force, args=ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
             train=ocp.args.StandardSave(_train_item(state)),
             config=ocp.args.JsonSave(cfg.to_dict()),
             digest=ocp.args.JsonSave({"params": params_digest, "train": train_digest})))
-    except Exception as e:
-        raise orbax_errors.SaveError(f"saving checkpoints in {mngr.directory} failed (at step {step}): "
-                                     f"{orbax_errors.reason(e)}") from None
 
 
 def check_for_errors(mngr) -> None:
     """Raise SaveError now if an asynchronous save has failed (called at every log step)."""
-    try:
+    with orbax_errors.as_save_error(mngr.directory):
         mngr.check_for_errors()
-    except Exception as e:
-        raise orbax_errors.SaveError(f"saving a checkpoint in {mngr.directory} failed: "
-                                     f"{orbax_errors.reason(e)}") from None
 
 
 def finish(mngr) -> None:
     """Wait for the last asynchronous save and close; a failed save -> SaveError (one line)."""
     try:
-        mngr.wait_until_finished()
-    except Exception as e:
-        raise orbax_errors.SaveError(f"saving a checkpoint in {mngr.directory} failed: "
-                                     f"{orbax_errors.reason(e)}") from None
+        with orbax_errors.as_save_error(mngr.directory):
+            mngr.wait_until_finished()
     finally:
         try:
             mngr.close()

@@ -22,6 +22,15 @@ def reason(e: BaseException) -> str:
     return m.group(1) if m else f"{type(e).__name__}: {msg.splitlines()[0][:200] if msg else ''}"
 
 
+@contextlib.contextmanager
+def as_save_error(directory, at: str = ""):
+    """Any exception Orbax raises inside -> SaveError naming `directory`, the OS reason and `at`."""
+    try:
+        yield
+    except Exception as e:
+        raise SaveError(f"saving checkpoints in {directory} failed{at}: {reason(e)}") from None
+
+
 class _HeldOrbaxErrors(logging.Filter):
     """Holds back the error records Orbax's background threads log about a failed save."""
 
