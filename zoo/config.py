@@ -31,7 +31,7 @@ def _check(ok: bool, msg: str) -> None:
 class DataConfig:
     """Where text comes from, how it becomes tokens, and how long each training sequence is."""
 
-    source: str = "builtin"  # builtin | hub:NAME[/CONFIG] | hub:OWNER/NAME/[CONFIG] | local file, dir or glob
+    source: str = "builtin"  # builtin | shakespeare | hub:NAME[/CONFIG] | hub:OWNER/NAME/[CONFIG] | local file, dir or glob
     split: str = "train"  # split of a hub or local dataset to read
     text_column: str = "text"  # column holding the text (json/parquet/hub)
     text_pair_column: str = ""  # classification: a second text column (sentence pairs); "" for single texts

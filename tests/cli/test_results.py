@@ -25,3 +25,20 @@ def test_the_expect_paragraph_and_the_readme_row_are_replaced(tmp_path):
     results.rewrite_readme(str(tmp_path / "README.md"), "bert_tiny_mlm", "CPU, 2m31s; eval_loss 1.62")
     rows = [r for r in (tmp_path / "README.md").read_text().splitlines() if r.startswith("| `configs/bert_tiny_mlm")]
     assert rows == ["| `configs/bert_tiny_mlm.py` | BERT, 2 layers, width 128, bytes | CPU, 2m31s; eval_loss 1.62 |"]
+
+
+def test_the_sample_paragraph_is_the_last_runs_sample(tmp_path):
+    path = tmp_path / "shakespeare_char.py"
+    shutil.copy("configs/shakespeare_char.py", path)
+    before = path.read_text()
+    stdout = "step 1400: ...\ndone: step 1400 (...)\n" + results.SAMPLE_HEADER + "\nRomeo.\nWhat say'st thou?\n\n"
+    assert results.run_sample(stdout) == "Romeo.\nWhat say'st thou?" and results.run_sample("done: x\n") is None
+    results.rewrite_sample(str(path), results.run_sample(stdout))
+    results.rewrite_sample(str(path), 'Juliet.\nA """quoted""" back\\slash\n  ')  # replaces it; cannot end the docstring
+    after = path.read_text()
+    doc = after.split('"""')[1]
+    assert doc.endswith(f"\n\n{results.SAMPLE_PARAGRAPH}\n\n    Juliet.\n    A '''quoted''' back/slash\n")
+    assert "Romeo.\n    What" not in after and after.count(results.SAMPLE_PARAGRAPH) == 1
+    assert after.split('"""')[2] == before.split('"""')[2]  # the code is untouched, the docstring up to the sample too
+    assert doc.startswith(before.split('"""')[1].split("\n" + results.SAMPLE_PARAGRAPH)[0].rstrip("\n") + "\n\n")
+    compile(after, "shakespeare_char.py", "exec")

@@ -44,3 +44,22 @@ def test_auto_is_einsum_on_cpu():
     assert jax.default_backend() == "cpu"
     np.testing.assert_array_equal(layers.attention(q, k, v, is_causal=True),
                                   layers.einsum_attention(q, k, v, is_causal=True))
+
+
+@pytest.mark.parametrize("case", ["causal", "padding", "grouped"])
+def test_the_weights_einsum_attention_returns_are_the_softmax_rows_of_its_output(case):
+    S = 6
+    q, k, v, _ = _qkv(S=S, K=2 if case == "grouped" else 4)
+    valid_BS = jnp.arange(S)[None, :] < jnp.array([[S], [S - 2]])
+    kw = dict(mask=valid_BS[:, None, None, :]) if case == "padding" else dict(is_causal=True)
+    out, w_BNTS = layers.einsum_attention(q, k, v, weights=True, **kw)
+    np.testing.assert_array_equal(out, layers.einsum_attention(q, k, v, **kw))  # the same output, computed the same way
+    v_BSNH = jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
+    np.testing.assert_allclose(jnp.einsum("BNTS,BSNH->BTNH", w_BNTS, v_BSNH), out, rtol=1e-5, atol=1e-6)
+    # An independent softmax of the scaled, masked logits.
+    logits = jnp.einsum("BTNH,BSNH->BNTS", q, jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)) / np.sqrt(q.shape[-1])
+    allowed = kw["mask"] if case == "padding" else jnp.tril(jnp.ones((6, S), bool))
+    np.testing.assert_allclose(w_BNTS, jax.nn.softmax(jnp.where(allowed, logits, -jnp.inf), axis=-1), rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(w_BNTS.sum(-1), 1.0, atol=1e-6)
+    assert not jnp.any(jnp.where(allowed, 0.0, w_BNTS))  # exactly 0 on every key a query may not see

@@ -1,11 +1,13 @@
 """Regenerate the documented results: train each CPU config afresh and write what it gives into the
 config's docstring (its "Expect ..." paragraph) and the README's table of configs.
 
-    python -m zoo.cli.results                      # every CPU config, in order (about 40 minutes on 2 cores)
+    python -m zoo.cli.results                      # every CPU config, in order (about 50 minutes on 2 cores)
     python -m zoo.cli.results gpt_tiny encdec_tiny # some of them
 
 Figures in the docs are therefore never typed by hand: wall time, first and last training loss, the
-final evaluation metrics and throughput of one fresh run on this machine, with its date.
+final evaluation metrics and throughput of one fresh run on this machine, with its date; for a
+character-level config, the eval loss in bits per character; for a config in SAMPLED, the sample the
+run prints at its end, quoted in the docstring's "Sample" paragraph.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import re
 import subprocess
@@ -22,12 +25,18 @@ import textwrap
 import time
 
 # The configs that run on a CPU in minutes, in the order their dependencies need (cls fine-tunes mlm).
-CPU_CONFIGS = ("gpt_tiny", "llama_tiny", "bert_tiny_mlm", "bert_tiny_cls", "encdec_tiny", "minilm_cls")
+CPU_CONFIGS = ("gpt_tiny", "llama_tiny", "bert_tiny_mlm", "bert_tiny_cls", "encdec_tiny", "minilm_cls",
+               "shakespeare_char")
 DEPENDS = {"bert_tiny_cls": ("bert_tiny_mlm", "init_from")}  # config -> (run it starts from, the key)
 EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_macro_f1", "eval_exact_match", "eval_bleu")
 # What the trained run answers to the config's documented example, quoted in the docstring too.
 FILL_MASK_EXAMPLE = 'The "wh[MASK]le" statement is used for repeated execution'
 PROBES = {"bert_tiny_mlm": ("zoo.cli.fill_mask", "--text", FILL_MASK_EXAMPLE, "--top-k", "3")}
+# ASCII text through the byte tokenizer: a token is a character, so eval_loss / ln 2 is bits per character.
+CHARACTER_LEVEL = ("shakespeare_char",)
+SAMPLED = ("shakespeare_char",)  # configs whose docstring quotes the sample their run prints at its end
+SAMPLE_HEADER = "sample (temperature 0.8, top-k 40):"  # the line zoo.cli.train prints before it
+SAMPLE_PARAGRAPH = "Sample (that run's, as train.py prints it at the end: temperature 0.8, top-k 40):"
 
 
 def run(name: str, workdir: str, extra: list[str]) -> dict:
@@ -57,6 +66,12 @@ def probe(name: str, workdir: str) -> str | None:
     return f"zoo-fill-mask answers {answers[len('[MASK] 1: '):].replace('  ', ', ')} for '{args[1]}'"
 
 
+def run_sample(stdout: str) -> str | None:
+    """The sample a run printed at its end (the lines after SAMPLE_HEADER), or None."""
+    _, sep, sample = stdout.partition(SAMPLE_HEADER + "\n")
+    return sample.rstrip("\n") if sep else None
+
+
 def summary(result: dict) -> dict:
     records = result["records"]
     losses = [r["loss"] for r in records if r.get("loss") is not None]
@@ -69,10 +84,16 @@ def summary(result: dict) -> dict:
     return s
 
 
+def evals(s: dict, fmt: str, bits_fmt: str) -> list[str]:
+    """The final eval metrics, "eval_loss 1.234 (1.780 bits per character)" for a character-level config."""
+    bits = {"eval_loss": f" ({s['bits_per_char']:{bits_fmt}} bits per character)"} if "bits_per_char" in s else {}
+    return [f"{k} {s[k]:{fmt}}" + bits.get(k, "") for k in EVAL_KEYS if k in s]
+
+
 def sentence(name: str, s: dict, machine: str) -> str:
     m, sec = divmod(round(s["wall"]), 60)
     parts = [f"loss {s['loss'][0]:.2f} -> {s['loss'][1]:.2f} over {s['steps']} steps"]
-    parts += [f"{k} {s[k]:.4g}" for k in EVAL_KEYS if k in s]
+    parts += evals(s, ".4g", ".3f")
     speed = f"{s['tokens_per_s']:,.0f} tokens/s" if s.get("tokens_per_s") else ""
     if speed and s.get("mfu") is not None:
         speed += f", MFU {s['mfu']:.2f}"
@@ -93,6 +114,22 @@ def rewrite_docstring(path: str, text: str) -> None:
         new = doc.rstrip("\n") + "\n\n" + wrapped + "\n"
     with open(path, "w") as f:
         f.write(new + rest)
+
+
+def rewrite_sample(path: str, sample: str) -> None:
+    """Replace the docstring's "Sample" paragraph and the indented sample under it (the docstring's
+    end) by `sample`, or add them at its end."""
+    with open(path) as f:
+        src = f.read()
+    end = src.index('"""', 3)
+    doc, rest = src[:end], src[end:]
+    # Quoted verbatim, indented; nothing in it may end the docstring or start an escape.
+    lines = sample.rstrip().replace(chr(34) * 3, chr(39) * 3).replace(chr(92), "/").split("\n")
+    block = SAMPLE_PARAGRAPH + "\n\n" + "\n".join(("    " + line).rstrip() for line in lines) + "\n"
+    start = doc.find("\n" + SAMPLE_PARAGRAPH)
+    doc = (doc[:start] if start >= 0 else doc).rstrip("\n") + "\n\n" + block
+    with open(path, "w") as f:
+        f.write(doc + rest)
 
 
 def rewrite_readme(path: str, name: str, cell: str) -> None:
@@ -124,13 +161,21 @@ def main(argv=None) -> int:
                 run(parent, done[parent], [])
             extra = ["--set", f"{key}={done[parent]}"]
         done[name] = os.path.join(work, name)
-        s = summary(run(name, done[name], extra))
+        result = run(name, done[name], extra)
+        s = summary(result)
         s["probe"] = probe(name, done[name])
+        if name in CHARACTER_LEVEL and "eval_loss" in s:
+            s["bits_per_char"] = s["eval_loss"] / math.log(2)
         text = sentence(name, s, machine)
         print(text, flush=True)
-        rewrite_docstring(os.path.join(a.root, "configs", f"{name}.py"), text)
+        config_file = os.path.join(a.root, "configs", f"{name}.py")
+        rewrite_docstring(config_file, text)
+        sample = run_sample(result["stdout"]) if name in SAMPLED else None
+        if sample:
+            print(sample, flush=True)
+            rewrite_sample(config_file, sample)
         m, sec = divmod(round(s["wall"]), 60)
-        cell = f"CPU, {m}m{sec:02d}s; " + ", ".join(f"{k} {s[k]:.3g}" for k in EVAL_KEYS if k in s)
+        cell = f"CPU, {m}m{sec:02d}s; " + ", ".join(evals(s, ".3g", ".2f"))
         rewrite_readme(os.path.join(a.root, "README.md"), name, cell)
     return 0
 

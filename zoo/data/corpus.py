@@ -1,6 +1,7 @@
 """Documents: a corpus read into a `datasets.Dataset` with one `text` column.
 
-Sources (data.source): `builtin` (Python's own pydoc topics: real English, always offline), a
+Sources (data.source): `builtin` (Python's own pydoc topics: real English, always offline),
+`shakespeare` (the works, one document each, from the `shakespeare` package: zoo.data.shakespeare), a
 Hugging Face hub dataset (`hub:NAME[/CONFIG]`), or local files (a txt/json/jsonl/parquet file, a
 directory of them, or a glob). `load_hub` and `load_local` are shared with the labelled tasks.
 """
@@ -12,8 +13,10 @@ import os
 
 import datasets
 
+from zoo.data import shakespeare
 from zoo.errors import ZooDataError
 
+NAMED = ("builtin", shakespeare.NAME)  # sources named by a word, not a path or hub:
 BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -35,7 +38,7 @@ def local_files(source: str) -> list[str]:
         files = glob.glob(path, recursive=True)
         if not files:
             raise ZooDataError(f"data.source={source!r}: no such file, directory or glob match; "
-                               f"use builtin, hub:NAME[/CONFIG] or a local path")
+                               f"use builtin, shakespeare, hub:NAME[/CONFIG] or a local path")
     files = sorted(os.path.abspath(f) for f in files if os.path.isfile(f))
     unknown = sorted({_ext(f) or "(no extension)" for f in files} - BUILDERS.keys())
     if unknown:
@@ -91,11 +94,13 @@ def load_documents(cfg) -> datasets.Dataset:
         from pydoc_data.topics import topics  # ships with CPython: a real English corpus, always offline
 
         ds = datasets.Dataset.from_dict({"text": [topics[k] for k in sorted(topics)]})
+    elif cfg.source == shakespeare.NAME:
+        ds = datasets.Dataset.from_dict({"text": list(shakespeare.works().values())})
     elif cfg.source.startswith("hub:"):
         ds = load_hub(cfg)
     else:
         ds = load_local(cfg)
-    col = cfg.text_column if cfg.source != "builtin" else "text"
+    col = "text" if cfg.source in NAMED else cfg.text_column
     if col not in ds.column_names:
         raise ZooDataError(f"data.text_column={col!r} is not a column of {cfg.source}; "
                            f"columns: {', '.join(ds.column_names)}")

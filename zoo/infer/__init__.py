@@ -1,2 +1,3 @@
 """Inference on a model and its params, below the tasks: GPT sampling with a KV cache (`sample`),
-encoder-decoder greedy and beam search (`decoding`), and BLEU as an evaluator (`bleu`)."""
+encoder-decoder greedy and beam search (`decoding`), BLEU as an evaluator (`bleu`), and a model's own
+attention weights, what each head does with them and their heat maps (`attention`)."""

@@ -43,13 +43,16 @@ def padding_mask(valid_BS, valid_BT=None):
 NEG_LARGE = -1e30  # a masked logit: finite, so a row with every key masked stays finite (uniform)
 
 
-def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None, is_causal=False):
+def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None, is_causal=False,
+                     weights=False):
     """softmax(q k^T * scale + bias, masked) v, as plain einsums: zoo's attention on CPU.
 
     Cheaper than jax.nn.dot_product_attention's XLA path on CPU: the scale goes on q ([B, T, N, H])
     rather than the logits ([B, N, T, S]), the row maximum is a constant for autodiff (it cancels),
     and the softmax is normalised after the value product, on [B, T, N, H], not on [B, N, T, S].
-    Grouped keys/values (K < N heads) are repeated to N.
+    Grouped keys/values (K < N heads) are repeated to N. With `weights`, returns (out_BTNH, w_BNTS):
+    the softmax rows too (float32; exactly 0 on a masked key of a row that sees any key), the output
+    computed as without.
     """
     B, T, N, H = q_BTNH.shape
     S, K = k_BSKH.shape[1], k_BSKH.shape[2]
@@ -66,7 +69,11 @@ def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None
         s_BNTS = jnp.where(mask, s_BNTS, NEG_LARGE)
     e_BNTS = jnp.exp(s_BNTS - jax.lax.stop_gradient(jnp.max(s_BNTS, -1, keepdims=True)))
     out_BTNH = einsum_f32("BNTS,BSNH->BTNH", e_BNTS.astype(v_BSKH.dtype), v_BSKH)
-    return (out_BTNH / jnp.sum(e_BNTS, -1).transpose(0, 2, 1)[..., None]).astype(q_BTNH.dtype)
+    sum_BNT = jnp.sum(e_BNTS, -1)
+    out_BTNH = (out_BTNH / sum_BNT.transpose(0, 2, 1)[..., None]).astype(q_BTNH.dtype)
+    if weights:  # exp(NEG_LARGE - a real row maximum) is exactly 0: a masked key weighs 0
+        return out_BTNH, e_BNTS / sum_BNT[..., None]
+    return out_BTNH
 
 
 def resolve_attention(implementation: str | None, platform: str | None = None) -> str:
@@ -236,6 +243,11 @@ class Attention(nn.Module):
     at `positions_T`, and queries attend the cache; a cross-attention's keys and values of `kv_BSD`
     are cached whole by the call that creates the cache. `bias_BNTS` (broadcastable) is added to the
     logits, e.g. T5's relative position bias.
+
+    Only when the caller applies the model with the "intermediates" collection mutable (zoo-attention)
+    does the module run `einsum_attention` whatever the backend and sow its softmax rows as
+    `attention_weights` (w_BNTS, float32). Training and decoding never make it mutable, so their traced
+    (and jitted) computation is the plain one.
     """
 
     num_heads: int
@@ -278,8 +290,13 @@ class Attention(nn.Module):
             q_T = jnp.arange(x_BTD.shape[1]) if positions_T is None else positions_T
             window_11TS = (q_T[:, None] - jnp.arange(k_BSKH.shape[1])[None, :] < self.sliding_window)[None, None]
             mask_B1TS = window_11TS if mask_B1TS is None else mask_B1TS & window_11TS
-        out_BTNH = attention(q_BTNH, k_BSKH, v_BSKH, bias=bias_BNTS, mask=mask_B1TS, scale=self.scale,
-                             is_causal=is_causal, implementation=self.implementation, training=not decode)
+        if self.is_mutable_collection("intermediates"):  # asked for the weights: decided while tracing
+            out_BTNH, w_BNTS = einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias_BNTS, mask_B1TS, scale=self.scale,
+                                                is_causal=is_causal, weights=True)
+            self.sow("intermediates", "attention_weights", w_BNTS)
+        else:
+            out_BTNH = attention(q_BTNH, k_BSKH, v_BSKH, bias=bias_BNTS, mask=mask_B1TS, scale=self.scale,
+                                 is_causal=is_causal, implementation=self.implementation, training=not decode)
         return Einsum((self.num_heads, self.head_dim, D), ("heads", "kv", "embed"), "BTNH,NHD->BTD",
                       std=self.out_std,
                       bias_axes=("embed",) if (self.use_bias if self.out_bias is None else self.out_bias) else None,

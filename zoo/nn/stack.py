@@ -29,7 +29,9 @@ def stack_blocks(block_cls, num_layers: int, *, scan: bool, remat: bool, name: s
         # deterministic and decode (args 3, 4 counting self) are Python bools: static.
         cls = nn.remat(cls, static_argnums=(3, 4), prevent_cse=not scan, policy=REMAT_POLICIES[remat_policy])
     if scan:
-        stack = nn.scan(cls, variable_axes={"params": 0, "cache": 0}, split_rngs={"params": True, "dropout": True},
+        # "intermediates": what a block sows (attention weights, when asked) comes back stacked [L, ...].
+        stack = nn.scan(cls, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                        split_rngs={"params": True, "dropout": True},
                         in_axes=nn.broadcast, length=num_layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})(scanned=True, name=name, **block_kw)
 
