@@ -56,6 +56,7 @@ def test_kind_layer_and_head_pick_the_panels(runs, tmp_path, capsys):
     assert attention.main([runs["gpt"], "--text", "To be", "--layer", "1", "--head", "2", "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].startswith("self-attention layer 1 head 2: previous ")
+    assert lines[1] == f"wrote {out}: 1 panel, 1 attention layer x 1 head"
     assert out.read_bytes()[:8] == PNG
     assert attention.main([runs["encdec"], "--text", "tiny words here", "--target", "here words tiny",
                            "--kind", "cross", "--out", str(out)]) == 0

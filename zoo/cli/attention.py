@@ -33,6 +33,10 @@ def label(tokenizer, i: int, specials: dict[int, str]) -> str:
     return "".join(SHOWN.get(c, c) for c in text) or "?"
 
 
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def checked_length(ids: list[int], seq_len: int) -> list[int]:
     if len(ids) > seq_len:
         raise ValueError(f"--text is {len(ids)} tokens, more than the run's data.seq_len={seq_len} it trained on; "
@@ -158,7 +162,7 @@ def main(argv=None) -> int:
     except (*BAD_INPUT, OSError) as e:
         return error(e)
     print("\n".join(lines))
-    print(f"wrote {a.out}: {n} panels, {len(grid)} attention layers x {len(heads)} heads")
+    print(f"wrote {a.out}: {plural(n, 'panel')}, {plural(len(grid), 'attention layer')} x {plural(len(heads), 'head')}")
     return 0
 
 
