@@ -1,5 +1,5 @@
-"""The seq2seq task: evaluation's BLEU and exact match, label smoothing on the training loss only, and
-a tiny model that learns the offline task (trained once: conftest's learned_seq2seq). The trainer's
+"""The seq2seq task: evaluation's BLEU and exact match, label smoothing on the training loss only, its
+FLOP count (for MFU) against XLA's for sources and targets of different lengths, and a tiny model that learns the offline task (trained once: conftest's learned_seq2seq). The trainer's
 invariants for seq2seq: tests/train/test_invariants.py; the translate CLI: tests/cli/."""
 
 import flax.linen as nn
@@ -46,3 +46,22 @@ def test_a_tiny_model_learns_the_offline_task(learned_seq2seq):
     scores = task.evaluate_extra(out["state"].params, data)  # greedy over the 128 held-out pairs
     assert scores["eval_exact_match"] >= 0.95, scores
     assert scores["eval_bleu"] >= 90, scores
+
+
+@pytest.mark.parametrize("S, T", [(64, 16), (16, 64)])
+def test_flops_per_token_agree_with_xla_when_source_and_target_lengths_differ(s2s_cfg, S, T):
+    """The encoder's params meet the S source tokens, the decoder's and the output matmul the T target
+    tokens: counted as if both were seq_len long, MFU came out 1.46x (S = 4T) or 0.74x (T = 4S) of XLA's."""
+    task = tasks.build(replace(s2s_cfg, model=dict(d_model=128, d_ff=512, vocab_size=4096, max_len=64)))
+    B, V = 4, 4096
+    rng = np.random.default_rng(0)
+    tgt = rng.integers(3, V, (B, T + 1)).astype(np.int32)
+    batch = {"src": rng.integers(3, V, (B, S)).astype(np.int32), "src_valid": np.ones((B, S), bool),
+             "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:], "weights": np.ones((B, T), np.float32)}
+    params = nn.unbox(task.init(jax.random.PRNGKey(0)))
+    grad = jax.jit(jax.grad(lambda p: task.loss(p, batch, jax.random.PRNGKey(0), False)[0]))
+    cost = grad.lower(params).compile().cost_analysis()
+    xla_flops = (cost[0] if isinstance(cost, list) else cost)["flops"]  # forward + backward, every op
+    ours = task.flops_per_token(S, target_len=T) * (S + T) * B  # matmuls only: a little under XLA's
+    assert 0.9 < ours / xla_flops < 1.05
+    assert task.flops_per_token(S, target_len=S) == task.flops_per_token(S)

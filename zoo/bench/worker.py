@@ -40,7 +40,8 @@ class ZooTrain:
         self.i, self.wait, self.times = 0, 0.0, []
         self.compile_s, self.k = calibrate(self._steps)
         self.tokens = float(self.m["tokens"])
-        self.flops_per_token = s.task.flops_per_token(cfg.data.seq_len)
+        lengths = {"target_len": spec["target_len"]} if spec.get("target_len") else {}  # seq2seq: S != T
+        self.flops_per_token = s.task.flops_per_token(cfg.data.seq_len, **lengths)
         self.devices = s.mesh.devices.flatten().tolist()
         self.peak = flops.total_peak(self.devices)
         self.batch = cfg.train.batch_size

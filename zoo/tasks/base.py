@@ -7,7 +7,7 @@ A task is built from a Config and owns its model, loss, data pipeline and metric
   loss(params, batch, rng, train) -> (loss_sum, aux): sums over the batch plus `weight` (the
       denominator, e.g. target tokens) and `tokens` (input tokens processed, for tokens/s)
   make_data(cfg, process_index, process_count) -> Data(train=step -> local batch, eval=[batches], tokenizer)
-  flops_per_token(seq_len) -> training FLOPs per input token (for MFU)
+  flops_per_token(seq_len) -> training FLOPs per input token (for MFU); seq2seq also takes target_len
   num_params(boxed) -> params counted in 6N (lookup tables such as learned positions excluded)
   eval_metrics(totals) -> extra eval metrics from the summed aux (e.g. macro-F1)
   evaluate_extra(params, data) -> extra eval metrics that need more than a loss pass (e.g. BLEU)

@@ -41,13 +41,19 @@ class Seq2SeqTask(BaseTask):
         tokens = jnp.sum(batch["src_valid"].astype(jnp.float32)) + jnp.sum(w_BT)
         return loss_sum, {"weight": jnp.sum(w_BT), "correct": correct, "tokens": tokens}
 
-    def flops_per_token(self, seq_len):
-        # Per source + target token with S = T = seq_len: each token meets half the params (encoder or
-        # decoder), 6N/2, plus attention scores and values over full squares: encoder self, decoder self
-        # and cross, 12 * N*H * T * (L_enc + 2 L_dec) per pair of tokens.
+    def flops_per_token(self, seq_len, target_len=None):
+        """Training FLOPs per source + target token for sources of seq_len tokens and targets of
+        target_len (default seq_len, the training batches' bound). The encoder's params meet the source
+        tokens and the rest (decoder, the tied embedding as output matmul) the target tokens, 6N each;
+        attention scores and values cover full squares: encoder self S x S, decoder self T x T and cross
+        T x S per layer, 12 * N*H each. With S = T this is 3N + 6 * N*H * T * (L_enc + 2 L_dec)."""
         m = self.cfg.model
-        n = count(jax.eval_shape(self.init, jax.random.PRNGKey(0)), exclude=self.EXCLUDE)
-        return 3 * n + 6 * m.num_heads * m.head_dim * seq_len * (m.num_encoder_layers + 2 * m.num_decoder_layers)
+        S, T = seq_len, target_len or seq_len
+        shapes = jax.eval_shape(self.init, jax.random.PRNGKey(0))
+        n_enc = count(shapes["encoder"], exclude=self.EXCLUDE)
+        n_dec = count(shapes, exclude=self.EXCLUDE) - n_enc
+        attn = 12 * m.num_heads * m.head_dim * (m.num_encoder_layers * S * S + m.num_decoder_layers * (T * T + T * S))
+        return (6 * n_enc * S + 6 * n_dec * T + attn) / (S + T)
 
     def make_data(self, cfg, process_index: int, process_count: int) -> Data:
         tokenizer = get_tokenizer(cfg.data.tokenizer)
