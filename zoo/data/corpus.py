@@ -10,13 +10,28 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 
 import datasets
 
 from zoo.data import shakespeare
 from zoo.errors import ZooDataError
 
-NAMED = ("builtin", shakespeare.NAME)  # sources named by a word, not a path or hub:
+
+def _builtin_texts() -> list[str]:
+    from pydoc_data.topics import topics  # ships with CPython: a real English corpus, always offline
+
+    return [topics[k] for k in sorted(topics)]
+
+
+def _builtin_fingerprint() -> str:
+    return f"python{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+# Sources named by a word, not a path or hub:: name -> (their documents, what changes them without
+# changing the name: part of the token store's key, zoo.data.store).
+NAMED = {"builtin": (_builtin_texts, _builtin_fingerprint),
+         shakespeare.NAME: (lambda: list(shakespeare.works().values()), shakespeare.fingerprint)}
 BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -90,12 +105,8 @@ def load_local(cfg) -> datasets.Dataset:
 
 def load_documents(cfg) -> datasets.Dataset:
     """The corpus as a Dataset with one `text` column, one non-empty document per row."""
-    if cfg.source == "builtin":
-        from pydoc_data.topics import topics  # ships with CPython: a real English corpus, always offline
-
-        ds = datasets.Dataset.from_dict({"text": [topics[k] for k in sorted(topics)]})
-    elif cfg.source == shakespeare.NAME:
-        ds = datasets.Dataset.from_dict({"text": list(shakespeare.works().values())})
+    if cfg.source in NAMED:
+        ds = datasets.Dataset.from_dict({"text": NAMED[cfg.source][0]()})
     elif cfg.source.startswith("hub:"):
         ds = load_hub(cfg)
     else:

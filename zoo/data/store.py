@@ -11,15 +11,13 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 
 import datasets
 import numpy as np
 
-from zoo.data import shakespeare
-from zoo.data.corpus import load_documents, local_files
+from zoo.data.corpus import NAMED, load_documents, local_files
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ZooDataError
 
@@ -42,10 +40,8 @@ def store_dtype(n_vocab: int) -> np.dtype:
 
 def _fingerprint(source: str):
     """What changes a source's content without changing its name."""
-    if source == "builtin":
-        return f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    if source == shakespeare.NAME:
-        return shakespeare.fingerprint()
+    if source in NAMED:
+        return NAMED[source][1]()
     if source.startswith("hub:"):
         return None
     return [(f, os.path.getsize(f), os.stat(f).st_mtime_ns) for f in local_files(source)]

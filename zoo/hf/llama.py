@@ -13,11 +13,11 @@ config unties it. Import and export are both derived from `key_table` (zoo.hf.ta
 from __future__ import annotations
 
 from zoo.errors import ConversionError
-from zoo.hf import base, table
+from zoo.hf import gpt2, table
 from zoo.hf.io import Keys
 from zoo.models.gpt import GptConfig
 
-TASK = "gpt_lm"
+TASK = gpt2.TASK
 ARCHITECTURES = ("LlamaForCausalLM", "LlamaModel")
 PREFIXES = ("model.",)
 IGNORED = ("rotary_emb.inv_freq",)  # a buffer of old checkpoints, recomputed from the config
@@ -121,17 +121,8 @@ def params_to_hf(params: dict, cfg: GptConfig) -> dict:
     return table.to_hf(params, key_table(cfg), cfg, prefix="model.", outside=("lm_head.",))
 
 
-def task_for(hf: dict, keys: Keys) -> str:
-    return TASK
-
-
-data_fields = base.no_data_fields
-
-
-seq2seq_framing = base.no_seq2seq_framing
-
-
-head_config = base.no_head_config
+task_for, data_fields, seq2seq_framing, head_config = gpt2.task_for, gpt2.data_fields, gpt2.seq2seq_framing, \
+    gpt2.head_config  # a causal LM, as GPT-2: no data fields, no seq2seq framing, no classifier head
 
 
 def run_fields(cfg) -> dict:
