@@ -8,12 +8,12 @@ SMALL = ["model.num_layers=1", "model.d_model=64", "model.num_heads=2", "model.d
          "data.seq_len=32", "train.batch_size=8"]
 
 
-def test_gpt_train_reports_throughput_mfu_and_settings(tmp_path, capsys):
+def test_gpt_train_reports_throughput_mfu_and_settings(tmp_path, capsys, one_device):
     out = tmp_path / "bench.jsonl"
     args = ["--workload", "gpt_train", "--shapes", "cpu", "--rounds", "2", "--out", str(out)]
     assert bench.main(args + [f"--set={o}" for o in SMALL]) == 0
     row = json.loads(out.read_text().splitlines()[0])
-    assert row["workload"] == "gpt_train" and row["device_kind"] == "cpu"
+    assert row["workload"] == "gpt_train" and row["device_kind"] == "cpu" and row["device_count"] == 1
     assert row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1
     assert row["step_s_min"] <= row["step_s_median"] and 0 <= row["input_wait_frac"] < 1
     assert row["settings"] == {"dtype": "float32", "attention": "einsum", "remat": "none", "scan_layers": False}

@@ -104,7 +104,7 @@ def test_the_torch_peers_name_device_dtype_and_versions():
         torch_peer.make("hf-jax", _tiny_gpt())
 
 
-def test_a_cpu_run_beside_hf_torch_with_a_profile(tmp_path):
+def test_a_cpu_run_beside_hf_torch_with_a_profile(tmp_path, one_device):
     out, prof = tmp_path / "bench.jsonl", tmp_path / "prof"
     args = ["--workload", "gpt_train", "--shapes", "cpu", "--rounds", "1", "--peer", "hf-torch", "--out", str(out),
             "--profile", str(prof)]
@@ -114,6 +114,7 @@ def test_a_cpu_run_beside_hf_torch_with_a_profile(tmp_path):
     assert peer["device"] == "cpu" and peer["dtype"] == "float32" and peer["tokens_per_s"] > 0
     assert row["ratio_tokens_per_s"] == peer["ratio_tokens_per_s"] > 0
     assert row["zoo"].startswith("jax ") and row["card"] == "cpu" and row["dtype"] == "float32"
+    assert row["device_count"] == 1
     assert list(prof.glob("gpt_train-*/**/*.xplane.pb"))
 
 
