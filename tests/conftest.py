@@ -14,6 +14,17 @@ from tests.helpers import tiny_configs  # noqa: E402
 from tests.helpers.runs import run  # noqa: E402
 
 
+@pytest.fixture
+def one_device(monkeypatch):
+    """Processes started in this test (zoo-bench's workers) see one CPU device, as a user's run does: the
+    session's device-count flag is left out of the XLA_FLAGS they inherit. (Eight emulated devices on two
+    loaded cores make a benchmark step an all-reduce among eight threads that can outwait XLA's 40 s
+    rendezvous and abort.)"""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    monkeypatch.setenv("XLA_FLAGS", " ".join(flags))
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
     """One token-store cache for the whole session: the built-in corpus is tokenized once."""
