@@ -19,7 +19,7 @@ from conftest import replace
 from tests.helpers.runs import run
 from zoo.cli.train import train_main
 from zoo.errors import CheckpointError, TrainError
-from zoo.train import checkpoint, trainer
+from zoo.train import checkpoint, orbax_errors, trainer
 from zoo.train.checksums import fingerprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -209,6 +209,21 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
 from zoo.cli.train import main
 sys.exit(main(sys.argv[1:]))
 """
+
+
+TENSORSTORE = ('OUT_OF_RANGE: Error opening "zarr" driver: Error writing "h_2.ln_1.bias/.zarray" in OCDBT database at '
+               'local file "/r/checkpoints/2.orbax-checkpoint-tmp/": Failed to write 731523 bytes to file 25: '
+               'File too large')
+
+
+@pytest.mark.parametrize("message, expected", [
+    (TENSORSTORE + " [os_error_code='27']", "File too large"),
+    (TENSORSTORE + " [tensorstore_spec='{\\\"context\\\": {}}'] [os_error_code='27']", "File too large"),  # seen in CI
+    ("Failed to write: No space left on device [os_error_code=28]", "No space left on device"),
+    ("[Errno 30] Read-only file system: '/r/checkpoints'", "[Errno 30] Read-only file system: '/r/checkpoints'"),
+    ("something else\nand more", "ValueError: something else")])
+def test_the_reason_of_a_failed_save_is_the_os_error(message, expected):
+    assert orbax_errors.reason(ValueError(message)) == expected
 
 
 def test_a_failing_save_ends_the_run_within_seconds_with_one_line(base, tmp_path, cache_dir):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import sys
 
@@ -16,9 +17,13 @@ class SaveError(Exception):
 
 
 def reason(e: BaseException) -> str:
-    """The OS reason of an Orbax/tensorstore write failure (e.g. "No space left on device"), else its first line."""
+    """The OS reason of an Orbax/tensorstore write failure (e.g. "No space left on device"), else its first line.
+    tensorstore tags the OS error's code (`[os_error_code='27']`, sometimes after a long
+    `[tensorstore_spec=...]`): the reason is that code's description; Python's OSError says `[Errno N] ...`."""
     msg = str(e)
-    m = re.search(r"([A-Z][^:\"]*?) \[os_error_code", msg) or re.search(r"(\[Errno \d+\] [^\n]*)", msg)
+    if code := re.search(r"\[os_error_code='?(\d+)", msg):
+        return os.strerror(int(code.group(1)))
+    m = re.search(r"(\[Errno \d+\] [^\n]*)", msg)
     return m.group(1) if m else f"{type(e).__name__}: {msg.splitlines()[0][:200] if msg else ''}"
 
 
