@@ -120,12 +120,15 @@ PRESETS = {"gpt_tiny": GPT_TINY, "gpt2_small": GPT2_SMALL, "gpt2_medium": GPT2_M
 class Gpt(nn.Module):
     """ids_BT -> logits_BTV (float32). `decode=True` runs incrementally against the "cache" collection;
     `hidden=True` returns the final hidden states x_BTD instead, for a fused loss (zoo.nn.losses) that
-    applies the output projection (`output_embedding(params)`) itself."""
+    applies the output projection (`output_embedding(params)`) itself. Packed rows (several examples per
+    row) pass `segment_ids_BT` (1, 2, ... per example, 0 on padding), so attention stays within each
+    example, and `positions_BT`, which restart at 0 at each example (learned and rotary positions alike)."""
 
     cfg: GptConfig
 
     @nn.compact
-    def __call__(self, ids_BT, *, deterministic: bool = True, decode: bool = False, hidden: bool = False):
+    def __call__(self, ids_BT, *, deterministic: bool = True, decode: bool = False, hidden: bool = False,
+                 positions_BT=None, segment_ids_BT=None):
         cfg = self.cfg
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         T = ids_BT.shape[1]
@@ -138,10 +141,12 @@ class Gpt(nn.Module):
             else:
                 positions_T = index.value + jnp.arange(T)
                 index.value = index.value + T
+        positions = positions_T if positions_BT is None else positions_BT  # [T], or [B, T] for packed rows
         x_BTD = wte(ids_BT)
         if cfg.positions == "learned":
             wpe_PD = self.param("wpe", layers.normal(0.01, (None, "embed")), (cfg.max_len, cfg.d_model), param_dtype)
-            x_BTD = x_BTD + jnp.take(wpe_PD, positions_T, axis=0).astype(dtype)[None]
+            pos_xD = jnp.take(wpe_PD, positions, axis=0).astype(dtype)
+            x_BTD = x_BTD + (pos_xD if positions.ndim == 2 else pos_xD[None])
         x_BTD = nn.Dropout(cfg.dropout)(x_BTD, deterministic=deterministic)
         x_BTD = layers.constrain(x_BTD, ("batch", "length", "embed"))
         blocks = stack_blocks(
@@ -153,7 +158,7 @@ class Gpt(nn.Module):
             num_kv_heads=cfg.kv_heads, qkv_bias=cfg.qkv_bias, out_bias=cfg.out_bias, mlp_bias=cfg.mlp_bias,
             rope=cfg.rope(), sliding_window=cfg.sliding_window)
         # mask None + is_causal: the attention backend builds the causal mask (cheapest on cuDNN).
-        x_BTD = blocks(x_BTD, None, deterministic, decode, positions_T)
+        x_BTD = blocks(x_BTD, None, deterministic, decode, positions, segment_ids_BT)
         norm = layers.rms_norm if cfg.norm == "rmsnorm" else layers.layer_norm
         x_BTD = norm(cfg.ln_eps, dtype, param_dtype, name="ln_f")(x_BTD)
         if hidden:

@@ -5,7 +5,8 @@
 `resolve_attention`). On an NVIDIA GPU `auto` is cuDNN flash attention wherever
 `cudnn_unsupported_reason` finds nothing against the shapes and dtype, else XLA, with the reason
 logged once (`FALLBACKS` keeps them). Masks are boolean, True = may attend, shaped [B, 1, T, S]
-(broadcastable).
+(broadcastable). Packed examples (several per row, chat fine-tuning) come as segment ids, which the same
+entry point turns into a segment mask, or into cuDNN's packed layout (each example's length and offset).
 """
 
 from __future__ import annotations
@@ -198,12 +199,40 @@ def select_backend(implementation, q, k, v, bias=None, mask=None, *, is_causal=F
     return "cudnn"
 
 
+def segment_mask(segment_ids_BT):
+    """mask_B1TT of packed examples: a query attends only keys of its own example (equal segment id; the
+    padding's id 0 attends only padding, so no row is empty)."""
+    return segment_ids_BT[:, None, :, None] == segment_ids_BT[:, None, None, :]
+
+
+def packed_layout(segment_ids_BT, max_segments: int):
+    """cuDNN's packed layout of segment ids (examples 1..k in order, contiguous, padding 0 at the end):
+    (seqlen_BM, offsets_BM1), each example's length and start, -1 past a row's last example
+    (jax._src.cudnn.fused_attention_stablehlo.dot_product_attention's q_seqlen / q_offsets)."""
+    B, T = segment_ids_BT.shape
+    rows_BT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+    slot_BT = jnp.where(segment_ids_BT > 0, segment_ids_BT - 1, max_segments)  # padding: out of range, dropped
+    counts_BM = jnp.zeros((B, max_segments), jnp.int32).at[rows_BT, slot_BT].add(1, mode="drop")
+    present_BM = counts_BM > 0
+    starts_BM = jnp.cumsum(counts_BM, axis=1) - counts_BM
+    seqlen_BM = jnp.where(present_BM, counts_BM, -1)
+    offsets_BM = jnp.where(present_BM, starts_BM, -1)
+    return seqlen_BM, jnp.concatenate([offsets_BM, jnp.full((B, 1), -1, jnp.int32)], axis=1)
+
+
 def attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None, is_causal=False, implementation=None,
-              training=True):
+              training=True, segment_ids_BT=None):
     """einsum_attention or jax.nn.dot_product_attention, as `select_backend` says. `training` False (decoding:
-    no gradient) lets `auto` take cuDNN at odd lengths."""
+    no gradient) lets `auto` take cuDNN at odd lengths. `segment_ids_BT` (packed examples, self-attention)
+    keeps each query within its own example: cuDNN's packed layout on cuDNN, else a segment mask."""
     backend = select_backend(implementation, q_BTNH, k_BSKH, v_BSKH, bias, mask, is_causal=is_causal,
                              training=training)
+    if segment_ids_BT is not None:
+        if backend == "cudnn":
+            return _cudnn_packed(q_BTNH, k_BSKH, v_BSKH, bias, mask, segment_ids_BT, scale=scale, is_causal=is_causal,
+                                 fallback=implementation in (None, "auto"))
+        same_B1TT = segment_mask(segment_ids_BT)
+        mask = same_B1TT if mask is None else mask & same_B1TT
     if backend == "einsum":
         return einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias, mask, scale=scale, is_causal=is_causal)
     if backend == "cudnn":
@@ -232,6 +261,32 @@ def _cudnn(q_BTNH, k_BSKH, v_BSKH, bias, mask, *, scale, is_causal, fallback):
         note_fallback(f"jax's cuDNN checks: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=bias, mask=mask, scale=scale,
                                         is_causal=is_causal, implementation="xla")
+
+
+def _cudnn_packed(q_BTNH, k_BTKH, v_BTKH, bias, mask, segment_ids_BT, *, scale, is_causal, fallback):
+    """Packed examples on cuDNN flash attention: its packed layout (each example's length and offset) with a
+    padding(-causal) mask, no [B, T, T] mask built. What it cannot take (a bias or another mask, a jax whose
+    cuDNN checks refuse it) runs XLA with the segment mask instead (auto: the reason logged once)."""
+    reason = "a bias or mask beside packed examples" if bias is not None or mask is not None else None
+    if reason is None:
+        try:
+            from jax._src.cudnn import fused_attention_stablehlo as fa
+            seqlen_BM, offsets_BM1 = packed_layout(segment_ids_BT, segment_ids_BT.shape[1])
+            H = q_BTNH.shape[-1]
+            return fa.dot_product_attention(
+                q_BTNH, k_BTKH, v_BTKH, None, None, seqlen_BM, seqlen_BM, offsets_BM1, offsets_BM1,
+                scale=H ** -0.5 if scale is None else scale, qkv_layout="BTNH",
+                mask_type=fa.MaskType.PADDING_CAUSAL if is_causal else fa.MaskType.PADDING)
+        except (ImportError, AttributeError, TypeError, NotImplementedError, ValueError, RuntimeError) as e:
+            if not fallback:
+                raise
+            reason = f"jax's packed cuDNN attention: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if not fallback:
+        raise ValueError(f"model.attention_impl=cudnn cannot run packed examples here: {reason}")
+    note_fallback(f"packed examples: {reason}")
+    same_B1TT = segment_mask(segment_ids_BT)
+    return jax.nn.dot_product_attention(q_BTNH, k_BTKH, v_BTKH, bias=bias, mask=same_B1TT if mask is None else
+                                        mask & same_B1TT, scale=scale, is_causal=is_causal, implementation="xla")
 
 
 class Attention(nn.Module):
@@ -270,7 +325,7 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x_BTD, mask_B1TS=None, *, kv_BSD=None, is_causal=False, decode=False,
-                 positions_T=None, bias_BNTS=None):
+                 positions_T=None, bias_BNTS=None, segment_ids_BT=None):
         D = x_BTD.shape[-1]
         K = self.num_kv_heads or self.num_heads
         q_BTNH = self._proj("query", D, self.num_heads, x_BTD)
@@ -286,17 +341,21 @@ class Attention(nn.Module):
         if decode and kv_BSD is None:
             k_BSKH, v_BSKH, mask_B1TS = self._update_cache(k_BSKH, v_BSKH, positions_T, mask_B1TS)
             is_causal = False
-        if self.sliding_window:
-            q_T = jnp.arange(x_BTD.shape[1]) if positions_T is None else positions_T
+        if self.sliding_window:  # per-row positions (packed) restart per example: within one, index distances
+            q_T = positions_T if positions_T is not None and positions_T.ndim == 1 else jnp.arange(x_BTD.shape[1])
             window_11TS = (q_T[:, None] - jnp.arange(k_BSKH.shape[1])[None, :] < self.sliding_window)[None, None]
             mask_B1TS = window_11TS if mask_B1TS is None else mask_B1TS & window_11TS
         if self.is_mutable_collection("intermediates"):  # asked for the weights: decided while tracing
+            if segment_ids_BT is not None:
+                same_B1TT = segment_mask(segment_ids_BT)
+                mask_B1TS = same_B1TT if mask_B1TS is None else mask_B1TS & same_B1TT
             out_BTNH, w_BNTS = einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias_BNTS, mask_B1TS, scale=self.scale,
                                                 is_causal=is_causal, weights=True)
             self.sow("intermediates", "attention_weights", w_BNTS)
         else:
             out_BTNH = attention(q_BTNH, k_BSKH, v_BSKH, bias=bias_BNTS, mask=mask_B1TS, scale=self.scale,
-                                 is_causal=is_causal, implementation=self.implementation, training=not decode)
+                                 is_causal=is_causal, implementation=self.implementation, training=not decode,
+                                 segment_ids_BT=segment_ids_BT)
         return Einsum((self.num_heads, self.head_dim, D), ("heads", "kv", "embed"), "BTNH,NHD->BTD",
                       std=self.out_std,
                       bias_axes=("embed",) if (self.use_bias if self.out_bias is None else self.out_bias) else None,

@@ -21,7 +21,9 @@ from zoo.nn.positions import Rope
 
 class Block(nn.Module):
     """x -> sublayer(Attn) -> sublayer(Mlp). Causal when called with mask None (the backend builds the
-    causal mask); `decode` runs self-attention against the KV cache. Returns (x, None) when scanned."""
+    causal mask); `decode` runs self-attention against the KV cache; `segment_ids_BT` (packed examples) keeps
+    attention within each example and `positions_T` may then be per row ([B, T]). Returns (x, None) when
+    scanned."""
 
     num_heads: int
     d_ff: int
@@ -47,7 +49,8 @@ class Block(nn.Module):
     sliding_window: int = 0
 
     @nn.compact
-    def __call__(self, x_BTD, mask_B1TS, deterministic: bool, decode: bool = False, positions_T=None):
+    def __call__(self, x_BTD, mask_B1TS, deterministic: bool, decode: bool = False, positions_T=None,
+                 segment_ids_BT=None):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         D = x_BTD.shape[-1]
         make_norm = rms_norm if self.norm == "rmsnorm" else layer_norm
@@ -59,7 +62,8 @@ class Block(nn.Module):
         mlp = mlp_cls(self.d_ff, self.activation, out_std=self.out_std, use_bias=self.mlp_bias, name="mlp", **kw)
         res = dict(pre_ln=self.pre_ln, dropout=self.dropout, deterministic=deterministic)
         x_BTD = sublayer(x_BTD, lambda h: attn(h, mask_B1TS, is_causal=mask_B1TS is None, decode=decode,
-                                               positions_T=positions_T), attn_norm, **res)
+                                               positions_T=positions_T, segment_ids_BT=segment_ids_BT),
+                         attn_norm, **res)
         x_BTD = sublayer(x_BTD, mlp, mlp_norm, **res)
         x_BTD = constrain(x_BTD, ("batch", "length", "embed"))
         return (x_BTD, None) if self.scanned else x_BTD

@@ -90,10 +90,12 @@ class Rope:
             inv = np.where(medium, mid, scaled)
         return inv.astype(np.float32)
 
-    def __call__(self, x_BTNH, positions_T):
-        """x rotated by its positions; the angles in float32, the result in x's dtype."""
-        angle_TH2 = positions_T.astype(jnp.float32)[:, None] * jnp.asarray(self.inv_freq())[None]
-        cos_1T1H, sin_1T1H = (jnp.concatenate([f(angle_TH2)] * 2, -1)[None, :, None] for f in (jnp.cos, jnp.sin))
+    def __call__(self, x_BTNH, positions):
+        """x rotated by its positions: `positions_T` shared by every row, or `positions_BT` per row (packed
+        examples, whose positions restart at each example); the angles in float32, the result in x's dtype."""
+        positions_BT = positions if positions.ndim == 2 else positions[None]
+        angle_BTH2 = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(self.inv_freq())
+        cos_BT1H, sin_BT1H = (jnp.concatenate([f(angle_BTH2)] * 2, -1)[:, :, None] for f in (jnp.cos, jnp.sin))
         x1, x2 = jnp.split(x_BTNH.astype(jnp.float32), 2, axis=-1)
         rotated = jnp.concatenate([-x2, x1], axis=-1)
-        return (x_BTNH.astype(jnp.float32) * cos_1T1H + rotated * sin_1T1H).astype(x_BTNH.dtype)
+        return (x_BTNH.astype(jnp.float32) * cos_BT1H + rotated * sin_BT1H).astype(x_BTNH.dtype)
