@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ from zoo.models.gpt import GptConfig
 def _check(ok: bool, msg: str) -> None:
     if not ok:
         raise ConfigError(msg)
+
+
+TRUNCATIONS = ("truncate", "drop")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,9 +49,19 @@ class DataConfig:
     val_fraction: float = 0.05  # fraction of documents held out for validation (split by document)
     cache_dir: str = "~/.cache/zoo"  # token stores live here, keyed by source and tokenizer
     num_proc: int = 2  # processes for the one-time tokenization
+    # Chat / instruction fine-tuning (task=sft): conversations, or prompt + completion pairs.
+    messages_column: str = "messages"  # sft: column of conversations, lists of {role, content}
+    prompt_column: str = "prompt"  # sft: without a messages column, the prompt (text or messages) ...
+    completion_column: str = "completion"  # sft: ... and its completion (text or an assistant message)
+    chat_template: str = ""  # sft: a .jinja file rendering conversations; "": the tokenizer's own, else zoo's default
+    train_on_prompt: bool = False  # sft: the loss on every token, not only on the assistant's answers
+    packing: bool = True  # sft: several examples per row (first fit decreasing), attention kept within each
+    truncation: str = "truncate"  # sft: an example longer than seq_len + 1 tokens: truncate | drop
 
     def __post_init__(self):
         _check(self.seq_len > 0, f"data.seq_len={self.seq_len} must be positive")
+        _check(self.truncation in TRUNCATIONS,
+               f"data.truncation={self.truncation!r} is unknown; choose one of {', '.join(TRUNCATIONS)}")
         _check(0.0 < self.val_fraction < 1.0, f"data.val_fraction={self.val_fraction} must be in (0, 1)")
         _check(self.num_proc > 0, f"data.num_proc={self.num_proc} must be positive")
 
@@ -106,6 +120,10 @@ class TrainConfig:
     sample_tokens: int = 0  # tokens sampled and printed at the end of training (0: none)
     sample_prompt: str = "The"  # prompt of that sample
     label_smoothing: float = 0.0  # of the training loss's targets (lm, mlm, seq2seq); eval loss stays plain
+    # Partial fine-tuning: a regex searched in each parameter's path ("h_11/|ln_f", "classifier"); only the
+    # matches train, the rest is frozen (no gradient, no optimizer state). "": every parameter trains, or with
+    # model.lora_rank the adapters and any parameter the init_from run lacks (a new head).
+    trainable: str = ""
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_batches", "save_every", "keep"):
@@ -114,6 +132,11 @@ class TrainConfig:
         for name in ("eval_every", "sample_tokens", "seed"):
             _check(getattr(self, name) >= 0, f"train.{name}={getattr(self, name)} must be >= 0 (0: "
                    f"{'never' if name != 'seed' else 'the default seed'})")
+        if self.trainable:
+            try:
+                re.compile(self.trainable)
+            except re.error as e:
+                raise ConfigError(f"train.trainable={self.trainable!r} is not a regular expression ({e})") from None
         _check(self.batch_size % self.grad_accum == 0,
                f"train.batch_size={self.batch_size} is not divisible by train.grad_accum={self.grad_accum}")
 
@@ -136,7 +159,7 @@ class MeshConfig:
 class Config:
     """Everything a run needs. `task` picks the model family and loss (see zoo.tasks)."""
 
-    task: str = "gpt_lm"  # gpt_lm | bert_mlm | bert_cls | bert_encoder (converted, not trainable) | seq2seq
+    task: str = "gpt_lm"  # gpt_lm | sft | bert_mlm | bert_cls | bert_encoder (converted, not trainable) | seq2seq
     model: typing.Any = field(default_factory=GptConfig)  # the family's model config
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -104,7 +104,10 @@ def optimizer_state(cfg):
     import jax
     from zoo import tasks
     from zoo.train import optim
-    abstract = jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))
+    from zoo.train import freeze
+    task = tasks.build(cfg)
+    abstract = jax.eval_shape(task.init, jax.random.PRNGKey(0))
+    abstract = freeze.split(abstract, freeze.trainable_paths(cfg, abstract, getattr(task, "seen", ())))[0]
     tx = optim.make_optimizer(cfg.optim, optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model),
                               optim.decay_mask(abstract))
     return jax.tree.structure(jax.eval_shape(tx.init, abstract))
@@ -177,7 +180,7 @@ def train_main(argv=None) -> int:
     if cfg.train.sample_tokens and not out["interrupted"]:
         import jax
         prompt = cfg.train.sample_prompt
-        text = out["setup"].task.sample(jax.device_get(out["state"].params), out["tokenizer"], prompt,
+        text = out["setup"].task.sample(jax.device_get(out["params"]), out["tokenizer"], prompt,
                                         cfg.train.sample_tokens)
         if text is not None:  # tasks that generate text (gpt_lm)
             print(f"sample (temperature 0.8, top-k 40):\n{prompt}{text}")

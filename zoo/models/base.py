@@ -19,6 +19,7 @@ from zoo.nn.attention import IMPLEMENTATIONS
 from zoo.nn.stack import REMAT_POLICIES
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZE_BASE = ("none", "int8", "nf4")
 
 
 def check(ok: bool, msg: str) -> None:
@@ -46,6 +47,12 @@ class ModelConfig:
     remat: bool = False  # recompute block activations in the backward pass to save memory
     remat_policy: str = "full"  # with remat: full | dots | dots_no_batch (what is saved, see zoo.nn.stack)
     attention_impl: str = "auto"  # auto (CPU: einsum; else jax.nn.dot_product_attention picks) | xla | cudnn | einsum
+    # LoRA (zoo.nn.lora): low-rank adapters beside the Einsum layers named in lora_targets; the base is frozen.
+    lora_rank: int = 0  # adapter rank r; 0: no adapters
+    lora_alpha: float = 16.0  # the adapters' output is scaled by lora_alpha / lora_rank (PEFT's lora_alpha)
+    lora_dropout: float = 0.0  # dropout on the adapters' input, training only
+    lora_targets: str = "query,key,value,out,gate,fc,proj"  # Einsum layers adapted: names or path suffixes, comma-separated
+    quantize_base: str = "none"  # none | int8 | nf4: the frozen base's adapted kernels held quantized (QLoRA)
 
     def __post_init__(self):
         for name in ("dtype", "param_dtype"):
@@ -57,6 +64,15 @@ class ModelConfig:
               f"model.remat_policy={self.remat_policy!r}; choose one of {', '.join(REMAT_POLICIES)}")
         dropout = getattr(self, "dropout", 0.0)
         check(0.0 <= dropout < 1.0, f"model.dropout={dropout} must be in [0, 1)")
+        check(self.lora_rank >= 0, f"model.lora_rank={self.lora_rank} must be >= 0 (0: no LoRA adapters)")
+        check(self.lora_alpha > 0, f"model.lora_alpha={self.lora_alpha} must be positive")
+        check(0.0 <= self.lora_dropout < 1.0, f"model.lora_dropout={self.lora_dropout} must be in [0, 1)")
+        check(self.quantize_base in QUANTIZE_BASE,
+              f"model.quantize_base={self.quantize_base!r}; choose one of {', '.join(QUANTIZE_BASE)}")
+        check(self.quantize_base == "none" or self.lora_rank > 0,
+              f"model.quantize_base={self.quantize_base!r} holds a frozen base for LoRA; set model.lora_rank > 0")
+        check(self.lora_rank == 0 or any(t.strip() for t in self.lora_targets.split(",")),
+              "model.lora_targets is empty; name the Einsum layers to adapt, e.g. query,value")
 
 
 def resolve(ref: str) -> Any:

@@ -18,6 +18,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from zoo.nn import quant
+
 Dtype = jnp.dtype
 
 
@@ -48,7 +50,9 @@ def constrain(x, axes: tuple):
 
 
 class Einsum(nn.Module):
-    """A weight of a given shape applied by one einsum; optional bias over the output's trailing axes."""
+    """A weight of a given shape applied by one einsum; optional bias over the output's trailing axes. The
+    one dense layer every family calls: LoRA adapters attach to it (zoo.nn.lora), and a quantized frozen
+    kernel (`qkernel`, zoo.nn.quant) stands in for `kernel` where the params hold one."""
 
     shape: tuple
     axes: tuple  # logical names of the weight's axes
@@ -60,8 +64,12 @@ class Einsum(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        w = self.param("kernel", normal(self.std, self.axes), self.shape, self.param_dtype)
-        y = jnp.einsum(self.eqn, x.astype(self.dtype), w.astype(self.dtype))
+        if self.has_variable("params", "qkernel"):  # a frozen base held quantized (QLoRA, zoo.nn.quant)
+            y = quant.einsum(self.eqn, x.astype(self.dtype), self.get_variable("params", "qkernel"),
+                             tuple(self.shape), jnp.dtype(self.dtype))
+        else:
+            w = self.param("kernel", normal(self.std, self.axes), self.shape, self.param_dtype)
+            y = jnp.einsum(self.eqn, x.astype(self.dtype), w.astype(self.dtype))
         if self.bias_axes is not None:
             bias_shape = self.shape[-len(self.bias_axes):]
             b = self.param("bias", zeros(self.bias_axes), bias_shape, self.param_dtype)

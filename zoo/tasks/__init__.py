@@ -1,14 +1,24 @@
-"""Tasks: model + loss + data pipeline + metrics, one module per objective (lm, mlm, classify, seq2seq).
-`build(cfg)` finds the task through the FAMILIES registry (zoo.models); `base` holds the protocol."""
+"""Tasks: model + loss + data pipeline + metrics, one module per objective (lm, sft, mlm, classify, seq2seq).
+`build(cfg)` finds the task through the FAMILIES registry (zoo.models), wrapped with LoRA adapters when the
+model config asks for them (`adapted`); `base` holds the protocol."""
 
 from __future__ import annotations
 
 from zoo.models import FAMILIES, TASK_FAMILY
 from zoo.models.base import resolve
+from zoo.nn import lora
+from zoo.tasks.adapted import AdaptedTask
 from zoo.tasks.base import Data, Task
 
-__all__ = ["Data", "Task", "build"]
+__all__ = ["Data", "Task", "build", "plain"]
+
+
+def plain(cfg) -> Task:
+    """The task of cfg without adapters: the family's own model, as a run's merged weights fit it."""
+    return resolve(FAMILIES[TASK_FAMILY[cfg.task]].tasks[cfg.task])(cfg)
 
 
 def build(cfg) -> Task:
-    return resolve(FAMILIES[TASK_FAMILY[cfg.task]].tasks[cfg.task])(cfg)
+    """The task of cfg; with model.lora_rank, its model carries LoRA adapters (zoo.tasks.adapted)."""
+    spec = lora.spec_of(cfg.model)
+    return plain(cfg) if spec is None else AdaptedTask(plain(cfg), spec)

@@ -29,7 +29,8 @@ from zoo.config import Config, from_dict
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import CheckpointError, ConfigError
 from zoo.models import FAMILIES
-from zoo.train import orbax_errors
+from zoo.nn import lora
+from zoo.train import freeze, orbax_errors
 from zoo.train.checksums import fingerprint
 
 
@@ -246,17 +247,38 @@ def has_train_state(workdir: str, step: int) -> bool:
     return os.path.isdir(os.path.join(step_dir(workdir, step), "train"))
 
 
-def load_params_of(workdir: str, cfg: Config, sharding=None, step: int | None = None):
-    """The params of run `workdir` (config `cfg`) laid out with `sharding` (default: the first device)."""
+def load_trained(workdir: str, cfg: Config, sharding=None, step: int | None = None):
+    """(the params a run's checkpoint holds: what trained, the paths that trained (None: all)), laid out
+    with `sharding` (default: the first device). A LoRA run's are its adapters (and any new head)."""
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = nn.unbox(jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0)))
+    task = tasks.build(cfg)
+    boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0))
+    trainable = freeze.trainable_paths(cfg, boxed, getattr(task, "seen", ()))
+    abstract = freeze.split(nn.unbox(boxed), trainable)[0]
     return load_params(workdir, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
-                                             abstract), step)
+                                             abstract), step), trainable
+
+
+def load_params_of(workdir: str, cfg: Config, sharding=None, step: int | None = None):
+    """The params of run `workdir` (config `cfg`) laid out with `sharding` (default: the first device), as its
+    plain model takes them: a run that trained only part of its model (LoRA, train.trainable) is joined with
+    the frozen rest from its init_from run, and LoRA adapters are merged into their kernels."""
+    trained, trainable = load_trained(workdir, cfg, sharding, step)
+    if trainable is not None:
+        if not os.path.isdir(ckpt_dir(cfg.init_from)):
+            raise CheckpointError(f"{workdir!r} holds only what it trained; its base, init_from={cfg.init_from!r}, "
+                                  f"has no checkpoints any more")
+        base = freeze.flat(load_params_of(cfg.init_from, load_config(cfg.init_from), sharding))
+        frozen = {k: base[k] for k in freeze.flat(freeze.split(
+            nn.unbox(jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))), trainable)[1])}
+        trained = freeze.join(trained, freeze.unflat(frozen))
+    return lora.merge(trained, lora.spec_of(cfg.model))
 
 
 def load_run(workdir: str, task: str | None = None):
-    """(model, params, tokenizer, config) of a run's latest checkpoint, params on one device; with `task`,
-    the run must be of that task (or, given a family name, of that family)."""
+    """(model, params, tokenizer, config) of a run's latest checkpoint, params on one device (the plain model
+    and merged params of a LoRA run); with `task`, the run must be of that task (or, given a family name,
+    of that family)."""
     cfg = load_config(workdir)
     if task in FAMILIES and cfg.model.family != task:
         raise CheckpointError(f"{workdir!r} holds a {cfg.model.family} model; this command needs a run of family {task}")

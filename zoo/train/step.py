@@ -11,23 +11,31 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from zoo.train import freeze
+
 
 class TrainState(struct.PyTreeNode):
+    """`params` are what trains (gradients and optimizer moments exist for them alone); `frozen` the rest of
+    the model's params (LoRA's base, a partial fine-tune's frozen layers; empty when everything trains),
+    joined with `params` for the loss (zoo.train.freeze)."""
     step: jax.Array
     params: Any
     opt_state: Any
     rng: jax.Array
+    frozen: Any = struct.field(default_factory=dict)
 
 
 def make_train_step(task, tx, schedule, grad_accum: int):
-    def grads_of(params, batch, rng):
-        (loss_sum, aux), grads = jax.value_and_grad(task.loss, has_aux=True)(params, batch, rng, True)
+    def grads_of(params, frozen, batch, rng):
+        def loss(p):
+            return task.loss(freeze.join(p, frozen), batch, rng, True)
+        (loss_sum, aux), grads = jax.value_and_grad(loss, has_aux=True)(params)
         return grads, {"loss_sum": loss_sum, **aux}
 
     def train_step(state: TrainState, batch):
         rng = jax.random.fold_in(state.rng, state.step)
         if grad_accum == 1:
-            grads, sums = grads_of(state.params, batch, rng)
+            grads, sums = grads_of(state.params, state.frozen, batch, rng)
         else:
             # Microbatch i takes rows i::A, so every device keeps an equal share of each microbatch.
             micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // grad_accum, grad_accum, *x.shape[1:])
@@ -35,9 +43,9 @@ def make_train_step(task, tx, schedule, grad_accum: int):
 
             def body(acc, i_mb):
                 i, mb = i_mb
-                g, s = grads_of(state.params, mb, jax.random.fold_in(rng, i))
+                g, s = grads_of(state.params, state.frozen, mb, jax.random.fold_in(rng, i))
                 return jax.tree.map(jnp.add, acc, (g, s)), None
-            zero = jax.eval_shape(grads_of, state.params, jax.tree.map(lambda x: x[0], micro), rng)
+            zero = jax.eval_shape(grads_of, state.params, state.frozen, jax.tree.map(lambda x: x[0], micro), rng)
             zero = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), zero)
             (grads, sums), _ = jax.lax.scan(body, zero, (jnp.arange(grad_accum), micro))
         # The loss is a sum over tokens; one division by the token count gives the mean's gradient.
@@ -70,10 +78,13 @@ def make_eval_step(task):
     return eval_step
 
 
-def state_init(task, tx):
-    """rng -> TrainState with boxed params and optimizer state (logical axis names kept; nn.unbox to train)."""
+def state_init(task, tx, trainable=None, quantize: str = "none", scanned: bool = False):
+    """rng -> TrainState with boxed params and optimizer state (logical axis names kept; nn.unbox to train):
+    the paths in `trainable` (None: all) train, the rest is frozen (held quantized as `quantize` says)."""
     def init(rng) -> TrainState:
         params_rng, state_rng = jax.random.split(rng)
-        params = task.init(params_rng)
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=state_rng)
+        params, frozen = freeze.split(task.init(params_rng), trainable)
+        frozen = freeze.quantize_frozen(frozen, params, quantize, scanned)
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=state_rng,
+                          frozen=frozen)
     return init

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from zoo import tasks
 from zoo.config import Config
 from zoo.errors import ConfigError, TrainError
-from zoo.train import checkpoint, flops, optim, orbax_errors, sharding
+from zoo.train import checkpoint, flops, freeze, optim, orbax_errors, sharding
 from zoo.train.metrics import MetricsWriter
 from zoo.train.prefetch import Prefetcher
 from zoo.train.workdir import claim, remove_new
@@ -50,6 +50,11 @@ class Setup:
     state_shardings: Any
     abstract_state: Any  # ShapeDtypeStructs with shardings, for restore
     init_fn: Any  # rng -> TrainState (unsharded function; init_state jits it sharded)
+    trainable: Any = None  # the param paths that train (zoo.train.freeze); None: all
+
+    def full_params(self, state: TrainState):
+        """The model's whole param tree: what trains joined with what is frozen."""
+        return freeze.join(state.params, state.frozen)
 
     def init_state(self, rng) -> TrainState:
         return jax.jit(self.init_fn, out_shardings=self.state_shardings)(rng)
@@ -71,9 +76,10 @@ def setup(cfg: Config, devices=None) -> Setup:
                           f"by the data-parallel size mesh.data*mesh.fsdp={dp}")
     rng = jax.random.PRNGKey(cfg.train.seed)
     abstract_params = jax.eval_shape(task.init, rng)
+    trainable = freeze.trainable_paths(cfg, abstract_params, getattr(task, "seen", ()))
     schedule = optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model)
-    tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(abstract_params))
-    boxed_init = state_init(task, tx)
+    tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(freeze.split(abstract_params, trainable)[0]))
+    boxed_init = state_init(task, tx, trainable, cfg.model.quantize_base, cfg.model.scan_layers)
     # The optimizer state is made from boxed params, so its moments carry the params' logical axis names
     # and one rule table gives every leaf of the state its sharding.
     boxed = jax.eval_shape(boxed_init, rng)
@@ -81,7 +87,7 @@ def setup(cfg: Config, devices=None) -> Setup:
     abstract_state = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                                   nn.unbox(boxed), state_sh)
     init_fn = lambda r: nn.unbox(boxed_init(r))  # noqa: E731
-    return Setup(cfg, task, mesh, tx, schedule, abstract_params, state_sh, abstract_state, init_fn)
+    return Setup(cfg, task, mesh, tx, schedule, abstract_params, state_sh, abstract_state, init_fn, trainable)
 
 
 def to_device(batch: dict, mesh) -> dict:
@@ -109,29 +115,57 @@ def evaluate(eval_fn, params, batches, mesh, extra=None, perplexity: bool = True
     return metrics
 
 
-def init_from(s: Setup, state: TrainState, source: str) -> TrainState:
-    """Copy every param of run `source` whose path and shape match this model's; the rest stay fresh."""
+def _base_params(s: Setup, source: str) -> dict:
+    """path -> array (host) of the params of run `source` (a LoRA run's merged into its plain model's)."""
     other = checkpoint.load_config(source)
     if other.model.family != s.cfg.model.family:
         raise ConfigError(f"init_from={source!r} holds a {other.model.family} model; this config trains "
                           f"a {s.cfg.model.family} model")
-    theirs = jax.device_get(checkpoint.load_params_of(source, other, sharding.replicated(s.mesh)))
-    flat_theirs = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(theirs)[0]}
+    return freeze.flat(jax.device_get(checkpoint.load_params_of(source, other, sharding.replicated(s.mesh))))
+
+
+def init_from(s: Setup, state: TrainState, source: str) -> TrainState:
+    """Copy every param of run `source` whose path and shape match this model's; the rest stay fresh (a
+    new head, LoRA adapters). The frozen part (when not everything trains) comes from `source` whole."""
+    theirs = _base_params(s, source)
     copied = []
 
     def pick(path, mine):
-        key = jax.tree_util.keystr(path)
-        if key not in flat_theirs:
+        key = "/".join(str(getattr(k, "key", k)) for k in path)
+        if key not in theirs:
             return mine
-        if flat_theirs[key].shape != mine.shape:
-            raise ConfigError(f"init_from={source!r}: param {key} has shape {flat_theirs[key].shape} there "
+        if theirs[key].shape != mine.shape:
+            raise ConfigError(f"init_from={source!r}: param {jax.tree_util.keystr(path)} has shape {theirs[key].shape} there "
                               f"but {mine.shape} here (model width or size differs)")
         copied.append(key)
-        return jax.device_put(flat_theirs[key].astype(mine.dtype), mine.sharding)
+        return jax.device_put(theirs[key].astype(mine.dtype), mine.sharding)
     params = jax.tree_util.tree_map_with_path(pick, state.params)
-    if not copied:
+    if not copied and not state.frozen:
         raise ConfigError(f"init_from={source!r}: no parameter matches this model")
-    return state.replace(params=params)
+    return state.replace(params=params, frozen=_frozen(s, state.params, theirs))
+
+
+def _frozen(s: Setup, params, theirs: dict):
+    """The frozen half of the state from the base's params `theirs` (path -> array): quantized as the model
+    config says and laid out as the state's shardings."""
+    if s.trainable is None:
+        return {}
+    abstract = freeze.split(nn.unbox(s.abstract_params), s.trainable)[1]
+    frozen = {}
+    for key, a in freeze.flat(abstract).items():
+        if key not in theirs or theirs[key].shape != a.shape:
+            raise ConfigError(f"init_from={s.cfg.init_from!r} has no param {key} of shape {a.shape}, which this "
+                              f"run keeps frozen")
+        frozen[key] = theirs[key].astype(a.dtype)
+    frozen = freeze.quantize_frozen(freeze.unflat(frozen), params, s.cfg.model.quantize_base, s.cfg.model.scan_layers)
+    return jax.device_put(frozen, s.state_shardings.frozen)
+
+
+def load_frozen(s: Setup, state: TrainState) -> TrainState:
+    """A restored state's frozen half, read again from its init_from run (checkpoints hold what trains)."""
+    if s.trainable is None:
+        return state
+    return state.replace(frozen=_frozen(s, state.params, _base_params(s, s.cfg.init_from)))
 
 
 class _Stopper:
@@ -229,6 +263,7 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
             s = setup(cfg, devices)
             if resume:
                 start, state = checkpoint.restore_latest(path, s.abstract_state)
+                state = load_frozen(s, state)
                 if start >= cfg.train.steps:
                     raise TrainError(f"the run in {path!r} is at step {start} and train.steps={cfg.train.steps}: "
                                      f"nothing to train; continue it with --set train.steps=N for some N > {start}")
@@ -266,7 +301,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
     start = int(jax.device_get(state.step))
     # Records after `start` belong to a run that got further than its last checkpoint: dropped.
     writer = MetricsWriter(workdir, enabled=main, start_step=start)
-    flops_per_token = s.task.flops_per_token(cfg.data.seq_len)
+    flops_per_token = freeze.flops_per_token(s.task, cfg.data.seq_len, s.abstract_params, s.trainable)
     peak = flops.total_peak(s.mesh.devices.flatten().tolist())
     last = cfg.train.steps if stop_at_step is None else min(stop_at_step, cfg.train.steps)
     bar = tqdm(total=cfg.train.steps, initial=start, dynamic_ncols=True,
@@ -311,9 +346,9 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                     record["compile_s"] = compile_s
                 buffered, t0, t0_step = [], time.perf_counter(), step
                 if do_eval:
-                    eval_metrics = evaluate(eval_fn, state.params, data.eval, s.mesh, s.task.eval_metrics,
+                    eval_metrics = evaluate(eval_fn, s.full_params(state), data.eval, s.mesh, s.task.eval_metrics,
                                             perplexity=perplexity)
-                    eval_metrics.update(s.task.evaluate_extra(state.params, data))
+                    eval_metrics.update(s.task.evaluate_extra(s.full_params(state), data))
                     record.update(eval_metrics)
                 writer.write(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
@@ -337,7 +372,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
     bar.close()
     writer.plot()
     writer.close()
-    return {"state": state, "eval": eval_metrics, "tokenizer": data.tokenizer, "setup": s,
+    return {"state": state, "params": s.full_params(state), "eval": eval_metrics, "tokenizer": data.tokenizer, "setup": s,
             "records": writer.records, "interrupted": stopper.signal is not None}
 
 
@@ -366,9 +401,13 @@ def _summarise(host, step, t0, t0_step, flops_per_token, peak) -> dict:
               "param_norm": float(ms[-1]["param_norm"])}
     elapsed = time.perf_counter() - t0
     timed = [m for s_, m in host if s_ > t0_step]
+    if "real_tokens" in ms[-1]:  # packed rows (sft): the share of positions that hold an example's token
+        record["real_token_frac"] = sum(float(m["real_tokens"]) for m in ms) / max(sum(float(m["tokens"]) for m in ms), 1.0)
     if timed and elapsed > 0:
         tps = sum(float(m["tokens"]) for m in timed) / elapsed
         record["tokens_per_s"] = tps
+        if "real_tokens" in ms[-1]:
+            record["real_tokens_per_s"] = sum(float(m["real_tokens"]) for m in timed) / elapsed
         if math.isfinite(peak) and peak > 0:  # no MFU for a device of unknown peak
             record["mfu"] = tps * flops_per_token / peak
     return record

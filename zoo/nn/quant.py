@@ -1,0 +1,87 @@
+"""A frozen base held quantized (QLoRA): int8 or 4-bit NormalFloat kernels, dequantized inside the matmul.
+
+A quantized kernel is a `qkernel` param in place of the Einsum's `kernel`: {"codes", "scale"}, the kernel
+seen as a matrix [in, out] (its contracted axes flattened, then its output axes; a scanned stack keeps its
+leading layers axis):
+
+- int8: codes int8 [in, out], round(w / scale) with one absmax scale per output column, scale [1, out];
+- nf4 (QLoRA, Dettmers et al. 2023): the 16 NormalFloat levels, absmax-scaled per block of `NF4_BLOCK`
+  consecutive inputs of a column, two 4-bit codes per byte: codes uint8 [in / 2, out], scale [in / block,
+  out] (float32; QLoRA's second quantization of the scales is not done). 0.5625 bytes per weight.
+
+`einsum` dequantizes under `jax.checkpoint`, so the backward pass recomputes the dequantized weight
+instead of keeping it alive from the forward: only the codes stay resident.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+NF4_BLOCK = 64
+# The 16 NF4 levels (QLoRA, Appendix E): quantiles of N(0, 1) scaled to [-1, 1], with an exact zero.
+NF4 = np.asarray([-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+                  -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+                  0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+                  0.7229568362236023, 1.0], np.float32)
+KINDS = ("int8", "nf4")
+
+
+def scanned(q: dict) -> bool:
+    return jnp.ndim(q["codes"]) == 3
+
+
+def block_size(n_in: int) -> int:
+    """NF4's block along the inputs: NF4_BLOCK, or the largest power of two dividing the input count."""
+    return math.gcd(n_in, NF4_BLOCK)
+
+
+def quantize(w, n_in: int, kind: str, lead: int = 0) -> dict:
+    """The qkernel of kernel `w` whose `n_in` axes after `lead` leading (layers) axes are its inputs."""
+    lead_shape = w.shape[:lead]
+    n = math.prod(w.shape[lead:lead + n_in])
+    w2 = jnp.asarray(w, jnp.float32).reshape(*lead_shape, n, -1)
+    if kind == "int8":
+        scale = jnp.max(jnp.abs(w2), axis=-2, keepdims=True) / 127.0
+        scale = jnp.where(scale > 0, scale, 1.0)
+        return {"codes": jnp.clip(jnp.round(w2 / scale), -127, 127).astype(jnp.int8), "scale": scale}
+    if kind != "nf4":
+        raise ValueError(f"quantization {kind!r}; choose one of {', '.join(KINDS)}")
+    if n % 2:
+        raise ValueError(f"nf4 packs two codes per byte: {n} inputs is odd")
+    blk = block_size(n)
+    wb = w2.reshape(*lead_shape, n // blk, blk, w2.shape[-1])
+    scale = jnp.max(jnp.abs(wb), axis=-2, keepdims=True)
+    scale = jnp.where(scale > 0, scale, 1.0)
+    # The nearest level: count the midpoints between levels that the normalised weight lies above.
+    mids = jnp.asarray((NF4[1:] + NF4[:-1]) / 2)
+    codes = jnp.sum((wb / scale)[..., None] > mids, axis=-1).astype(jnp.uint8).reshape(w2.shape)
+    packed = codes[..., 0::2, :] | (codes[..., 1::2, :] << 4)
+    return {"codes": packed, "scale": scale[..., 0, :]}
+
+
+def dequantize(q: dict, shape: tuple, dtype) -> jax.Array:
+    """The kernel of shape `shape` (leading layers axis included) that qkernel `q` holds, in `dtype`."""
+    codes, scale = q["codes"], jnp.asarray(q["scale"], jnp.float32)
+    if codes.dtype == jnp.int8:
+        w2 = codes.astype(jnp.float32) * scale
+    else:
+        lo, hi = codes & 15, codes >> 4
+        idx = jnp.stack([lo, hi], axis=-2).reshape(*codes.shape[:-2], codes.shape[-2] * 2, codes.shape[-1])
+        blk = idx.shape[-2] // scale.shape[-2]
+        w2 = jnp.take(jnp.asarray(NF4), idx.astype(jnp.int32)) * jnp.repeat(scale, blk, axis=-2)
+    return w2.reshape(shape).astype(dtype)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(0, 3, 4))
+def einsum(eqn: str, x, q: dict, shape: tuple, dtype):
+    """jnp.einsum(eqn, x, kernel) with the kernel dequantized from `q` (recomputed in the backward pass)."""
+    return jnp.einsum(eqn, x, dequantize(q, shape, dtype))
+
+
+def nbytes(q: dict) -> int:
+    return sum(int(np.prod(v.shape)) * jnp.dtype(v.dtype).itemsize for v in q.values())
