@@ -5,14 +5,19 @@ block size, so no position the model never trained is used.
 
     zoo-sample runs/x --prompt "The" --max-new-tokens 200 --temperature 0.8 --top-k 40 --seed 0
     zoo-sample runs/smollm2 --chat --prompt "What is the capital of France?" --temperature 0
+    zoo-sample runs/smollm2 --conversation chat.json --temperature 0
 
---chat wraps the prompt as a user message in the chat template that came with a converted instruct
-model's tokenizer and prints only the answer.
+--chat wraps the prompt as one user message; --conversation FILE.json gives a whole conversation, a JSON
+list of {"role": "system" | "user" | "assistant", "content": "..."} messages, and the model answers
+after the last one. Either is rendered with the run's chat template (zoo.infer.chat: a chat fine-tuning
+run's own, else the one that came with a converted instruct model's tokenizer, else zoo's default
+Zephyr-style template) and only the answer is printed, up to the end-of-turn token.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from zoo.cli import BAD_INPUT, error
@@ -21,7 +26,7 @@ from zoo.cli import BAD_INPUT, error
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="zoo-sample", description=__doc__.split("\n")[0])
     ap.add_argument("workdir", help="a run directory with checkpoints (train.py --workdir)")
-    ap.add_argument("--prompt", default="The", help="text to continue (default: %(default)r)")
+    ap.add_argument("--prompt", help="text to continue, or with --chat the user's message (default: 'The')")
     ap.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default: %(default)s)")
     ap.add_argument("--temperature", type=float, default=0.8, help="0 is greedy (default: %(default)s)")
     ap.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0: all (default)")
@@ -29,18 +34,27 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     ap.add_argument("--num-samples", type=int, default=1, help="independent samples (default: %(default)s)")
     ap.add_argument("--chat", action="store_true",
-                    help="the prompt is a user message, rendered with the run's chat template (converted instruct "
-                         "models); prints the answer only")
+                    help="the prompt is a user message, rendered with the run's chat template; prints the answer only")
+    ap.add_argument("--conversation", metavar="FILE.json",
+                    help="a JSON list of {role, content} messages (system, user, assistant) to answer; implies --chat")
     a = ap.parse_args(argv)
+    text = "The" if a.prompt is None else a.prompt
+    try:  # the conversation is checked before jax is imported
+        messages = _messages(a.conversation, a.prompt) if a.conversation else None
+    except BAD_INPUT as e:
+        return error(e)
+    if a.chat and not messages:
+        messages = [{"role": "user", "content": text}]
     from zoo.infer.sample import crops, generate
     from zoo.train.checkpoint import load_run
     try:
         model, params, tok, cfg = load_run(a.workdir)
-        text = a.prompt
-        if a.chat:
-            from zoo.infer.chat import render
-            text = render(cfg.data.tokenizer, [{"role": "user", "content": a.prompt}])
-        prompt, window = tok.encode(text), cfg.data.seq_len  # the length the run trained on
+        if messages:
+            from zoo.infer.chat import prompt_ids
+            prompt = prompt_ids(tok, cfg.data.tokenizer, messages, a.workdir)
+        else:
+            prompt = tok.encode(text)
+        window = cfg.data.seq_len  # the length the run trained on
         outs = generate(model, params, prompt, a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                         top_p=a.top_p, seed=a.seed, eos_id=tok.eot_token, vocab_limit=tok.n_vocab,
                         num_samples=a.num_samples, window=window)
@@ -52,8 +66,25 @@ def main(argv=None) -> int:
     for i, ids in enumerate(outs):
         if a.num_samples > 1:
             print(f"--- sample {i}")
-        print(tok.decode(ids) if a.chat else a.prompt + tok.decode(ids))
+        print(tok.decode(ids) if messages else text + tok.decode(ids))  # ids stop before the eot token
     return 0
+
+
+def _messages(path: str, prompt: str | None) -> list[dict]:
+    """The conversation in the JSON file `path`, checked."""
+    from zoo.data.chat import check_messages
+    from zoo.errors import ZooDataError
+    if prompt is not None:
+        raise ZooDataError("give --prompt or --conversation, not both")
+    try:
+        with open(path, encoding="utf-8") as f:
+            messages = json.load(f)
+    except OSError as e:
+        raise ZooDataError(f"--conversation {path!r}: {e.strerror or e}") from None
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ZooDataError(f"--conversation {path!r} is not a JSON file ({e})") from None
+    check_messages(messages, f"--conversation {path!r}")
+    return messages
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 tiktoken's named encodings (read offline), and local `.tiktoken` ranks files.
 
 Text that happens to contain `<|endoftext|>` is encoded as ordinary text: documents are separated by
-`eot_token` ids that the pipeline appends, never by strings inside a document.
+`eot_token` ids that the pipeline appends, never by strings inside a document. Only
+`encode_with_offsets`, for text a chat template wrote (zoo.data.chat), reads `eot_text` as `eot_token`.
 """
 
 from __future__ import annotations
@@ -31,9 +32,18 @@ class TiktokenTokenizer:
         self.fingerprint = fingerprint  # content hash of a local ranks file; part of the token-store key
         self.n_vocab = encoding.n_vocab
         self.eot_token = encoding.eot_token
+        self.eot_text = encoding.decode_single_token_bytes(encoding.eot_token).decode("utf-8")
 
     def encode(self, text: str) -> list[int]:
         return self.encoding.encode(text, disallowed_special=())
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """(ids, start character of each id), with `eot_text` read as `eot_token`."""
+        ranks = self.encoding.encode(text, allowed_special={self.eot_text}, disallowed_special=())
+        return self._ids(ranks), self.encoding.decode_with_offsets(ranks)[1]
+
+    def _ids(self, ranks: list[int]) -> list[int]:
+        return ranks
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self.encoding.encode_batch(list(texts), disallowed_special=())

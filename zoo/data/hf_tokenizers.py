@@ -15,7 +15,9 @@
   and NFC) are left to the tokenizer.json.
 
 A chat template (chat_template.jinja, or `chat_template` in tokenizer_config.json) is copied with the
-files and written back by `to-hf`; zoo itself does not apply it.
+files and written back by `to-hf`; zoo.data.chat renders it. For its text every tokenizer here has
+`encode_with_offsets` (ids and start characters; the checkpoint's special tokens, `eot_text` among them,
+read as their ids) beside `encode`.
 
 A converted encoder-decoder's directory also holds seq2seq.json (zoo's, written by zoo.hf.from_hf):
 how the checkpoint frames sources and targets. It is attached as the tokenizer's `seq2seq` dict,
@@ -74,17 +76,23 @@ class RemappedBpe(TiktokenTokenizer):
     own files; a tokenizer trained elsewhere (special tokens first, say) needs the id table.
     """
 
-    def __init__(self, encoding, rank_to_id: np.ndarray, n_vocab: int, eot: int, name: str, fingerprint: str):
+    def __init__(self, encoding, rank_to_id: np.ndarray, n_vocab: int, eot: int, name: str, fingerprint: str,
+                 eot_text: str = ENDOFTEXT):
         super().__init__(encoding, name=name, fingerprint=fingerprint)
         self.rank_to_id = rank_to_id
         self.id_to_rank = {int(i): r for r, i in enumerate(rank_to_id) if i >= 0}
-        self.n_vocab, self.eot_token = n_vocab, eot
+        self.n_vocab, self.eot_token, self.eot_text = n_vocab, eot, eot_text
+        self.eot_rank = encoding.encode_single_token(eot_text)  # a special of the encoding (gpt2_bpe)
 
     def encode(self, text: str) -> list[int]:
         return self.rank_to_id[self.encoding.encode(text, disallowed_special=())].tolist()
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.rank_to_id[r].tolist() for r in self.encoding.encode_batch(list(texts), disallowed_special=())]
+
+    def _ids(self, ranks: list[int]) -> list[int]:
+        # eot_text's rank maps to -1 where it decodes to nothing (BART's </s>); its id is still eot_token.
+        return [self.eot_token if r == self.eot_rank else int(self.rank_to_id[r]) for r in ranks]
 
     def decode(self, ids) -> str:
         return self.encoding.decode([self.id_to_rank[int(i)] for i in ids if int(i) in self.id_to_rank])
@@ -106,12 +114,16 @@ def gpt2_bpe(directory: str) -> TiktokenTokenizer:
             ranks[merged] = len(rank_ids)
             rank_ids.append(vocab.get(a + b, -1))
     eot = vocab.get(ENDOFTEXT, vocab.get("</s>", len(vocab)))  # GPT-2's <|endoftext|>, BART's </s>
+    eot_text = "</s>" if ENDOFTEXT not in vocab and "</s>" in vocab else ENDOFTEXT
     special = {ENDOFTEXT: len(rank_ids)}
     # Decoding <|endoftext|> gives its text; BART's </s> (like its <s> <pad> <mask>) decodes to nothing.
     rank_ids.append(eot if ENDOFTEXT in vocab else -1)
+    if eot_text not in special:  # BART's </s>: a special only for encode_with_offsets to read
+        special[eot_text] = len(rank_ids)
+        rank_ids.append(-1)
     enc = tiktoken.Encoding(name=f"bpe:{os.path.abspath(directory)}", pat_str=encoding_spec("r50k_base")[0],
                             mergeable_ranks=ranks, special_tokens=special)
-    return RemappedBpe(enc, np.asarray(rank_ids), max(max(vocab.values()) + 1, eot + 1), eot,
+    return RemappedBpe(enc, np.asarray(rank_ids), max(max(vocab.values()) + 1, eot + 1), eot, eot_text=eot_text,
                        name=os.path.abspath(directory), fingerprint=_fingerprint(directory, ["vocab.json", "merges.txt"]))
 
 
@@ -129,6 +141,15 @@ class HfTokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """(ids, start character of each id); added tokens in the text (<|im_start|>, `eot_text`) are theirs."""
+        e = self.tok.encode(text, add_special_tokens=False)
+        return e.ids, [start for start, _ in e.offsets]
+
+    @property
+    def eot_text(self) -> str:
+        return self.tok.id_to_token(self.eot_token)
 
     def decode(self, ids) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)

@@ -1,8 +1,11 @@
 """Tokenizers by name: UTF-8 bytes, tiktoken encodings, a local `.tiktoken` file, or a Hugging Face directory.
 
 Every tokenizer has the same small surface the data pipeline and the trainer use: `.name`,
-`.n_vocab`, `.eot_token`, `.encode`, `.encode_batch`, `.decode`. `get_tokenizer` picks by name: the
-byte tokenizer here, tiktoken's in zoo.data.bpe, a checkpoint's own in zoo.data.hf_tokenizers.
+`.n_vocab`, `.eot_token`, `.encode`, `.encode_batch`, `.decode`; and for chat text (zoo.data.chat)
+`.eot_text`, the end-of-text token as a string, and `.encode_with_offsets(text) -> (ids, starts)`, which
+also gives each token's start character and reads `eot_text` in the text as `eot_token` (a chat
+template writes it at each turn's end), where `.encode` keeps it ordinary text. `get_tokenizer` picks
+by name: the byte tokenizer here, tiktoken's in zoo.data.bpe, a checkpoint's own in zoo.data.hf_tokenizers.
 """
 
 from __future__ import annotations
@@ -21,12 +24,29 @@ class ByteTokenizer:
     name = "bytes"
     n_vocab = 257
     eot_token = 256
+    eot_text = "<|endoftext|>"
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [list(t.encode("utf-8")) for t in texts]
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """(ids, start character of each id): `eot_text` is the one id 256; the bytes of a multi-byte
+        character all start at that character."""
+        ids, starts, pos = [], [], 0
+        for n, piece in enumerate(text.split(self.eot_text)):
+            if n:
+                ids.append(self.eot_token)
+                starts.append(pos)
+                pos += len(self.eot_text)
+            for ch in piece:
+                b = ch.encode("utf-8")
+                ids.extend(b)
+                starts.extend([pos] * len(b))
+                pos += 1
+        return ids, starts
 
     def decode(self, ids) -> str:
         # Sampled ids can be the separator or cut a multi-byte character; neither may crash a decode.
