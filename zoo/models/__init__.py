@@ -5,7 +5,7 @@ from zoo.models import bert, encdec, gpt
 from zoo.models.base import Family, ModelConfig
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("gpt", gpt.GptConfig, gpt.PRESETS, tasks={"gpt_lm": "zoo.tasks.lm:LmTask"},
+    Family("gpt", gpt.GptConfig, gpt.PRESETS, tasks={"gpt_lm": "zoo.tasks.lm:LmTask", "sft": "zoo.tasks.sft:SftTask"},
            hf={"gpt2": "zoo.hf.gpt2", "qwen2": "zoo.hf.qwen2", "mistral": "zoo.hf.mistral", "llama": "zoo.hf.llama"}),
     Family("bert", bert.BertConfig, bert.PRESETS,
            tasks={"bert_mlm": "zoo.tasks.mlm:MlmTask", "bert_cls": "zoo.tasks.classify:ClsTask",

@@ -176,3 +176,18 @@ def linear_cross_entropy(h_BTD, w_VD, targets_BT, weights_BT, *, bias_V=None, la
     if T % n:
         raise ValueError(f"chunks={n} does not divide the length {T}")
     return _fused(h_BTD, w_VD, bias_V, targets_BT, weights_BT.astype(jnp.float32), float(label_smoothing), n)
+
+
+def token_correct(h_BTD, w_VD, targets_BT, *, bias_V=None, chunks: int | None = None):
+    """bool[B, T]: whether each target is the argmax of its logits h_BTD @ w_VD.T (+ bias_V), as the fused
+    loss counts `correct`, chunk by chunk (no [B, T, V] logits) and without a gradient (evaluation)."""
+    B, T, _ = h_BTD.shape
+    n = chunks or num_chunks(B, T, w_VD.shape[0])
+    h_BTD, w_VD = jax.lax.stop_gradient(h_BTD), jax.lax.stop_gradient(w_VD)
+
+    def chunk(_, xs):
+        h_BCD, t_BC = xs
+        _, correct_BC, _ = _chunk_stats(h_BCD, w_VD, bias_V, t_BC, 0.0, False)
+        return None, correct_BC > 0
+    _, out = jax.lax.scan(chunk, None, (_split(h_BTD, n), _split(targets_BT, n)))
+    return _merge(out)

@@ -1,0 +1,56 @@
+"""`data.source=zoo_commands`: a small chat dataset zoo ships, offline, that teaches a chat model facts it
+cannot know: which zoo command does what.
+
+Each of FACTS (a task a user has, the answer naming zoo's command for it) is asked in each of QUESTIONS'
+phrasings: 12 x 12 single-turn conversations (user asks, assistant answers). Validation holds out
+conversations by a hash of their text (data.val_fraction), so the held-out ones ask known facts in
+phrasings the model never trained on: answering them with the right command is the behaviour the
+dataset teaches (configs/smollm2_chat_lora.py measures it as the held-out exact match). The answers are
+written from zoo's own README and console scripts.
+"""
+
+from __future__ import annotations
+
+NAME = "zoo_commands"
+
+# (what the user wants to do, the assistant's answer)
+FACTS = (
+    ("sample text from a trained run", "Use zoo-sample: zoo-sample RUN --prompt \"The\" --max-new-tokens 100"),
+    ("convert a Hugging Face checkpoint into a zoo run", "Use zoo-convert from-hf: zoo-convert from-hf HF_DIR RUN"),
+    ("export a run for Hugging Face transformers", "Use zoo-convert to-hf: zoo-convert to-hf RUN OUT_DIR"),
+    ("continue an interrupted training run", "Use train.py with --resume: python train.py --resume RUN"),
+    ("benchmark zoo against PyTorch", "Use zoo-bench: zoo-bench --shapes cpu --peer hf-torch"),
+    ("fill in a masked word with a BERT run", "Use zoo-fill-mask: zoo-fill-mask RUN --text \"The [MASK] statement\""),
+    ("classify a sentence with a fine-tuned BERT", "Use zoo-classify: zoo-classify RUN --text \"TEXT\""),
+    ("translate with an encoder-decoder run", "Use zoo-translate: zoo-translate RUN --text \"TEXT\""),
+    ("draw the attention heads of a model", "Use zoo-attention: zoo-attention RUN --text \"TEXT\" --out heads.png"),
+    ("list the configs zoo ships", "Use zoo-train with --list: zoo-train --list"),
+    ("fine-tune a run on my own data", "Use train.py with --init-from: python train.py --init-from RUN "
+                                       "--set data.source=my.jsonl"),
+    ("chat with an instruct model", "Use zoo-sample with --chat: zoo-sample RUN --chat --prompt \"Hello\""),
+)
+QUESTIONS = (
+    "Which zoo command should I use to {}?",
+    "How do I {} with zoo?",
+    "What do I run to {} in zoo?",
+    "I want to {}. What's the zoo command?",
+    "In zoo, how can I {}?",
+    "Tell me the zoo command to {}.",
+    "Is there a zoo command to {}?",
+    "Quick question: how do I {} using zoo?",
+    "Can you tell me how to {} with zoo?",
+    "zoo question: what command lets me {}?",
+    "What's the right way to {} in zoo?",
+    "Using zoo, what should I type to {}?",
+)
+
+
+def conversations() -> list[list[dict]]:
+    """Every (fact, phrasing) pair as a conversation: [user question, assistant answer]."""
+    return [[{"role": "user", "content": q.format(task)}, {"role": "assistant", "content": answer}]
+            for task, answer in FACTS for q in QUESTIONS]
+
+
+def command_of(answer: str) -> str:
+    """The command an answer names ("zoo-sample", "train.py"): what a held-out answer must get right."""
+    return answer.split(":", 1)[0].removeprefix("Use ").split(" with ")[0]

@@ -1,0 +1,192 @@
+"""Chat / instruction fine-tuning (sft) of a GPT-family model: conversations rendered with the checkpoint's
+own chat template, the loss on the assistant's tokens only, examples packed several to a row.
+
+Sources are those zoo reads (`hub:`, local json/jsonl/parquet; `zoo_commands`, the small chat set zoo
+ships: zoo.data.zoo_commands) with either a `data.messages_column` of
+conversations (lists of {role, content}: system, user and assistant turns, multi-turn) or
+`data.prompt_column` + `data.completion_column` (text: the completion follows the prompt as plain text,
+ending in the end-of-text token, as TRL's prompt-completion format; or lists of messages: a conversation
+whose answer is the completion). zoo.data.chat renders and masks them: the template is
+`data.chat_template` (a .jinja file), else the tokenizer's own, else zoo's documented default; it is
+written beside the run (chat_template.jinja), so `zoo-sample --chat` answers in the same format.
+
+The loss falls on the assistant's tokens, each turn's end-of-turn token included (everywhere with
+`data.train_on_prompt`), averaged over the answer tokens of the whole batch (the loss is a token sum and
+the trainer divides by the summed weights). An example longer than data.seq_len + 1 tokens is truncated
+or dropped (`data.truncation`); one with no assistant token left is dropped; both are counted, printed
+once. Validation examples are held out by a hash of their rendered text (data.val_fraction).
+
+Packing (`data.packing`, on by default): first fit decreasing into rows of data.seq_len with segment ids
+and positions restarting per example (zoo.data.packing); attention never crosses examples. The metrics
+carry `real_tokens` beside `tokens` (every position of the rows), so the log shows the real share.
+"""
+
+from __future__ import annotations
+
+import os
+
+import datasets
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from zoo.data import chat, corpus, packing, zoo_commands
+from zoo.data.store import doc_hash, val_documents
+from zoo.data.tokenizers import get_tokenizer
+from zoo.errors import ZooDataError
+from zoo.infer.sample import generate
+from zoo.models.gpt import output_embedding
+from zoo.nn import losses
+from zoo.tasks.base import Data
+from zoo.tasks.lm import LmTask
+
+
+def template_of(dcfg) -> str:
+    """The chat template of a run: data.chat_template's file, else the tokenizer's own, else the default."""
+    if dcfg.chat_template:
+        path = os.path.expanduser(dcfg.chat_template)
+        if not os.path.isfile(path):
+            raise ZooDataError(f"data.chat_template={dcfg.chat_template!r}: no such file (a .jinja chat template)")
+        with open(path, encoding="utf-8") as f:
+            return chat.ChatTemplate(f.read(), path)
+    return chat.template_for(dcfg.tokenizer)
+
+
+def load_rows(dcfg):
+    """(the source as a Dataset, its kind: "messages" or "prompt"), its columns checked."""
+    if dcfg.source == zoo_commands.NAME:
+        ds = datasets.Dataset.from_dict({dcfg.messages_column: zoo_commands.conversations()})
+    elif dcfg.source.startswith("hub:"):
+        ds = corpus.load_hub(dcfg)
+    else:
+        ds = corpus.load_local(dcfg)
+    if dcfg.messages_column in ds.column_names:
+        return ds, "messages"
+    if dcfg.prompt_column in ds.column_names and dcfg.completion_column in ds.column_names:
+        return ds, "prompt"
+    raise ZooDataError(f"data.source={dcfg.source!r} has neither a data.messages_column={dcfg.messages_column!r} "
+                       f"column (conversations) nor data.prompt_column={dcfg.prompt_column!r} + "
+                       f"data.completion_column={dcfg.completion_column!r}; columns: {', '.join(ds.column_names)}")
+
+
+def encode_rows(dcfg, tokenizer, template: str):
+    """(examples as (ids, mask) pairs, the text each was rendered from, counts of what was cut or dropped)."""
+    ds, kind = load_rows(dcfg)
+    variables = chat.specials(tokenizer, dcfg.tokenizer)
+    out, keys = [], []
+    counts = {"rows": len(ds), "truncated": 0, "too_long": 0, "no_answer": 0}
+    limit = dcfg.seq_len + 1
+    for i, row in enumerate(ds):
+        if kind == "messages":
+            messages = row[dcfg.messages_column]
+            chat.check_messages(messages, f"row {i} of data.messages_column={dcfg.messages_column!r}")
+            ids, mask = chat.encode_conversation(tokenizer, template, messages, variables,
+                                                 train_on_prompt=dcfg.train_on_prompt)
+        else:
+            ids, mask = chat.encode_prompt_completion(tokenizer, template, row[dcfg.prompt_column],
+                                                      row[dcfg.completion_column], variables,
+                                                      train_on_prompt=dcfg.train_on_prompt)
+        if len(ids) > limit:
+            if dcfg.truncation == "drop":
+                counts["too_long"] += 1
+                continue
+            counts["truncated"] += 1
+            ids, mask = ids[:limit], mask[:limit]
+        if len(ids) < 2 or not any(mask[1:]):  # no target is the assistant's: nothing to learn from it
+            counts["no_answer"] += 1
+            continue
+        out.append((np.asarray(ids, np.int32), np.asarray(mask, bool)))
+        keys.append(repr(ids))
+    return out, keys, counts
+
+
+def to_examples(pairs) -> packing.Examples:
+    """Inputs, targets and loss weights (on the targets) of (ids, mask) pairs."""
+    return packing.Examples([ids[:-1] for ids, _ in pairs], [ids[1:] for ids, _ in pairs],
+                            [mask[1:].astype(np.float32) for _, mask in pairs])
+
+
+def report(dcfg, counts: dict, n_train: int, n_val: int, train: packing.Examples, plan: list) -> str:
+    cut = []
+    if counts["truncated"]:
+        cut.append(f"{counts['truncated']} truncated to data.seq_len + 1 = {dcfg.seq_len + 1} tokens")
+    if counts["too_long"]:
+        cut.append(f"{counts['too_long']} dropped as longer than {dcfg.seq_len + 1} tokens (data.truncation=drop)")
+    if counts["no_answer"]:
+        cut.append(f"{counts['no_answer']} dropped with no assistant token (left)")
+    layout = (f"packed into {len(plan)} rows" if dcfg.packing else f"one per row, {len(plan)} rows") + \
+        f" of {dcfg.seq_len}, {packing.real_fraction(train, plan, dcfg.seq_len):.0%} real tokens"
+    return (f"data: {counts['rows']} examples from {dcfg.source}: {n_train} train, {n_val} validation"
+            + (f"; {'; '.join(cut)}" if cut else "") + f"; train {layout}")
+
+
+def exact_answers(segment_ids_BT, answer_BT, ok_BT) -> dict:
+    """{"answers": examples with answer tokens, "exact": those whose answer tokens are all `ok`}, per
+    (row, segment) of packed rows."""
+    B, T = segment_ids_BT.shape
+    ids = (jnp.arange(B)[:, None] * (T + 1) + segment_ids_BT).reshape(-1)
+    has = jax.ops.segment_max(answer_BT.reshape(-1).astype(jnp.int32), ids, num_segments=B * (T + 1))
+    wrong = jax.ops.segment_max((answer_BT & ~ok_BT).reshape(-1).astype(jnp.int32), ids, num_segments=B * (T + 1))
+    has, wrong = jnp.maximum(has, 0), jnp.maximum(wrong, 0)
+    return {"answers": jnp.sum(has).astype(jnp.float32), "exact": jnp.sum(has * (1 - wrong)).astype(jnp.float32)}
+
+
+class SftTask(LmTask):
+    """The causal LM of gpt_lm on packed chat rows: loss on the weighted (assistant) targets only."""
+
+    name = "sft"
+
+    def loss(self, params, batch, rng, train):
+        h_BTD = self.model.apply({"params": params}, batch["inputs"], deterministic=not train, hidden=True,
+                                 positions_BT=batch["positions"], segment_ids_BT=batch["segment_ids"],
+                                 rngs={"dropout": rng})
+        loss_sum, correct = losses.linear_cross_entropy(
+            h_BTD, output_embedding(self.cfg.model, params), batch["targets"], batch["weights"],
+            label_smoothing=self.cfg.train.label_smoothing if train else 0.0)
+        B, T = batch["inputs"].shape
+        aux = {"weight": jnp.sum(batch["weights"]), "correct": correct, "tokens": jnp.asarray(B * T, jnp.float32),
+               "real_tokens": jnp.sum(batch["segment_ids"] > 0).astype(jnp.float32)}
+        if not train:  # an answer greedy decoding reproduces exactly: all its (teacher-forced) tokens correct
+            ok_BT = losses.token_correct(h_BTD, output_embedding(self.cfg.model, params), batch["targets"])
+            aux.update(exact_answers(batch["segment_ids"], batch["weights"] > 0, ok_BT))
+        return loss_sum, aux
+
+    def eval_metrics(self, totals: dict) -> dict:
+        return {"eval_exact_match": totals.get("exact", 0.0) / max(totals.get("answers", 0.0), 1.0)}
+
+    def make_data(self, cfg, process_index: int, process_count: int) -> Data:
+        d = cfg.data
+        tokenizer = get_tokenizer(d.tokenizer)
+        if tokenizer.n_vocab > cfg.model.vocab_size:
+            raise ZooDataError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of "
+                               f"data.tokenizer={d.tokenizer!r} ({tokenizer.n_vocab})")
+        template = template_of(d)
+        pairs, keys, counts = encode_rows(d, tokenizer, template)
+        if len(pairs) < 2:
+            raise ZooDataError(f"data.source={d.source!r} leaves {len(pairs)} example with assistant tokens; "
+                               f"a train/validation split needs 2")
+        is_val = val_documents(np.asarray([doc_hash(k) for k in keys]), d.val_fraction)
+        train = to_examples([p for p, v in zip(pairs, is_val) if not v])
+        val = to_examples([p for p, v in zip(pairs, is_val) if v])
+        layout = (lambda ex: packing.first_fit_decreasing(ex.lengths, d.seq_len)) if d.packing else \
+            (lambda ex: packing.one_per_row(len(ex)))
+        plan, val_plan = layout(train), layout(val)
+        if process_index == 0:
+            print(report(d, counts, len(train), len(val), train, plan), flush=True)
+        B = cfg.train.batch_size
+        return Data(train=packing.PackedBatches(train, plan, d.seq_len, B, cfg.train.seed, process_index,
+                                                process_count),
+                    eval=packing.eval_batches(val, val_plan, d.seq_len, B, cfg.train.eval_batches, process_index,
+                                              process_count),
+                    tokenizer=tokenizer, files={"chat_template.jinja": template})
+
+    def sample(self, params, tokenizer, prompt: str, max_new_tokens: int) -> str:
+        """An answer to `prompt` as a user turn, in the run's chat format (temperature 0.8, top-k 40, seed 0)."""
+        d = self.cfg.data
+        text = chat.render(template_of(d), [{"role": "user", "content": prompt}], add_generation_prompt=True,
+                           variables=chat.specials(tokenizer, d.tokenizer))
+        ids, _ = tokenizer.encode_with_offsets(text)
+        out = generate(self.model, params, ids, max_new_tokens, temperature=0.8, top_k=40, seed=0,
+                       eos_id=tokenizer.eot_token,
+                       vocab_limit=tokenizer.n_vocab, window=self.model.cfg.max_len)[0]
+        return tokenizer.decode(out)
