@@ -31,8 +31,13 @@ def files(tmp):
     (tmp / "full" / "keep.txt").write_text("")
     (tmp / "hf").mkdir()
     (tmp / "hf" / "config.json").write_text("{not json")
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    (tmp / "chats.jsonl").write_text("".join(json.dumps({"messages": chat}) + "\n" for _ in range(4)))
+    (tmp / "bad_chats.jsonl").write_text("".join(json.dumps({"messages": "hello"}) + "\n" for _ in range(4)))
+    (tmp / "raising.jinja").write_text("{{ raise_exception('no chat here') }}")
     return {"syntax": tmp / "syntax.py", "notes": tmp / "notes.txt", "a_dir": tmp / "a_dir",
-            "a_file": tmp / "a_file", "full": tmp / "full", "hf": tmp / "hf", "new": tmp / "new"}
+            "a_file": tmp / "a_file", "full": tmp / "full", "hf": tmp / "hf", "new": tmp / "new",
+            "chats": tmp / "chats.jsonl", "bad_chats": tmp / "bad_chats.jsonl", "raising": tmp / "raising.jinja"}
 
 
 TRAIN = ["configs/gpt_tiny.py", "--workdir", "{new}"]
@@ -56,6 +61,17 @@ ROWS = [  # (command, arguments, fragment of the error line)
      "changes the optimizer state's layout (optim.clip_norm turned on or off)"),
     ("train", ["--resume", "{run}", "--set", "train.steps=1"], "is at step 2 and train.steps=1: nothing to train"),
     ("train", ["--resume", "{run}"], "is at step 2 and train.steps=2: nothing to train"),
+    ("train", [*TRAIN, "--set", "model.lora_rank=-1"], "model.lora_rank=-1 must be >= 0"),
+    ("train", [*TRAIN, "--set", "model.lora_rank=4"], "model.lora_rank freezes a base model"),
+    ("train", ["--init-from", "{run}", "--workdir", "{new}", "--set", "model.lora_rank=4", "--set",
+               "model.lora_targets=nosuch"], "model.lora_targets='nosuch' matches no layer of this model; layers:"),
+    ("train", ["--init-from", "{run}", "--workdir", "{new}", "--set", "train.trainable=nosuch"],
+     "train.trainable='nosuch' matches no parameter"),
+    ("train", [*TRAIN, "--set", "train.trainable=("], "train.trainable='(' is not a regular expression"),
+    ("train", [*TRAIN, "--set", "task=sft", "--set", "data.source={bad_chats}"],
+     "row 0 of data.messages_column='messages'"),
+    ("train", [*TRAIN, "--set", "task=sft", "--set", "data.source={chats}", "--set", "data.chat_template={raising}"],
+     "the chat template ({raising}) failed: TemplateError: no chat here"),
     ("sample", ["{run}", "--max-new-tokens", "-1"], "max-new-tokens=-1"),
     ("sample", ["{run}", "--max-new-tokens", "0"], "max-new-tokens=0"),
     ("sample", ["{run}", "--num-samples", "0"], "num-samples=0"),
