@@ -7,7 +7,8 @@ config's docstring (its "Expect ..." paragraph) and the README's table of config
 Figures in the docs are therefore never typed by hand: wall time, first and last training loss, the
 final evaluation metrics and throughput of one fresh run on this machine, with its date; for a
 character-level config, the eval loss in bits per character; for a config in SAMPLED, the sample the
-run prints at its end, quoted in the docstring's "Sample" paragraph.
+run prints at its end, quoted in the docstring's "Sample" paragraph; for a chat config in CHAT_PROBES,
+the answers of its base and of the fine-tuned run to the same questions ("Answers", and the README).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 
 # The configs that run on a CPU in minutes, in the order their dependencies need (cls fine-tunes mlm).
 CPU_CONFIGS = ("gpt_tiny", "llama_tiny", "bert_tiny_mlm", "bert_tiny_cls", "encdec_tiny", "minilm_cls",
-               "shakespeare_char")
+               "shakespeare_char", "smollm2_chat_lora")
 DEPENDS = {"bert_tiny_cls": ("bert_tiny_mlm", "init_from")}  # config -> (run it starts from, the key)
 EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_macro_f1", "eval_exact_match", "eval_bleu")
 # What the trained run answers to the config's documented example, quoted in the docstring too.
@@ -37,6 +38,15 @@ CHARACTER_LEVEL = ("shakespeare_char",)
 SAMPLED = ("shakespeare_char",)  # configs whose docstring quotes the sample their run prints at its end
 SAMPLE_HEADER = "sample (temperature 0.8, top-k 40):"  # the line zoo.cli.train prints before it
 SAMPLE_PARAGRAPH = "Sample (that run's, as train.py prints it at the end: temperature 0.8, top-k 40):"
+# Chat runs: questions answered by the base (WORKDIR/base) and by the fine-tuned run, quoted in the docstring's
+# "Answers" paragraph and in the README between <!-- answers:NAME --> and <!-- /answers -->. For
+# smollm2_chat_lora: two phrasings of trained facts that no training conversation uses, two questions
+# unlike any it trained on.
+CHAT_PROBES = {"smollm2_chat_lora": ("How can I draw the attention heads of a model with zoo?",
+                                     "What would I type to pick up a training run where it stopped?",
+                                     "What is the capital of France?",
+                                     "Name three primary colors.")}
+ANSWERS_PARAGRAPH = "Answers (that run's, greedy: zoo-sample RUN --chat --temperature 0), before -> after:"
 
 
 def run(name: str, workdir: str, extra: list[str]) -> dict:
@@ -64,6 +74,41 @@ def probe(name: str, workdir: str) -> str | None:
         raise RuntimeError(f"{module} on {name} failed: {out.stderr.strip().splitlines()[-1:]}")
     answers = next(line for line in out.stdout.splitlines() if line.startswith("[MASK] 1: "))
     return f"zoo-fill-mask answers {answers[len('[MASK] 1: '):].replace('  ', ', ')} for '{args[1]}'"
+
+
+def chat_answer(workdir: str, question: str) -> str:
+    """The run's greedy chat answer to `question`, on one line."""
+    out = subprocess.run([sys.executable, "-m", "zoo.cli.sample", workdir, "--chat", "--prompt", question,
+                          "--temperature", "0", "--max-new-tokens", "48"], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+    if out.returncode:
+        raise RuntimeError(f"zoo-sample on {workdir} failed: {out.stderr.strip().splitlines()[-1:]}")
+    return " ".join(out.stdout.split())
+
+
+def chat_answers(name: str, workdir: str) -> list[str] | None:
+    """Lines quoting, for each of the config's CHAT_PROBES, the base's answer and the run's."""
+    if name not in CHAT_PROBES:
+        return None
+    lines = []
+    for q in CHAT_PROBES[name]:
+        lines += [f"Q: {q}", f"   before: {chat_answer(os.path.join(workdir, 'base'), q)}",
+                  f"   after:  {chat_answer(workdir, q)}"]
+    return lines
+
+
+def rewrite_answers(config_file: str, readme: str, name: str, lines: list[str]) -> None:
+    """The docstring's Answers paragraph (at its end) and the README's answers block of `name`."""
+    rewrite_block(config_file, ANSWERS_PARAGRAPH, "\n".join(lines))
+    with open(readme) as f:
+        text = f.read()
+    start, end = f"<!-- answers:{name} -->", "<!-- /answers -->"
+    if start in text:
+        head, rest = text.split(start, 1)
+        tail = rest.split(end, 1)[1]
+        text = head + start + "\n```\n" + "\n".join(lines) + "\n```\n" + end + tail
+        with open(readme, "w") as f:
+            f.write(text)
 
 
 def run_sample(stdout: str) -> str | None:
@@ -119,14 +164,20 @@ def rewrite_docstring(path: str, text: str) -> None:
 def rewrite_sample(path: str, sample: str) -> None:
     """Replace the docstring's "Sample" paragraph and the indented sample under it (the docstring's
     end) by `sample`, or add them at its end."""
+    rewrite_block(path, SAMPLE_PARAGRAPH, sample)
+
+
+def rewrite_block(path: str, header: str, text: str) -> None:
+    """Replace the docstring's paragraph `header` and the indented text under it (the docstring's end) by
+    `text`, or add them at its end."""
     with open(path) as f:
         src = f.read()
     end = src.index('"""', 3)
     doc, rest = src[:end], src[end:]
     # Quoted verbatim, indented; nothing in it may end the docstring or start an escape.
-    lines = sample.rstrip().replace(chr(34) * 3, chr(39) * 3).replace(chr(92), "/").split("\n")
-    block = SAMPLE_PARAGRAPH + "\n\n" + "\n".join(("    " + line).rstrip() for line in lines) + "\n"
-    start = doc.find("\n" + SAMPLE_PARAGRAPH)
+    lines = text.rstrip().replace(chr(34) * 3, chr(39) * 3).replace(chr(92), "/").split("\n")
+    block = header + "\n\n" + "\n".join(("    " + line).rstrip() for line in lines) + "\n"
+    start = doc.find("\n" + header)
     doc = (doc[:start] if start >= 0 else doc).rstrip("\n") + "\n\n" + block
     with open(path, "w") as f:
         f.write(doc + rest)
@@ -174,6 +225,10 @@ def main(argv=None) -> int:
         if sample:
             print(sample, flush=True)
             rewrite_sample(config_file, sample)
+        answers = chat_answers(name, done[name])
+        if answers:
+            print("\n".join(answers), flush=True)
+            rewrite_answers(config_file, os.path.join(a.root, "README.md"), name, answers)
         m, sec = divmod(round(s["wall"]), 60)
         cell = f"CPU, {m}m{sec:02d}s; " + ", ".join(evals(s, ".3g", ".2f"))
         rewrite_readme(os.path.join(a.root, "README.md"), name, cell)

