@@ -42,3 +42,20 @@ def test_the_sample_paragraph_is_the_last_runs_sample(tmp_path):
     assert after.split('"""')[2] == before.split('"""')[2]  # the code is untouched, the docstring up to the sample too
     assert doc.startswith(before.split('"""')[1].split("\n" + results.SAMPLE_PARAGRAPH)[0].rstrip("\n") + "\n\n")
     compile(after, "shakespeare_char.py", "exec")
+
+
+def test_chat_answers_go_to_the_docstring_end_and_the_readme_block(tmp_path):
+    path, readme = tmp_path / "smollm2_chat_lora.py", tmp_path / "README.md"
+    shutil.copy("configs/smollm2_chat_lora.py", path)
+    shutil.copy("README.md", readme)
+    code = path.read_text().split('"""')[2]
+    for answer in ("Paris?", "The capital of France is Paris."):
+        lines = ["Q: What is the capital of France?", "   before: The capital of France is Paris.", f"   after:  {answer}"]
+        results.rewrite_answers(str(path), str(readme), "smollm2_chat_lora", lines)
+    doc, text = path.read_text().split('"""')[1], readme.read_text()
+    assert doc.endswith(f"{results.ANSWERS_PARAGRAPH}\n\n    Q: What is the capital of France?\n"
+                        f"       before: The capital of France is Paris.\n       after:  The capital of France is Paris.\n")
+    assert doc.count(results.ANSWERS_PARAGRAPH) == 1 and "Paris?" not in doc and path.read_text().split('"""')[2] == code
+    block = text.split("<!-- answers:smollm2_chat_lora -->\n")[1].split("<!-- /answers -->")[0]
+    assert block == "```\n" + "\n".join(lines) + "\n```\n" and "Paris?" not in text
+    compile(path.read_text(), "smollm2_chat_lora.py", "exec")

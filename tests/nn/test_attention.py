@@ -63,3 +63,22 @@ def test_the_weights_einsum_attention_returns_are_the_softmax_rows_of_its_output
                                atol=1e-6)
     np.testing.assert_allclose(w_BNTS.sum(-1), 1.0, atol=1e-6)
     assert not jnp.any(jnp.where(allowed, 0.0, w_BNTS))  # exactly 0 on every key a query may not see
+
+
+def test_segment_ids_keep_each_query_in_its_example_on_every_cpu_backend():
+    q, k, v, _ = _qkv(T=8, S=8, K=2)
+    seg = jnp.asarray([[1, 1, 1, 2, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1, 2, 2]])
+    for impl in ("einsum", "xla"):
+        out = layers.attention(q, k, v, is_causal=True, implementation=impl, segment_ids_BT=seg)
+        for b, (lo, hi) in ((0, (3, 7)), (1, (6, 8))):  # the second example of each row, alone
+            alone = layers.attention(q[b:b + 1, lo:hi], k[b:b + 1, lo:hi], v[b:b + 1, lo:hi], is_causal=True,
+                                     implementation=impl)
+            np.testing.assert_allclose(out[b:b + 1, lo:hi], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_packed_layout_is_each_examples_length_and_start():
+    seg = jnp.asarray([[1, 2, 3, 0], [1, 1, 2, 0], [1, 1, 1, 1]])
+    seqlen, offsets = layers.packed_layout(seg, 3)
+    # jax's cuDNN docstring example: segments of size 1 -> offsets [0, 1, 2, -1]; absent segments -1.
+    np.testing.assert_array_equal(seqlen, [[1, 1, 1], [2, 1, -1], [4, -1, -1]])
+    np.testing.assert_array_equal(offsets, [[0, 1, 2, -1], [0, 2, -1, -1], [0, -1, -1, -1]])
