@@ -15,7 +15,7 @@ from conftest import replace
 from tests.helpers import tiny_configs
 from tests.helpers.runs import losses, run
 from zoo import tasks
-from zoo.errors import ConfigError
+from zoo.errors import CheckpointError, ConfigError
 from zoo.nn import lora, quant
 from zoo.train import checkpoint, freeze, trainer
 
@@ -160,3 +160,19 @@ def test_adapters_need_a_base_and_a_positive_rank(cache_dir):
         replace(cfg, model=dict(lora_rank=-1))
     with pytest.raises(ConfigError, match=r"model.quantize_base='nf4' .* set model.lora_rank > 0"):
         replace(cfg, model=dict(quantize_base="nf4"))
+
+
+def test_a_lora_run_reads_the_base_step_it_trained_on(cache_dir, tmp_path):
+    cfg = replace(tiny_configs.gpt_lm(cache_dir), model=dict(dropout=0.0), train=dict(steps=2, save_every=2, keep=2))
+    one = dict(devices=jax.devices()[:1])
+    run(cfg, tmp_path / "base", **one)
+    lcfg = replace(dataclasses.replace(cfg, init_from=str(tmp_path / "base")), model=dict(lora_rank=2),
+                   optim=dict(lr=1e-2))
+    run(lcfg, tmp_path / "lora", **one)
+    before = checkpoint.load_params_of(str(tmp_path / "lora"), lcfg)
+    run(replace(cfg, train=dict(steps=4)), tmp_path / "base", resume=True, **one)  # the base trains on: step 4
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(checkpoint.load_params_of(str(tmp_path / "lora"), lcfg))):
+        np.testing.assert_array_equal(a, b)
+    run(replace(cfg, train=dict(steps=8, keep=1)), tmp_path / "base", resume=True, **one)  # step 2 rotates out
+    with pytest.raises(CheckpointError, match=r"trained on step 2 of its base, .* no longer holds it \(steps: 8\)"):
+        checkpoint.load_params_of(str(tmp_path / "lora"), lcfg)

@@ -259,16 +259,39 @@ def load_trained(workdir: str, cfg: Config, sharding=None, step: int | None = No
                                              abstract), step), trainable
 
 
+BASE_FILE = "base.json"  # beside a run that trained part of its model: the init_from run and step it froze
+
+
+def write_base(workdir: str, init_from: str, step: int) -> None:
+    with open(os.path.join(workdir, BASE_FILE), "w") as f:
+        json.dump({"init_from": os.path.abspath(init_from), "step": int(step)}, f)
+
+
+def base_step(workdir: str, init_from: str) -> int | None:
+    """The step of `init_from` a partly trained run froze (base.json), or None (a run from before it)."""
+    path = os.path.join(workdir, BASE_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        step = json.load(f)["step"]
+    if step not in all_steps(init_from):
+        raise CheckpointError(f"{workdir!r} trained on step {step} of its base, init_from={init_from!r}, which no "
+                              f"longer holds it (steps: {', '.join(map(str, all_steps(init_from))) or 'none'})")
+    return step
+
+
 def load_params_of(workdir: str, cfg: Config, sharding=None, step: int | None = None):
     """The params of run `workdir` (config `cfg`) laid out with `sharding` (default: the first device), as its
     plain model takes them: a run that trained only part of its model (LoRA, train.trainable) is joined with
-    the frozen rest from its init_from run, and LoRA adapters are merged into their kernels."""
+    the frozen rest from its init_from run (the step it trained on, base.json), and LoRA adapters are merged
+    into their kernels."""
     trained, trainable = load_trained(workdir, cfg, sharding, step)
     if trainable is not None:
         if not os.path.isdir(ckpt_dir(cfg.init_from)):
             raise CheckpointError(f"{workdir!r} holds only what it trained; its base, init_from={cfg.init_from!r}, "
                                   f"has no checkpoints any more")
-        base = freeze.flat(load_params_of(cfg.init_from, load_config(cfg.init_from), sharding))
+        base = freeze.flat(load_params_of(cfg.init_from, load_config(cfg.init_from), sharding,
+                                          base_step(workdir, cfg.init_from)))
         frozen = {k: base[k] for k in freeze.flat(freeze.split(
             nn.unbox(jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))), trainable)[1])}
         trained = freeze.join(trained, freeze.unflat(frozen))

@@ -115,19 +115,27 @@ def evaluate(eval_fn, params, batches, mesh, extra=None, perplexity: bool = True
     return metrics
 
 
-def _base_params(s: Setup, source: str) -> dict:
-    """path -> array (host) of the params of run `source` (a LoRA run's merged into its plain model's)."""
+def _base_params(s: Setup, source: str, step: int | None = None) -> tuple[int, dict]:
+    """(the step read, path -> array on the host) of the params of run `source` (a LoRA run's merged into its
+    plain model's): the newest step that restores, or `step`."""
     other = checkpoint.load_config(source)
     if other.model.family != s.cfg.model.family:
         raise ConfigError(f"init_from={source!r} holds a {other.model.family} model; this config trains "
                           f"a {s.cfg.model.family} model")
-    return freeze.flat(jax.device_get(checkpoint.load_params_of(source, other, sharding.replicated(s.mesh))))
+    load = lambda st: freeze.flat(jax.device_get(checkpoint.load_params_of(  # noqa: E731
+        source, other, sharding.replicated(s.mesh), step=st)))
+    return (step, load(step)) if step is not None else checkpoint.first_restorable(source, load)
 
 
 def init_from(s: Setup, state: TrainState, source: str) -> TrainState:
     """Copy every param of run `source` whose path and shape match this model's; the rest stay fresh (a
     new head, LoRA adapters). The frozen part (when not everything trains) comes from `source` whole."""
-    theirs = _base_params(s, source)
+    return start_from(s, state, source)[0]
+
+
+def start_from(s: Setup, state: TrainState, source: str) -> tuple[TrainState, int]:
+    """init_from, and the step of `source` it read."""
+    base_step, theirs = _base_params(s, source)
     copied = []
 
     def pick(path, mine):
@@ -142,7 +150,7 @@ def init_from(s: Setup, state: TrainState, source: str) -> TrainState:
     params = jax.tree_util.tree_map_with_path(pick, state.params)
     if not copied and not state.frozen:
         raise ConfigError(f"init_from={source!r}: no parameter matches this model")
-    return state.replace(params=params, frozen=_frozen(s, state.params, theirs))
+    return state.replace(params=params, frozen=_frozen(s, state.params, theirs)), base_step
 
 
 def _frozen(s: Setup, params, theirs: dict):
@@ -161,11 +169,13 @@ def _frozen(s: Setup, params, theirs: dict):
     return jax.device_put(frozen, s.state_shardings.frozen)
 
 
-def load_frozen(s: Setup, state: TrainState) -> TrainState:
-    """A restored state's frozen half, read again from its init_from run (checkpoints hold what trains)."""
+def load_frozen(s: Setup, state: TrainState, workdir: str) -> TrainState:
+    """A restored state's frozen half, read again from its init_from run at the step the run started from
+    (checkpoints hold what trains)."""
     if s.trainable is None:
         return state
-    return state.replace(frozen=_frozen(s, state.params, _base_params(s, s.cfg.init_from)))
+    step = checkpoint.base_step(workdir, s.cfg.init_from)
+    return state.replace(frozen=_frozen(s, state.params, _base_params(s, s.cfg.init_from, step)[1]))
 
 
 class _Stopper:
@@ -263,14 +273,14 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
             s = setup(cfg, devices)
             if resume:
                 start, state = checkpoint.restore_latest(path, s.abstract_state)
-                state = load_frozen(s, state)
+                state = load_frozen(s, state, path)
                 if start >= cfg.train.steps:
                     raise TrainError(f"the run in {path!r} is at step {start} and train.steps={cfg.train.steps}: "
                                      f"nothing to train; continue it with --set train.steps=N for some N > {start}")
             else:
                 state = s.init_state(jax.random.PRNGKey(cfg.train.seed))
                 if cfg.init_from:
-                    state = init_from(s, state, cfg.init_from)
+                    state, base_step = start_from(s, state, cfg.init_from)
             data = s.task.make_data(cfg, jax.process_index(), jax.process_count())
         except BaseException:
             if created:  # a config, data or restore error: no empty workdir left behind
@@ -280,6 +290,8 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
         if main:
             with open(os.path.join(path, "config.json"), "w") as f:
                 f.write(cfg.to_json())
+            if s.trainable is not None and not resume:  # what the frozen half is: readers load the same step
+                checkpoint.write_base(path, cfg.init_from, base_step)
             for name, text in data.files.items():  # what the task keeps beside the run, e.g. labels.json
                 with open(os.path.join(path, name), "w") as f:
                     f.write(text)
