@@ -3,6 +3,8 @@
     zoo-convert from-hf PATH_OR_HUB_ID runs/base    # config.json + model.safetensors (or .bin) -> zoo run
     zoo-convert from-gguf model.Q4_1.gguf runs/base  # a llama.cpp GGUF file, dequantised -> zoo run
     zoo-convert to-hf runs/finetuned out/            # -> config.json + model.safetensors + tokenizer files
+    zoo-convert to-hf runs/lora out/ --adapter       # a LoRA run's adapters -> a PEFT adapter directory
+    zoo-convert from-hf adapter/ runs/lora [--base BASE]  # a PEFT LoRA adapter -> a zoo LoRA run on BASE
 """
 
 from __future__ import annotations
@@ -17,8 +19,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="zoo-convert", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("from-hf", help="a Hugging Face checkpoint (directory or hub id) -> a zoo run directory")
-    a.add_argument("source", help="a directory with config.json and *.safetensors (or pytorch_model.bin), or a hub id")
+    a.add_argument("source", help="a directory with config.json and *.safetensors (or pytorch_model.bin), a hub id, "
+                                  "or a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors)")
     a.add_argument("run_dir", help="the new zoo run directory (must not hold checkpoints)")
+    a.add_argument("--base", help="for a PEFT adapter directory: its base, a zoo run or a Hugging Face directory "
+                                  "(converted into RUN_DIR/base); default: adapter_config.json's "
+                                  "base_model_name_or_path")
     g = sub.add_parser("from-gguf", help="a GGUF file (llama.cpp; quantised or not) -> a zoo run directory, "
                                          "dequantised through transformers (needs the test extras)")
     g.add_argument("source", help="the .gguf file")
@@ -26,16 +32,19 @@ def main(argv=None) -> int:
     b = sub.add_parser("to-hf", help="a zoo run directory -> a directory transformers loads")
     b.add_argument("run_dir", help="a zoo run directory (its latest checkpoint is exported)")
     b.add_argument("out_dir", help="the directory to write config.json, model.safetensors and tokenizer files to")
+    b.add_argument("--adapter", action="store_true",
+                   help="a LoRA run's adapters alone, as a PEFT adapter (adapter_config.json + "
+                        "adapter_model.safetensors) for its base; without it, a LoRA run exports merged")
     args = ap.parse_args(argv)
     from zoo import hf
     try:
         if args.cmd == "from-hf":
-            hf.from_hf(args.source, args.run_dir)
+            hf.from_hf(args.source, args.run_dir, base=args.base)
         elif args.cmd == "from-gguf":
             from zoo.hf.gguf import from_gguf
             from_gguf(args.source, args.run_dir)
         else:
-            hf.to_hf(args.run_dir, args.out_dir)
+            hf.to_hf(args.run_dir, args.out_dir, adapter=args.adapter)
     except BAD_INPUT as e:
         return error(e)
     return 0

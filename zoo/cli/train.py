@@ -5,8 +5,11 @@
     train.py --resume DIR [--set key=value ...]
 
 --init-from fine-tunes a checkpoint without a config file of its own: the model config, tokenizer and
-task come from the checkpoint (a zoo run, or a Hugging Face directory or GGUF file, converted first into
-WORKDIR/base); data, optim, train and mesh from CONFIG if given, else from the checkpoint's run. A
+task come from the checkpoint (a zoo run, or a Hugging Face directory, GGUF file or PEFT LoRA adapter
+directory, converted first into WORKDIR/base); data, optim, train and mesh from CONFIG if given, else from
+the checkpoint's run. An adapter becomes a zoo LoRA run on its base (zoo.hf.peft; a Hugging Face base is
+converted into WORKDIR/base/base), so fine-tuning starts from the base with the adapter merged and trains
+fresh adapters of the adapter's rank and targets (--set model.lora_rank=0: every weight). A
 bare BERT encoder trains as bert_mlm, or as bert_cls when --set names data.label_column,
 data.text_pair_column or data.label_names; --set task=... picks any task of the model's family.
 """
@@ -68,17 +71,21 @@ def is_gguf(path: str) -> bool:
 
 
 def base_run(src: str, workdir: str, dry: bool = False):
-    """(config, run directory) of an init_from source: a zoo run as it is; a Hugging Face directory or a GGUF
-    file converted into WORKDIR/base (dry: nothing written, for --print-config; a GGUF file is converted
-    into a temporary directory)."""
+    """(config, run directory) of an init_from source: a zoo run as it is; a Hugging Face directory, a GGUF
+    file or a PEFT LoRA adapter directory (adapter_config.json, no config.json: a zoo LoRA run whose merged
+    weights fine-tuning starts from) converted into WORKDIR/base (dry: nothing written, for --print-config;
+    a GGUF file is converted into a temporary directory)."""
     from zoo.errors import ConfigError
+    from zoo.hf import peft
     from zoo.train import checkpoint
-    gguf = is_gguf(src)
-    if not (gguf or is_hf_dir(src)):
+    gguf, adapter = is_gguf(src), peft.is_adapter_dir(src)
+    if not (gguf or adapter or is_hf_dir(src)):
         return checkpoint.load_config(src), src
     from zoo import hf
     from zoo.hf.gguf import from_gguf
     base = os.path.join(workdir, "base")
+    if dry and adapter:
+        return peft.from_peft(src, base, dry=True)["config"], base
     if dry and gguf:
         import tempfile
         with tempfile.TemporaryDirectory(prefix="zoo-print-config-") as tmp:
