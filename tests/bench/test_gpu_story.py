@@ -20,6 +20,9 @@ def test_the_gpu_set_holds_exactly_the_gpu_story():
     got = [(s["workload"], s["name"], s["batch"], s["seq_len"]) for s in specs]
     assert got == [("gpt_train", "gpt2_small-T1024-B16", 16, 1024), ("gpt_train", "gpt2_small-T1024-B32", 32, 1024),
                    ("llama_train", "smollm2_135m-T1024-B16", 16, 1024),
+                   ("lora_train", "smollm2_135m-r16-T1024-B16", 16, 1024),
+                   ("sft_train", "llama_tiny-packed-T512-B16", 16, 512),
+                   ("sft_train", "llama_tiny-padded-T512-B16", 16, 512),
                    ("bert_mlm", "bert_base-T128-B64", 64, 128), ("bert_mlm", "bert_base-T512-B16", 16, 512),
                    ("encdec_train", "t5_small-S512-T128-B16", 16, 512),
                    ("generate", "gpt2_small-P32-N128-B1", 1, 160), ("generate", "gpt2_small-P32-N128-B8", 8, 160),
@@ -45,13 +48,13 @@ def test_one_call_runs_every_gpu_shape_beside_both_peers(monkeypatch, tmp_path, 
     argv = ["--shapes", "gpu", "--peer", "hf-torch,hf-torch-compile", "--peer", "hf-torch", "--rounds", "3",
             "--out", str(out), "--profile", str(tmp_path / "prof")]
     assert bench.main(argv) == 0
-    assert [c[1:] for c in calls] == [(["hf-torch", "hf-torch-compile"], 3, str(tmp_path / "prof"))] * 9
+    assert [c[1:] for c in calls] == [(["hf-torch", "hf-torch-compile"], 3, str(tmp_path / "prof"))] * 12
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["peers"]["hf-torch"]["ratio_tokens_per_s"] for r in rows] == [2.0] * 9
+    assert [r["peers"]["hf-torch"]["ratio_tokens_per_s"] for r in rows] == [2.0] * 12
     assert rows[0]["peers"]["hf-torch-compile"]["ratio_tokens_per_s"] == 1.0
     assert "ratio_tokens_per_s" not in rows[0]  # two peers: the ratios are per peer only
     assert rows[0]["card"] == "cpu" and rows[0]["dtype"] == "bfloat16" and rows[0]["zoo"] == "jax / flax"
-    table = capsys.readouterr().out.splitlines()[-11:]
+    table = capsys.readouterr().out.splitlines()[-14:]
     assert table[0].endswith("zoo / hf-torch | zoo / hf-torch-compile") and table[2].endswith("| 2 | 1")
 
 

@@ -131,8 +131,8 @@ def summarise(spec: dict, zoo: tuple, peers: dict | None = None) -> dict:
     zoo's final over the rounds alternated with that peer)}. Each peer's ratios are zoo / peer over the
     rounds they alternated; with a single peer they are also top-level `ratio_*` keys."""
     ready, rounds, final = zoo
-    row = {"workload": spec["workload"], "shape": spec["name"], **{k: ready[k] for k in
-           ("device_kind", "device_count", "compile_s", "peak_flops", "settings") if k in ready}}
+    kept = ("device_kind", "device_count", "compile_s", "peak_flops", "settings", "trainable_params")
+    row = {"workload": spec["workload"], "shape": spec["name"], **{k: ready[k] for k in kept if k in ready}}
     row["card"] = ready.get("device_kind")
     row["dtype"] = ready.get("settings", {}).get("dtype")
     row.update({k: ready[k] for k in ("zoo", "attention_fallbacks") if k in ready})
@@ -164,9 +164,11 @@ def summarise(spec: dict, zoo: tuple, peers: dict | None = None) -> dict:
 
 def table(rows: list[dict]) -> str:
     """A markdown table of the rows: zoo's numbers, then zoo / peer (tokens/s; decode tokens/s for
-    generate) for each peer that ran."""
-    cols = ["workload", "shape", "card", "dtype", "tokens_per_s", "mfu", "step_s_median", "input_wait_frac",
-            "compile_s", "peak_memory_mb", "decode_bound_frac"]
+    generate) for each peer that ran. real_tokens_per_s (sft: the positions that hold a token) where rows
+    have it, so packed and padded rows compare on it; step_memory_mb (XLA's count for the train step), on
+    which full training and LoRA compare."""
+    cols = ["workload", "shape", "card", "dtype", "tokens_per_s", "real_tokens_per_s", "mfu", "step_s_median",
+            "input_wait_frac", "compile_s", "peak_memory_mb", "step_memory_mb", "decode_bound_frac"]
     cols = [c for c in cols if any(c in r for r in rows)]
     peer_names = list(dict.fromkeys(n for r in rows for n in r.get("peers", {})))
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))

@@ -1,8 +1,9 @@
 """The benchmark workloads and their shapes: published sizes (`full`), scaled CPU sizes (`cpu`), and the
 GPU story (`gpu`: GPT-2 124M at T=1024 B=16 and 32, BERT-base at T=128 B=64 and T=512 B=16, T5-small,
 GPT-2 124M generation at batch 1 and 8, and the Llama-architecture SmolLM2-135M beside GPT-2: training at
-T=1024 B=16, generation at batch 8), for one call beside both peers on one H100/H200 that is to stay
-within 8 minutes, compile included: `zoo-bench --shapes gpu --peer hf-torch,hf-torch-compile --rounds 3`
+T=1024 B=16, the same with rank-16 LoRA adapters and its base frozen, generation at batch 8; chat fine-tuning
+of a tiny Llama, packed and padded, zoo alone), for one call beside both peers on one H100/H200 that is to
+stay within 8 minutes, compile included: `zoo-bench --shapes gpu --peer hf-torch,hf-torch-compile --rounds 3`
 (an estimate until measured on a GPU: each row's bench_wall_s says where the time went).
 
 A train workload is a config file plus overrides, so the benchmark times the trainer's own
@@ -11,9 +12,12 @@ setup, sharding, train step and input pipeline; `hf` gives the matching transfor
 
 from __future__ import annotations
 
-WORKLOADS = ("gpt_train", "llama_train", "bert_mlm", "encdec_train", "generate", "llama_generate", "input")
-# input has no peer. llama_*: the Llama architecture (rope, RMSNorm, SwiGLU, GQA) beside GPT-2.
-PEER_WORKLOADS = ("gpt_train", "llama_train", "bert_mlm", "encdec_train", "generate", "llama_generate")
+WORKLOADS = ("gpt_train", "llama_train", "lora_train", "sft_train", "bert_mlm", "encdec_train", "generate",
+             "llama_generate", "input")
+# input and sft_train have no peer. llama_*: the Llama architecture (rope, RMSNorm, SwiGLU, GQA) beside GPT-2.
+# lora_train: llama_train's model and shapes, adapters on every attention and MLP matrix, base frozen.
+# sft_train: chat fine-tuning (task=sft) on zoo's shipped conversations, packed and padded rows.
+PEER_WORKLOADS = ("gpt_train", "llama_train", "lora_train", "bert_mlm", "encdec_train", "generate", "llama_generate")
 PEER_NAMES = ("hf-torch", "hf-torch-compile")  # zoo.bench.torch_peer: transformers, eager or torch.compile
 
 
@@ -35,6 +39,24 @@ def _llama(L, D, N, K, F, V, T, B, theta=10000.0, tie=False, dtype=None):
           "num_key_value_heads": K, "intermediate_size": F, "vocab_size": V, "max_position_embeddings": max(T, 2048),
           "rope_theta": theta, "tie_word_embeddings": tie, "rms_norm_eps": 1e-5}
     return {"config": "configs/llama_tiny.py", "overrides": over, "hf": hf, "batch": B, "seq_len": T, "dtype": dtype}
+
+
+LORA_TARGETS_HF = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # zoo's default
+
+
+def _lora(spec, rank=16, alpha=32.0):
+    """`spec` (a _llama one) fine-tuned with adapters of `rank` on every attention and MLP matrix (zoo's default
+    model.lora_targets; PEFT's names for the peer), the base frozen. zoo's worker writes the base first."""
+    over = spec["overrides"] + [f"model.lora_rank={rank}", f"model.lora_alpha={alpha}"]
+    return {**spec, "overrides": over, "lora": {"rank": rank, "alpha": alpha, "targets": list(LORA_TARGETS_HF)}}
+
+
+def _sft(T, B, packing):
+    """Chat fine-tuning of the llama_tiny model (no init_from) on data.source=zoo_commands, rendered with zoo's
+    default chat template on byte tokens: rows packed (several conversations each) or one per row."""
+    over = ["task=sft", "data.source=zoo_commands", "data.tokenizer=bytes", f"data.packing={packing}",
+            f"model.max_len={max(T, 256)}", f"data.seq_len={T}", f"train.batch_size={B}"]
+    return {"config": "configs/llama_tiny.py", "overrides": over, "batch": B, "seq_len": T, "dtype": None}
 
 
 def _bert(L, D, N, F, V, T, B, dtype=None):
@@ -77,6 +99,14 @@ SHAPES = {
                           for b in (1, 8)],
     ("llama_train", "full"): [("smollm2_135m-T1024-B8", _llama(**SMOLLM2_135M, T=1024, B=8))],
     ("llama_train", "cpu"): [("L4-D256-K2-T256-B8-V8192", _llama(**LLAMA_CPU, T=256, B=8))],
+    ("lora_train", "full"): [("smollm2_135m-r16-T1024-B8", _lora(_llama(**SMOLLM2_135M, T=1024, B=8)))],
+    ("lora_train", "cpu"): [("L4-D256-K2-r16-T256-B8-V8192", _lora(_llama(**LLAMA_CPU, T=256, B=8)))],
+    # zoo_commands' conversations are 58..179 bytes (median 146): at T=512 packing fills 94% of the positions,
+    # one per row 27% (at T=256 the two are 68% and 55%, as at most one long conversation fits beside another)
+    ("sft_train", "full"): [(f"llama_tiny-{name}-T512-B16", _sft(512, 16, packed))
+                            for name, packed in (("packed", True), ("padded", False))],
+    ("sft_train", "cpu"): [(f"llama_tiny-{name}-T512-B8", _sft(512, 8, packed))
+                           for name, packed in (("packed", True), ("padded", False))],
     ("llama_generate", "full"): [(f"smollm2_135m-P32-N128-B{b}",
                                   {**_llama(**SMOLLM2_135M, T=160, B=b), "prompt": 32, "new": 128}) for b in (1, 8)],
     ("llama_generate", "cpu"): [("L4-D256-K2-P32-N128-B8", {**_llama(**LLAMA_CPU, T=160, B=8), "prompt": 32, "new": 128})],
@@ -93,6 +123,8 @@ SHAPES[("input", "cpu")] = SHAPES[("input", "full")]
 SHAPES.update({
     ("gpt_train", "gpu"): [(f"gpt2_small-T1024-B{b}", _gpt(**GPT2_SMALL, T=1024, B=b)) for b in (16, 32)],
     ("llama_train", "gpu"): [("smollm2_135m-T1024-B16", _llama(**SMOLLM2_135M, T=1024, B=16))],
+    ("lora_train", "gpu"): [("smollm2_135m-r16-T1024-B16", _lora(_llama(**SMOLLM2_135M, T=1024, B=16)))],
+    ("sft_train", "gpu"): SHAPES[("sft_train", "full")],
     ("llama_generate", "gpu"): [("smollm2_135m-P32-N128-B8",
                                  {**_llama(**SMOLLM2_135M, T=160, B=8), "prompt": 32, "new": 128})],
     ("bert_mlm", "gpu"): [("bert_base-T128-B64", _bert(**BERT_BASE, T=128, B=64)),

@@ -7,7 +7,8 @@ weights for generation (as `torch_dtype=torch.bfloat16` inference), `torch.cuda.
 before every timer read. `hf-torch-compile` adds `torch.compile` of the model for training and, for
 generation, a static KV cache, with which transformers compiles the decoding step itself on CUDA
 (prefill stays eager on both peers). On CPU both stay float32 as before. A spec with dtype float32
-keeps float32 on CUDA too.
+keeps float32 on CUDA too. lora_train wraps the model with PEFT (`peft.get_peft_model`: the spec's rank,
+alpha and target modules) and trains the adapters alone.
 """
 
 from __future__ import annotations
@@ -66,13 +67,30 @@ class _Peer:
                 "compile": self.compiled, "compile_s": self.compile_s, "threads": torch.get_num_threads()}
 
 
+def lora_model(model, lora: dict):
+    """`model` wrapped by PEFT with adapters of lora's rank and alpha on its target modules (no dropout): the
+    base frozen (requires_grad False), the adapters alone trainable."""
+    import warnings
+
+    import peft
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft on transformers 5: noise
+    cfg = peft.LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], target_modules=list(lora["targets"]),
+                          lora_dropout=0.0)
+    return peft.get_peft_model(model, cfg)
+
+
 class TorchTrain(_Peer):
+    """A training step of the transformers model; with the spec's `lora`, of its PEFT LoRA model, AdamW and
+    gradient clipping over the adapters only."""
+
     def __init__(self, spec, name: str = "hf-torch"):
         super().__init__(spec, name)
-        self.model = _hf_model(spec["hf"]).to(self.device).train()
+        model = _hf_model(spec["hf"])
+        self.model = (lora_model(model, spec["lora"]) if spec.get("lora") else model).to(self.device).train()
         self.forward = torch.compile(self.model) if self.compiled else self.model
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
         opt_kw = {"fused": True} if self.cuda else {}
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.1, **opt_kw)
+        self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=0.1, **opt_kw)
         B, T, V = spec["batch"], spec["seq_len"], spec["hf"]["vocab_size"]
         x = torch.randint(0, V, (B, T))
         self.kwargs = {"input_ids": x, "labels": x}
@@ -96,13 +114,14 @@ class TorchTrain(_Peer):
             with self._autocast():
                 loss = self.forward(**self.kwargs).loss
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(self.params, 1.0)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
         self.sync()
 
     def ready(self):
-        return self.report(self.model, "bfloat16 autocast, float32 weights" if self.bf16 else "float32")
+        return {**self.report(self.model, "bfloat16 autocast, float32 weights" if self.bf16 else "float32"),
+                "trainable_params": sum(p.numel() for p in self.params)}
 
     def round(self):
         t = time.perf_counter()
@@ -159,8 +178,8 @@ class TorchGenerate(_Peer):
                 "time_to_first_token_s": prefill + decode / self.new, "peak_memory_mb": self.peak_memory_mb()}
 
 
-PEERS = {"gpt_train": TorchTrain, "llama_train": TorchTrain, "bert_mlm": TorchTrain, "encdec_train": TorchTrain,
-         "generate": TorchGenerate, "llama_generate": TorchGenerate}
+PEERS = {"gpt_train": TorchTrain, "llama_train": TorchTrain, "lora_train": TorchTrain, "bert_mlm": TorchTrain,
+         "encdec_train": TorchTrain, "generate": TorchGenerate, "llama_generate": TorchGenerate}
 
 
 def make(name: str, spec: dict):

@@ -11,20 +11,25 @@ starts peers early so that their imports overlap zoo's compile). zoo's process s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import tempfile
 import time
 
 from zoo.bench.common import calibrate, hbm_bandwidth, median, rss_mb
 
 
 class ZooTrain:
-    """A train workload through the trainer's own setup, jitted step, real input and prefetch."""
+    """A train workload through the trainer's own setup, jitted step, real input and prefetch. A LoRA config
+    (model.lora_rank) fine-tunes a base written first (`frozen_base`), as a run with init_from does; a task
+    whose metrics count `real_tokens` (sft: positions holding a token) reports their share and rate.
+    `devices`: the mesh's (default: every device, as a run)."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, devices=None):
         import jax
         from zoo.config import apply_overrides, load_config_file
-        from zoo.train import flops, trainer
+        from zoo.train import flops, freeze, trainer
         from zoo.train.prefetch import Prefetcher
         self.jax = jax
         cfg = load_config_file(spec["config"])
@@ -32,16 +37,25 @@ class ZooTrain:
         dtype = compute_dtype(spec, jax)
         cfg = apply_overrides(cfg, over + [f"model.dtype={dtype}", "train.steps=1000000", "train.eval_every=0"])
         cfg = _apply_preset(cfg, spec)
-        s = trainer.setup(cfg)
-        self.state = s.init_state(jax.random.PRNGKey(0))
+        with frozen_base(cfg) as cfg:
+            s = trainer.setup(cfg, devices)
+            self.state = s.init_state(jax.random.PRNGKey(0))
+            if cfg.init_from:  # the frozen half (and any matching params) from the base, as train() does
+                self.state = trainer.init_from(s, self.state, cfg.init_from)
         self.step = s.jit_train_step()
         make = synthetic_batches(spec, cfg) if spec.get("synthetic") else s.task.make_data(cfg, 0, 1).train
         self.prefetch = Prefetcher(lambda i: trainer.to_device(make(i), s.mesh), 0, 10**9)
-        self.i, self.wait, self.times = 0, 0.0, []
+        self.i, self.wait, self.times, self.real, self.real_fracs = 0, 0.0, [], [], []
         self.compile_s, self.k = calibrate(self._steps)
         self.tokens = float(self.m["tokens"])
-        lengths = {"target_len": spec["target_len"]} if spec.get("target_len") else {}  # seq2seq: S != T
-        self.flops_per_token = s.task.flops_per_token(cfg.data.seq_len, **lengths)
+        if s.trainable is None:
+            lengths = {"target_len": spec["target_len"]} if spec.get("target_len") else {}  # seq2seq: S != T
+            self.flops_per_token = s.task.flops_per_token(cfg.data.seq_len, **lengths)
+        else:  # a frozen base: the trainer's own count (no weight gradients for it, the adapters' added)
+            self.flops_per_token = freeze.flops_per_token(s.task, cfg.data.seq_len, s.abstract_params, s.trainable)
+        self.n_trainable = sum(x.size for x in jax.tree.leaves(self.state.params))
+        self.step_memory_mb = step_memory_mb(self.step, self.state, self.prefetch.get(self.i))
+        self.i += 1
         self.devices = s.mesh.devices.flatten().tolist()
         self.peak = flops.total_peak(self.devices)
         self.batch = cfg.train.batch_size
@@ -53,41 +67,75 @@ class ZooTrain:
             batch = self.prefetch.get(self.i)
             self.wait += time.perf_counter() - t
             self.state, self.m = self.step(self.state, batch)
+            if "real_tokens" in self.m:  # kept on the device: read once the round is timed
+                self.real.append(self.m["real_tokens"])
             self.i += 1
         self.jax.block_until_ready(self.m)
 
     def ready(self):
         d = self.devices[0]
         return {"device_kind": d.device_kind, "device_count": len(self.devices), "compile_s": self.compile_s,
-                "peak_flops": self.peak, "settings": self.settings, **_versions_and_fallbacks()}
+                "peak_flops": self.peak, "settings": self.settings, "trainable_params": self.n_trainable,
+                **_versions_and_fallbacks()}
 
     def profile(self, path):
         with self.jax.profiler.trace(path):
             self._steps(3)
 
     def round(self):
-        self.wait = 0.0
+        self.wait, self.real = 0.0, []
         t = time.perf_counter()
         self._steps(self.k)
         dt = (time.perf_counter() - t) / self.k
         self.times.append(dt)
+        if self.real:  # the share of the round's positions that held a token
+            self.real_fracs.append(float(sum(self.jax.device_get(self.real))) / (self.k * self.tokens))
         return {"step_s": dt, "input_wait_frac": self.wait / (dt * self.k)}
 
     def final(self, since: int = 0):
         step = median(self.times[since:])
         tps = self.tokens / step
-        return {"tokens_per_s": tps, "sequences_per_s": self.batch / step,
-                "tokens_per_s_per_device": tps / len(self.devices), "mfu": tps * self.flops_per_token / self.peak,
-                "peak_memory_mb": _peak_memory_mb(self.devices[0])}
+        out = {"tokens_per_s": tps, "sequences_per_s": self.batch / step,
+               "tokens_per_s_per_device": tps / len(self.devices), "mfu": tps * self.flops_per_token / self.peak,
+               "peak_memory_mb": _peak_memory_mb(self.devices[0]), "step_memory_mb": self.step_memory_mb}
+        if self.real_fracs[since:]:  # tokens_per_s counts every position; these, the ones holding a token
+            frac = sum(self.real_fracs[since:]) / len(self.real_fracs[since:])
+            out.update(real_token_frac=frac, real_tokens_per_s=tps * frac)
+        return out
+
+
+@contextlib.contextmanager
+def frozen_base(cfg):
+    """cfg as the benchmark runs it: a LoRA config without init_from gets, in a temporary directory removed
+    on leaving, a weights-only checkpoint of its plain model (random params, no adapters) as init_from."""
+    import dataclasses
+    import flax.linen as nn
+    import jax
+    from zoo import tasks
+    from zoo.nn import lora
+    from zoo.train import checkpoint
+    if lora.spec_of(cfg.model) is None or cfg.init_from:
+        yield cfg
+        return
+    base = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_rank=0))  # its config: no adapters
+    with tempfile.TemporaryDirectory(prefix="zoo-bench-base-") as path:
+        params = jax.jit(lambda r: nn.unbox(tasks.plain(base).init(r)))(jax.random.PRNGKey(1))
+        checkpoint.save_weights(path, params, base)
+        del params
+        yield dataclasses.replace(cfg, init_from=path)
 
 
 def settings(model_cfg) -> dict:
     """The model switches that decide speed, as run: dtype, attention backend (auto on GPU: cudnn, with XLA
     where the shapes refuse it, see `attention_fallbacks` in the ready report), remat, layer scan."""
     from zoo.nn.attention import resolve_attention
-    return {"dtype": model_cfg.dtype, "attention": resolve_attention(model_cfg.attention_impl),
-            "remat": getattr(model_cfg, "remat_policy", "full") if getattr(model_cfg, "remat", False) else "none",
-            "scan_layers": getattr(model_cfg, "scan_layers", False)}
+    out = {"dtype": model_cfg.dtype, "attention": resolve_attention(model_cfg.attention_impl),
+           "remat": getattr(model_cfg, "remat_policy", "full") if getattr(model_cfg, "remat", False) else "none",
+           "scan_layers": getattr(model_cfg, "scan_layers", False)}
+    if getattr(model_cfg, "lora_rank", 0):  # adapters on a frozen base
+        out["lora"] = {"rank": model_cfg.lora_rank, "alpha": model_cfg.lora_alpha, "targets": model_cfg.lora_targets,
+                       "quantize_base": model_cfg.quantize_base}
+    return out
 
 
 def _versions_and_fallbacks() -> dict:
@@ -128,9 +176,25 @@ def _apply_preset(cfg, spec):
             name = o.split("=", 1)[1]
             if name not in PRESETS:
                 raise ValueError(f"--preset {name!r} is unknown; choose one of {', '.join(sorted(PRESETS))}")
-            model = dataclasses.replace(PRESETS[name], dtype=cfg.model.dtype, dropout=0.0)
+            keep = {f: getattr(cfg.model, f) for f in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets",
+                                                       "quantize_base")}
+            model = dataclasses.replace(PRESETS[name], dtype=cfg.model.dtype, dropout=0.0, **keep)  # LoRA stays
             cfg = dataclasses.replace(cfg, model=model)
     return cfg
+
+
+def step_memory_mb(step, state, batch) -> float | None:
+    """The jitted step's memory by XLA's own count (the compiled executable, cached: no second compile):
+    arguments, temporaries and the outputs not written over donated arguments. Unlike peak_memory_mb, whose
+    CPU figure is the process's peak RSS (at the CPU shapes mostly jax, XLA and libraries), it is the step's
+    alone on every backend: what full training and LoRA compare on. None where the backend does not say."""
+    try:
+        m = step.lower(state, batch).compile().memory_analysis()
+    except Exception:  # noqa: BLE001 - a backend without the analysis
+        return None
+    if m is None:
+        return None
+    return (m.argument_size_in_bytes + m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes) / 2**20
 
 
 def _peak_memory_mb(device) -> float:
@@ -265,8 +329,9 @@ class ZooInput:
         return {**out, "batches_per_s": bps, "tokens_per_s": bps * self.batch * self.T, "mfu": None}
 
 
-ZOO = {"gpt_train": ZooTrain, "llama_train": ZooTrain, "bert_mlm": ZooTrain, "encdec_train": ZooTrain,
-       "generate": ZooGenerate, "llama_generate": ZooGenerate, "input": ZooInput}
+ZOO = {"gpt_train": ZooTrain, "llama_train": ZooTrain, "lora_train": ZooTrain, "sft_train": ZooTrain,
+       "bert_mlm": ZooTrain, "encdec_train": ZooTrain, "generate": ZooGenerate, "llama_generate": ZooGenerate,
+       "input": ZooInput}
 
 
 def serve(bench) -> None:

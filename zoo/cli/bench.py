@@ -6,13 +6,17 @@ device (CUDA: bf16 autocast, SDPA, fused AdamW; CPU: float32), hf-torch-compile 
     zoo-bench --workload gpt_train --preset gpt2_small --seq-len 1024 --batch 8 --dtype bfloat16
     zoo-bench --out bench.jsonl                    # every workload, one JSON line each, then a table
     zoo-bench --shapes cpu --peer hf-torch         # the scaled CPU shapes, transformers side by side
+    zoo-bench --shapes cpu --workload llama_train --workload lora_train --workload sft_train --peer hf-torch
+                                                   # full training vs LoRA (PEFT beside it), packed vs padded sft
     zoo-bench --shapes gpu --peer hf-torch,hf-torch-compile --rounds 3 --out bench_gpu.jsonl
                                                    # the GPU story in one call (one H100/H200)
 
 Each framework runs in its own worker process; the parent alternates timed rounds between zoo and
 each peer so that both see the same machine conditions, and reports medians and minima over rounds.
 Ratios are zoo / peer measured in the same run. Each row names the card, the dtype, zoo's jax/flax
-versions and each peer's transformers/torch versions. `--profile DIR` writes a jax.profiler trace of
+versions and each peer's transformers/torch versions. lora_train writes a random base first (its
+init_from) and trains rank-16 adapters on it; sft_train reports real_tokens_per_s (the positions that
+hold a token) beside tokens_per_s (every position). `--profile DIR` writes a jax.profiler trace of
 a few zoo steps per shape (view with TensorBoard's profile plugin or Perfetto).
 """
 
