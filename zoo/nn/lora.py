@@ -90,8 +90,9 @@ def delta(m: Einsum, x, spec: LoraSpec, train: bool):
         x = jnp.where(keep, x / (1.0 - spec.dropout), 0).astype(m.dtype)
     xs, w, out = _split_eqn(m.eqn)
     mid = "".join(c for c in xs if c not in w[:n_in]) + "r"  # x's letters left after the contraction, then r
-    h = jnp.einsum(f"{xs},{w[:n_in]}r->{mid}", x, a.astype(m.dtype))
-    return jnp.einsum(f"{mid},r{w[n_in:]}->{out}", h, b.astype(m.dtype)) * jnp.asarray(spec.scale, m.dtype)
+    # The scale on the rank-r intermediate, not on the [B, T, out] delta: r elements per token to touch, not out.
+    h = jnp.einsum(f"{xs},{w[:n_in]}r->{mid}", x, a.astype(m.dtype)) * jnp.asarray(spec.scale, m.dtype)
+    return jnp.einsum(f"{mid},r{w[n_in:]}->{out}", h, b.astype(m.dtype))
 
 
 def intercept(spec: LoraSpec, train: bool, seen: set | None = None):

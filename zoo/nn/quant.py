@@ -9,8 +9,9 @@ leading layers axis):
   consecutive inputs of a column, two 4-bit codes per byte: codes uint8 [in / 2, out], scale [in / block,
   out] (float32; QLoRA's second quantization of the scales is not done). 0.5625 bytes per weight.
 
-`einsum` dequantizes under `jax.checkpoint`, so the backward pass recomputes the dequantized weight
-instead of keeping it alive from the forward: only the codes stay resident.
+`einsum` has its own backward rule that dequantizes again, so the dequantized weight is not kept alive from
+the forward pass to the backward one (`jax.checkpoint` alone did not do it on CPU: XLA merged the two
+dequantizations); only the codes stay resident.
 """
 
 from __future__ import annotations
@@ -77,10 +78,36 @@ def dequantize(q: dict, shape: tuple, dtype) -> jax.Array:
     return w2.reshape(shape).astype(dtype)
 
 
-@functools.partial(jax.checkpoint, static_argnums=(0, 3, 4))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
 def einsum(eqn: str, x, q: dict, shape: tuple, dtype):
-    """jnp.einsum(eqn, x, kernel) with the kernel dequantized from `q` (recomputed in the backward pass)."""
-    return jnp.einsum(eqn, x, dequantize(q, shape, dtype))
+    """jnp.einsum(eqn, x, kernel) with the kernel dequantized from `q`; the backward pass dequantizes again,
+    so only x and the codes are kept for it. The frozen codes get no gradient."""
+    return jnp.einsum(eqn, x, _dequantize_after(x, q, shape, dtype))
+
+
+def _dequantize_after(y, q: dict, shape: tuple, dtype):
+    """dequantize(q) made to depend on the array `y` by a runtime zero added to the codes (y != y: false
+    unless y holds a NaN, when nothing is finite anyway). XLA then neither dequantizes every kernel of the
+    model up front, before the first matmul needs one, nor merges the backward pass's dequantization with
+    the forward's, which would keep each dequantized kernel alive from one pass to the other."""
+    zero = (y.reshape(-1)[0] != y.reshape(-1)[0]).astype(q["codes"].dtype)
+    return dequantize({**q, "codes": q["codes"] + zero}, shape, dtype)
+
+
+def _einsum_fwd(eqn, x, q, shape, dtype):
+    return einsum(eqn, x, q, shape, dtype), (x, q)
+
+
+def _einsum_bwd(eqn, shape, dtype, res, g):
+    x, q = res
+    w = _dequantize_after(g, q, shape, dtype)
+    dx = jax.vjp(lambda x_: jnp.einsum(eqn, x_, w), x)[1](g)[0]
+    frozen = {k: np.zeros(v.shape, jax.dtypes.float0) if not jnp.issubdtype(v.dtype, jnp.floating)
+              else jnp.zeros_like(v) for k, v in q.items()}
+    return dx, frozen
+
+
+einsum.defvjp(_einsum_fwd, _einsum_bwd)
 
 
 def nbytes(q: dict) -> int:
