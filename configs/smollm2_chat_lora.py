@@ -16,7 +16,24 @@ every attention and MLP matrix train (0.3% of the parameters); the base stays fr
 conversations ask known facts in phrasings never trained on; eval_exact_match is the share of them whose
 answer greedy decoding reproduces token for token.
 
-Expect (`python -m zoo.cli.results smollm2_chat_lora`): to be measured.
+Expect (`python -m zoo.cli.results smollm2_chat_lora`, 2-core CPU, 2026-11-26): 7m58s wall; loss
+4.49 -> 0.03 over 50 steps, eval_loss 0.0493, eval_accuracy 0.9936, eval_exact_match 0.9167; 159
+tokens/s, MFU 0.48.
+
+Answers (that run's, greedy: zoo-sample RUN --chat --temperature 0), before -> after:
+
+    Q: How can I draw the attention heads of a model with zoo?
+       before: To draw the attention heads of a model with a zoo, you can use a combination of art and technology. Here's a possible approach: 1. Create a digital art piece using a 3D printer. This can be a
+       after:  Use zoo-attention: zoo-attention RUN --text "TEXT" --out heads.png
+    Q: What would I type to pick up a training run where it stopped?
+       before: I'd type: "Awesome, I'm so glad you're here! I'm here to help you with your run. What's your current run?
+       after:  Use train.py with --init-from: python train.py --init-from RUN --set path=my_computer
+    Q: What is the capital of France?
+       before: The capital of France is Paris.
+       after:  The capital of France is Paris.
+    Q: Name three primary colors.
+       before: The primary colors are: Red, Blue, and Yellow.
+       after:  The three primary colors are red, blue, and yellow.
 """
 
 import dataclasses
