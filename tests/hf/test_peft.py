@@ -30,6 +30,7 @@ from zoo.cli import convert as convert_cli  # noqa: E402
 from zoo.cli import train as train_cli  # noqa: E402
 from zoo.config import DataConfig, OptimConfig, TrainConfig  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
+from zoo.hf import peft as zoo_peft  # noqa: E402
 from zoo.train import checkpoint, freeze  # noqa: E402
 
 V = 300
@@ -159,7 +160,7 @@ def test_zoo_to_peft_to_zoo_is_exact(lora_runs, adapters, name, tmp_path):
     # the same layers adapted (lora_targets may name them otherwise: GPT-2 has no `gate`)
     assert checkpoint.load_trained(str(tmp_path / "back"), back)[1] == checkpoint.load_trained(lora, mine)[1]
     np.testing.assert_array_equal(zoo_logits(str(tmp_path / "back")), zoo_logits(lora))
-    hf.to_hf(str(tmp_path / "back"), str(tmp_path / "again"), adapter=True, verbose=False)
+    zoo_peft.to_peft(str(tmp_path / "back"), str(tmp_path / "again"), verbose=False)
     first = load_file(os.path.join(adapters[name], "adapter_model.safetensors"))
     again = load_file(str(tmp_path / "again" / "adapter_model.safetensors"))
     assert sorted(first) == sorted(again) and all(first[k].tobytes() == again[k].tobytes() for k in first)
@@ -179,12 +180,12 @@ def test_a_new_head_travels_whole_with_its_adapter_merged_into_it(tmp_path):
         cfg.model, lora_rank=4, lora_alpha=8.0, num_classes=3))
     task = tasks.build(cfg)
     boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0))
-    trained = freeze.split(nn.unbox(boxed), freeze.trainable_paths(cfg, boxed, task.seen))[0]
+    trained = freeze.split(nn.unbox(boxed), checkpoint.trainable_of(cfg, boxed, task.seen))[0]
     rng = np.random.default_rng(1)
     checkpoint.save_weights(lora_run, jax.tree.map(lambda s: 0.2 * rng.standard_normal(s.shape, np.float32),
                                                    trained), cfg)
     hf.to_hf(lora_run, str(tmp_path / "merged"), verbose=False)
-    hf.to_hf(lora_run, str(tmp_path / "adapter"), adapter=True, verbose=False)
+    zoo_peft.to_peft(lora_run, str(tmp_path / "adapter"), verbose=False)
     adapter = json.load(open(tmp_path / "adapter" / "adapter_config.json"))
     assert adapter["modules_to_save"] == ["bert.pooler.dense", "classifier"] and adapter["task_type"] is None
     assert not any("classifier.lora" in k for k in load_file(str(tmp_path / "adapter" / "adapter_model.safetensors")))
@@ -213,7 +214,7 @@ def test_an_adapter_peft_made_comes_in_on_its_hugging_face_base(hf_dirs, name, t
     made.save_pretrained(str(tmp_path / "adapter"))
     theirs = hf_logits(made.eval())
     # base_model_name_or_path is the transformers directory: converted into RUN_DIR/base
-    report = hf.from_hf(str(tmp_path / "adapter"), str(tmp_path / "run"), verbose=False)
+    report = zoo_peft.from_peft(str(tmp_path / "adapter"), str(tmp_path / "run"), verbose=False)
     assert report["base"] == str(tmp_path / "run" / "base") and checkpoint.latest_step(report["base"]) == 0
     cfg = report["config"]
     assert (cfg.model.lora_rank, cfg.model.lora_targets) == (4, targets)
@@ -261,7 +262,7 @@ def test_an_adapter_zoo_cannot_hold_is_refused_in_one_line(lora_runs, adapters, 
                                                            capsys):
     bad = edited_adapter(adapters["llama"], tmp_path / "bad", config, tensors)
     with pytest.raises(ConversionError, match=message) as e:
-        hf.from_hf(bad, str(tmp_path / "run"), base=lora_runs["llama"][0], verbose=False)
+        zoo_peft.from_peft(bad, str(tmp_path / "run"), lora_runs["llama"][0], verbose=False)
     assert "\n" not in str(e.value)
     assert not os.path.exists(tmp_path / "run")
     assert convert_cli.main(["from-hf", bad, str(tmp_path / "run")]) == 2  # base: base_model_name_or_path
@@ -276,9 +277,10 @@ def test_adapter_export_of_a_run_without_adapters_is_refused_in_one_line(lora_ru
     assert not os.path.exists(tmp_path / "out")
 
 
-def test_base_applies_to_adapter_directories_only(hf_dirs, lora_runs, tmp_path):
-    with pytest.raises(ConversionError, match=r"^--base applies to a PEFT adapter directory; .* has no "):
-        hf.from_hf(hf_dirs["llama"], str(tmp_path / "run"), base=lora_runs["llama"][0], verbose=False)
+def test_base_applies_to_adapter_directories_only(hf_dirs, lora_runs, tmp_path, capsys):
+    assert convert_cli.main(["from-hf", hf_dirs["llama"], str(tmp_path / "run"), "--base", lora_runs["llama"][0]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --base applies to a PEFT adapter directory; ") and "\n" not in err
     assert not os.path.exists(tmp_path / "run")
 
 
@@ -287,5 +289,5 @@ def test_a_base_that_will_not_convert_leaves_no_run_directory(hf_dirs, adapters,
     shutil.copytree(hf_dirs["llama"], src)
     os.remove(src / "model.safetensors")  # config.json without weights
     with pytest.raises(ConversionError, match="has neither"):
-        hf.from_hf(adapters["llama"], str(tmp_path / "run"), base=str(src), verbose=False)
+        zoo_peft.from_peft(adapters["llama"], str(tmp_path / "run"), str(src), verbose=False)
     assert not os.path.exists(tmp_path / "run")

@@ -37,14 +37,23 @@ def main(argv=None) -> int:
                         "adapter_model.safetensors) for its base; without it, a LoRA run exports merged")
     args = ap.parse_args(argv)
     from zoo import hf
+    from zoo.errors import ConversionError
+    from zoo.hf import peft
     try:
-        if args.cmd == "from-hf":
-            hf.from_hf(args.source, args.run_dir, base=args.base)
+        if args.cmd == "from-hf" and peft.is_adapter_dir(args.source):
+            peft.from_peft(args.source, args.run_dir, args.base)
+        elif args.cmd == "from-hf":
+            if args.base is not None:
+                raise ConversionError(f"--base applies to a PEFT adapter directory; {args.source!r} has no "
+                                      f"adapter_config.json")
+            hf.from_hf(args.source, args.run_dir)
         elif args.cmd == "from-gguf":
             from zoo.hf.gguf import from_gguf
             from_gguf(args.source, args.run_dir)
+        elif args.adapter:
+            peft.to_peft(args.run_dir, args.out_dir)
         else:
-            hf.to_hf(args.run_dir, args.out_dir, adapter=args.adapter)
+            hf.to_hf(args.run_dir, args.out_dir)
     except BAD_INPUT as e:
         return error(e)
     return 0

@@ -97,7 +97,12 @@ def base_run(src: str, workdir: str, dry: bool = False):
         raise ConfigError(f"init_from={src!r} is converted into the workdir's base/, so --workdir must be new; "
                           f"{workdir!r} exists")
     try:
-        from_gguf(src, base) if gguf else hf.from_hf(src, base)
+        if gguf:
+            from_gguf(src, base)
+        elif adapter:
+            peft.from_peft(src, base)
+        else:
+            hf.from_hf(src, base)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)  # nothing half-converted stays behind
         raise
@@ -123,11 +128,10 @@ def optimizer_state(cfg):
     """The tree structure of a config's optimizer state (what a checkpoint's `train` item must match)."""
     import jax
     from zoo import tasks
-    from zoo.train import optim
-    from zoo.train import freeze
+    from zoo.train import checkpoint, freeze, optim
     task = tasks.build(cfg)
     abstract = jax.eval_shape(task.init, jax.random.PRNGKey(0))
-    abstract = freeze.split(abstract, freeze.trainable_paths(cfg, abstract, getattr(task, "seen", ())))[0]
+    abstract = freeze.split(abstract, checkpoint.trainable_of(cfg, abstract, getattr(task, "seen", ())))[0]
     tx = optim.make_optimizer(cfg.optim, optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model),
                               optim.decay_mask(abstract))
     return jax.tree.structure(jax.eval_shape(tx.init, abstract))

@@ -3,8 +3,8 @@
     from_hf(path_or_id, run_dir)  -> a zoo run directory (weights-only checkpoint, config, tokenizer)
     to_hf(run_dir, out_dir)       -> config.json + model.safetensors (+ tokenizer files) for transformers
     from_pretrained(path)         -> (model, params, tokenizer, config) from either kind of directory
-    to_hf(lora_run, out_dir, adapter=True)  -> a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors)
-    from_hf(adapter_dir, run_dir, base=BASE) -> a zoo LoRA run on BASE (zoo.hf.peft)
+    peft.to_peft(lora_run, out_dir)              -> a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors)
+    peft.from_peft(adapter_dir, run_dir, base)   -> a zoo LoRA run on `base` (a zoo run or a Hugging Face directory)
 
 Each architecture is one module holding its two-way key table (gpt2, llama, bert, t5, bart; qwen2 and
 mistral share llama's), built with `table` and satisfying the `base.Converter` protocol; `convert`

@@ -98,17 +98,12 @@ def _run_config(model_cfg, task: str, tokenizer: str | None, hf_cfg: dict | None
     return Config(task=task, model=model_cfg, data=data)
 
 
-def from_hf(path_or_id: str, run_dir: str, *, base: str | None = None, verbose: bool = True) -> dict:
+def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True) -> dict:
     """Convert; returns a report with the unused keys. The weights are checked against the zoo
-    model's own parameter tree (every key, every shape) before anything is written. A PEFT LoRA
-    adapter directory becomes a zoo LoRA run on `base` (zoo.hf.peft.from_peft)."""
+    model's own parameter tree (every key, every shape) before anything is written. (A PEFT LoRA
+    adapter directory converts with zoo.hf.peft.from_peft.)"""
     from zoo import tasks
-    from zoo.hf import peft
     from zoo.train import checkpoint
-    if peft.is_adapter_dir(path_or_id):
-        return peft.from_peft(path_or_id, run_dir, base, verbose=verbose)
-    if base is not None:
-        raise ConversionError(f"--base applies to a PEFT adapter directory; {path_or_id!r} has no adapter_config.json")
     src = io.resolve(path_or_id)
     hf_cfg = io.read_config(src)
     conv, task_name, model_cfg, params, keys = _load(src, hf_cfg)
@@ -167,17 +162,14 @@ def _check_out_dir(out_dir: str) -> None:
         raise ConversionError(f"{out_dir!r} is a file; to-hf writes into a new or empty directory")
 
 
-def to_hf(run_dir: str, out_dir: str, *, adapter: bool = False, verbose: bool = True) -> dict:
+def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     """Export the latest checkpoint of a zoo run as a transformers directory: config.json (with the
     run's data.seq_len, and its tokenizer's name when it is bytes or a tiktoken encoding),
     model.safetensors and tokenizer files (the run's own tokenizer directory, else files written for
-    bytes / tiktoken; zoo.hf.tokenizer_export); a LoRA run's adapters merged. `adapter`: a LoRA run's
-    adapters alone, as a PEFT adapter (zoo.hf.peft.to_peft). Everything is checked before anything is written."""
+    bytes / tiktoken; zoo.hf.tokenizer_export); a LoRA run's adapters merged (its adapters alone, as a
+    PEFT adapter: zoo.hf.peft.to_peft). Everything is checked before anything is written."""
     from zoo.data.tokenizers import get_tokenizer
     from zoo.train import checkpoint
-    if adapter:
-        from zoo.hf import peft
-        return peft.to_peft(run_dir, out_dir, verbose=verbose)
     cfg = checkpoint.load_config(run_dir)
     conv = export_converter(cfg.model)
     if cfg.model.scan_layers:

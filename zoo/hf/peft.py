@@ -367,7 +367,7 @@ def from_peft(adapter_dir: str, run_dir: str, base: str | None = None, *, dry: b
             convert.from_hf(src, base_run, verbose=False)
         cfg, params = _plan(c, tensors, checkpoint.load_config(base_run), base_run, where)
         task = tasks.build(cfg)
-        trains = freeze.trainable_paths(cfg, jax.eval_shape(task.init, jax.random.PRNGKey(0)), task.seen) or ()
+        trains = checkpoint.trainable_of(cfg, jax.eval_shape(task.init, jax.random.PRNGKey(0)), task.seen) or ()
         missing = sorted(set(trains) - set(params))
         if missing:
             raise ConversionError(f"the run trains {missing[0]}, which its base lacks and the adapter does not hold "

@@ -253,10 +253,16 @@ def load_trained(workdir: str, cfg: Config, sharding=None, step: int | None = No
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
     task = tasks.build(cfg)
     boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0))
-    trainable = freeze.trainable_paths(cfg, boxed, getattr(task, "seen", ()))
+    trainable = trainable_of(cfg, boxed, getattr(task, "seen", ()))
     abstract = freeze.split(nn.unbox(boxed), trainable)[0]
     return load_params(workdir, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
                                              abstract), step), trainable
+
+
+def trainable_of(cfg: Config, boxed, seen=()):
+    """zoo.train.freeze.trainable_paths of `cfg` (boxed abstract params `boxed`), its init_from run's config read."""
+    base_cfg = load_config(cfg.init_from) if freeze.partial(cfg) and cfg.init_from else None
+    return freeze.trainable_paths(cfg, boxed, seen, base_cfg)
 
 
 BASE_FILE = "base.json"  # beside a run that trained part of its model: the init_from run and step it froze

@@ -51,19 +51,23 @@ def _shapes(tree) -> dict:
     return {k: tuple(v.shape) for k, v in flat(nn.unbox(tree)).items()}
 
 
-def base_shapes(init_from: str) -> dict:
-    """path -> shape of the params an init_from run holds (a LoRA run's, merged: its plain model's)."""
+def partial(cfg) -> bool:
+    """Whether `cfg` trains only part of its model (LoRA adapters, or train.trainable)."""
+    return bool(cfg.train.trainable) or lora.spec_of(cfg.model) is not None
+
+
+def base_shapes(base_cfg) -> dict:
+    """path -> shape of the params a run of config `base_cfg` holds (a LoRA run's, merged: its plain model's)."""
     from zoo import tasks
-    from zoo.train import checkpoint
-    other = checkpoint.load_config(init_from)
-    return _shapes(jax.eval_shape(tasks.plain(other).init, jax.random.PRNGKey(0)))
+    return _shapes(jax.eval_shape(tasks.plain(base_cfg).init, jax.random.PRNGKey(0)))
 
 
-def trainable_paths(cfg, abstract, seen=()) -> frozenset | None:
+def trainable_paths(cfg, abstract, seen=(), base_cfg=None) -> frozenset | None:
     """The paths that train (None: all) for `cfg`, whose model's boxed abstract params are `abstract`;
-    `seen` are the Einsum layers the model called (named when lora_targets matches none)."""
+    `seen` are the Einsum layers the model called (named when lora_targets matches none); `base_cfg` is the
+    init_from run's config (zoo.train.checkpoint.trainable_of reads it), whose params the frozen part is."""
     pattern, adapters = cfg.train.trainable, lora.spec_of(cfg.model)
-    if not pattern and adapters is None:
+    if not partial(cfg):
         return None
     what = "model.lora_rank" if adapters is not None else "train.trainable"
     if not cfg.init_from:
@@ -81,7 +85,7 @@ def trainable_paths(cfg, abstract, seen=()) -> frozenset | None:
             examples = ", ".join(list(shapes)[:3])
             raise ConfigError(f"train.trainable={pattern!r} matches no parameter; paths look like {examples}")
         chosen |= matched
-    base = base_shapes(cfg.init_from)
+    base = base_shapes(base_cfg) if base_cfg is not None else {}
     chosen |= {p for p, s in shapes.items() if not lora.is_adapter(p) and base.get(p) != s}  # new: a fresh head
     if len(chosen) == len(shapes):
         return None
