@@ -48,9 +48,10 @@ def test_a_packed_row_gives_each_example_its_own_loss_and_gradients(model, tmp_p
     examples = sft.to_examples(ex)
     row = examples.rows([[0, 1, 2]], np.array([0]), 32)
 
+    step = jax.jit(jax.value_and_grad(task.loss, has_aux=True), static_argnums=3)
+
     def loss_and_grads(batch):
-        (loss, _), grads = jax.value_and_grad(task.loss, has_aux=True)(params, jax.tree.map(jnp.asarray, batch),
-                                                                      jax.random.PRNGKey(0), True)
+        (loss, _), grads = step(params, jax.tree.map(jnp.asarray, batch), jax.random.PRNGKey(0), True)
         return float(loss), grads
     at = 0
     for i, n in enumerate(lengths):
