@@ -51,12 +51,12 @@ class BertConfig(ModelConfig):
     dropout: float = 0.1  # on embeddings, residual branches and the pooled [CLS], training only
     ln_eps: float = 1e-12  # LayerNorm epsilon (BERT uses 1e-12)
     pre_ln: bool = False  # LayerNorm before each sublayer (+ a final one) instead of after (BERT)
-    num_classes: int = 2  # outputs of the classification head (C); unused by masked-LM pretraining
+    num_classes: int = 2  # outputs of the classification head (C); 0: the label column's count (bert_cls); unused by MLM
 
     def __post_init__(self):
         super().__post_init__()
-        check_positive(self, "vocab_size", "max_len", "type_vocab_size", "num_layers", "d_model", "num_heads", "d_ff",
-                       "num_classes")
+        check_positive(self, "vocab_size", "max_len", "type_vocab_size", "num_layers", "d_model", "num_heads", "d_ff")
+        check(self.num_classes >= 0, f"model.num_classes={self.num_classes} must be >= 0 (0: from the labels)")
         check(self.d_model % self.num_heads == 0,
               f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}")
 

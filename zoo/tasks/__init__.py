@@ -10,7 +10,7 @@ from zoo.nn import lora
 from zoo.tasks.adapted import AdaptedTask
 from zoo.tasks.base import Data, Task
 
-__all__ = ["Data", "Task", "build", "plain"]
+__all__ = ["Data", "Task", "build", "check_data", "plain"]
 
 
 def plain(cfg) -> Task:
@@ -22,3 +22,11 @@ def build(cfg) -> Task:
     """The task of cfg; with model.lora_rank, its model carries LoRA adapters (zoo.tasks.adapted)."""
     spec = lora.spec_of(cfg.model)
     return plain(cfg) if spec is None else AdaptedTask(plain(cfg), spec)
+
+
+def check_data(cfg, vocab: bool = True):
+    """cfg's data checked against what its task reads (the source opens; columns, labels and tokenizer fit)
+    before any model is built, converted or compiled; returns cfg with what the data decides filled in
+    (bert_cls with model.num_classes=0: the number of labels). vocab=False leaves out the tokenizer (a
+    checkpoint not yet converted has none to check against)."""
+    return resolve(FAMILIES[TASK_FAMILY[cfg.task]].tasks[cfg.task]).check_data(cfg, vocab)

@@ -6,6 +6,8 @@ A task is built from a Config and owns its model, loss, data pipeline and metric
   init(rng) -> boxed params (logical axis names attached)
   loss(params, batch, rng, train) -> (loss_sum, aux): sums over the batch plus `weight` (the
       denominator, e.g. target tokens) and `tokens` (input tokens processed, for tokens/s)
+  check_data(cfg) -> cfg (a classmethod): the source opened and its columns, labels and tokenizer checked
+      before any model is built, and what the data decides filled in (bert_cls: model.num_classes=0)
   make_data(cfg, process_index, process_count) -> Data(train=step -> local batch, eval=[batches], tokenizer)
   flops_per_token(seq_len) -> training FLOPs per input token (for MFU); seq2seq also takes target_len
   num_params(boxed) -> params counted in 6N (lookup tables such as learned positions excluded)
@@ -60,6 +62,10 @@ class BaseTask:
     name = ""
     EXCLUDE: tuple = ()
     PERPLEXITY: bool = True
+
+    @classmethod
+    def check_data(cls, cfg, vocab: bool = True):
+        return cfg
 
     def num_params(self, boxed) -> int:
         return count(boxed, exclude=self.EXCLUDE)

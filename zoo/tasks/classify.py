@@ -19,6 +19,7 @@ permutation each epoch, drawn from (seed, epoch): the batch of a step is a pure 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -89,8 +90,8 @@ def load_examples(dcfg) -> datasets.Dataset:
     return ds
 
 
-def resolve_labels(ds: datasets.Dataset, dcfg, num_classes: int) -> tuple[np.ndarray, list[str]]:
-    """(label ids [N], class names in id order), checked against num_classes."""
+def label_ids(ds: datasets.Dataset, dcfg) -> tuple[np.ndarray, list[str]]:
+    """(label ids [N], the class names the data or data.label_names give, in id order; [] for bare ints)."""
     col = dcfg.label_column
     feature, values = ds.features[col], ds[col]
     given = [n.strip() for n in dcfg.label_names.split(",")] if dcfg.label_names else []
@@ -107,6 +108,19 @@ def resolve_labels(ds: datasets.Dataset, dcfg, num_classes: int) -> tuple[np.nda
         names = given or (list(feature.names) if isinstance(feature, datasets.ClassLabel) else [])
     else:
         raise ZooDataError(f"data.label_column={col!r} of {dcfg.source} holds {feature}, not int or string labels")
+    return ids, names
+
+
+def num_labels(ds: datasets.Dataset, dcfg) -> int:
+    """The number of classes the label column implies: its names, or its largest id + 1."""
+    ids, names = label_ids(ds, dcfg)
+    return max(len(names), int(ids.max()) + 1 if len(ids) else 0, 1)
+
+
+def resolve_labels(ds: datasets.Dataset, dcfg, num_classes: int) -> tuple[np.ndarray, list[str]]:
+    """(label ids [N], class names in id order), checked against num_classes."""
+    col = dcfg.label_column
+    ids, names = label_ids(ds, dcfg)
     if len(names) > num_classes:
         raise ZooDataError(f"data.label_column={col!r} has {len(names)} classes ({', '.join(names[:8])}) but "
                            f"model.num_classes={num_classes}")
@@ -292,6 +306,27 @@ class ClsTask(_Encoder):
 
     def eval_metrics(self, totals: dict) -> dict:
         return macro_f1(totals, self.cfg.model.num_classes)
+
+    @classmethod
+    def check_data(cls, cfg, vocab: bool = True):
+        """The columns, texts and labels checked; model.num_classes=0 becomes the number of classes."""
+        d = cfg.data
+        if vocab:
+            check_bert_vocab(cfg.model, get_tokenizer(d.tokenizer))
+        ds = load_examples(d)
+        _texts(ds, "text_column", d.text_column)
+        if d.text_pair_column:
+            _texts(ds, "text_pair_column", d.text_pair_column)
+        if len(ds) < 2:
+            raise ZooDataError(f"data.source={d.source!r} has {len(ds)} example; a train/val split needs 2")
+        if cfg.model.num_classes == 0:
+            n = num_labels(ds, d)
+            names = resolve_labels(ds, d, n)[1]
+            print(f"data: model.num_classes={n} from data.label_column={d.label_column!r} "
+                  f"({', '.join(names[:8])}{', ...' if n > 8 else ''})", flush=True)
+            return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_classes=n))
+        resolve_labels(ds, d, cfg.model.num_classes)
+        return cfg
 
     def make_data(self, cfg, process_index: int, process_count: int) -> Data:
         """`files` carries labels.json (class names in id order)."""

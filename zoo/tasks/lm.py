@@ -6,13 +6,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from zoo.data import batches, store
+from zoo.data import batches, corpus, store
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ZooDataError
 from zoo.infer.sample import generate
 from zoo.models.gpt import Gpt, output_embedding
 from zoo.nn import losses
 from zoo.tasks.base import BaseTask, Data, attention_flops, count
+
+
+def check_vocab(cfg, tokenizer) -> None:
+    if tokenizer.n_vocab > cfg.model.vocab_size:
+        raise ZooDataError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of "
+                           f"data.tokenizer={cfg.data.tokenizer!r} ({tokenizer.n_vocab}); set model.vocab_size >= "
+                           f"{tokenizer.n_vocab} (e.g. {-(-tokenizer.n_vocab // 128) * 128})")
 
 
 class LmTask(BaseTask):
@@ -41,11 +48,17 @@ class LmTask(BaseTask):
         n = count(jax.eval_shape(self.init, jax.random.PRNGKey(0)), exclude=self.EXCLUDE)
         return 6 * n + attention_flops(m.num_layers, m.num_heads, m.head_dim, seq_len)
 
+    @classmethod
+    def check_data(cls, cfg, vocab: bool = True):
+        if vocab:
+            check_vocab(cfg, get_tokenizer(cfg.data.tokenizer))
+        if cfg.data.source not in corpus.NAMED:  # the file or dataset opens and holds text in its column
+            corpus.load_documents(cfg.data)
+        return cfg
+
     def make_data(self, cfg, process_index: int, process_count: int) -> Data:
         tokenizer = get_tokenizer(cfg.data.tokenizer)
-        if tokenizer.n_vocab > cfg.model.vocab_size:  # checked before the corpus is tokenized
-            raise ZooDataError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of "
-                               f"data.tokenizer={cfg.data.tokenizer!r} ({tokenizer.n_vocab})")
+        check_vocab(cfg, tokenizer)  # before the corpus is tokenized
         tokenizer, tokens = store.prepare(cfg.data, tokenizer)
         train = batches.Batches(tokens.train, cfg.data.seq_len, cfg.train.batch_size, cfg.train.seed,
                                 process_index, process_count)
@@ -56,5 +69,5 @@ class LmTask(BaseTask):
     def sample(self, params, tokenizer, prompt: str, max_new_tokens: int) -> str:
         """A sampled continuation (temperature 0.8, top-k 40, seed 0), its context cropped to the trained length."""
         out = generate(self.model, params, tokenizer.encode(prompt), max_new_tokens, temperature=0.8, top_k=40, seed=0,
-                       eos_id=tokenizer.eot_token, vocab_limit=tokenizer.n_vocab, window=self.cfg.data.seq_len)[0]
+                       eos_id=tokenizer.eot_token, vocab_limit=tokenizer.n_vocab, window=self.cfg.window)[0]
         return tokenizer.decode(out)

@@ -30,8 +30,9 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from zoo.data import store
+from zoo.data import corpus, store
 from zoo.data.batches import process_rows
+from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ZooDataError
 from zoo.models.bert import BertMlm
 from zoo.nn import losses
@@ -227,6 +228,14 @@ class MlmTask(BaseTask):
         head = count(boxed["mlm_head"]) + count(boxed["bert"]["embed"]["word"])
         full = 6 * count(boxed, exclude=self.EXCLUDE) + attention_flops(m.num_layers, m.num_heads, m.head_dim, seq_len)
         return full - 6 * head * (1 - max_predictions(seq_len) / seq_len)
+
+    @classmethod
+    def check_data(cls, cfg, vocab: bool = True):
+        if vocab:
+            check_bert_vocab(cfg.model, get_tokenizer(cfg.data.tokenizer))
+        if cfg.data.source not in corpus.NAMED:  # the file or dataset opens and holds text in its column
+            corpus.load_documents(cfg.data)
+        return cfg
 
     def make_data(self, cfg, process_index: int, process_count: int) -> Data:
         tokenizer, tokens = store.prepare(cfg.data)

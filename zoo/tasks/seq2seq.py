@@ -12,7 +12,8 @@ from zoo.infer import bleu
 from zoo.models.encdec import EncDec, output_projection
 from zoo.nn import losses
 from zoo.tasks.base import BaseTask, Data, count
-from zoo.tasks.seq2seq_data import Seq2SeqBatches, check_framing, eval_batches, framing, split_pairs
+from zoo.tasks.seq2seq_data import (Seq2SeqBatches, check_framing, eval_batches, framing, pair_chunks,
+                                    split_pairs)
 
 
 class Seq2SeqTask(BaseTask):
@@ -54,6 +55,15 @@ class Seq2SeqTask(BaseTask):
         n_dec = count(shapes, exclude=self.EXCLUDE) - n_enc
         attn = 12 * m.num_heads * m.head_dim * (m.num_encoder_layers * S * S + m.num_decoder_layers * (T * T + T * S))
         return (6 * n_enc * S + 6 * n_dec * T + attn) / (S + T)
+
+    @classmethod
+    def check_data(cls, cfg, vocab: bool = True):
+        tokenizer = get_tokenizer(cfg.data.tokenizer) if vocab else None
+        if vocab:
+            check_framing(cfg.model, tokenizer)
+        if vocab or cfg.data.source != "builtin":  # the built-in pairs are cut to the tokenizer's lengths
+            next(pair_chunks(cfg.data, tokenizer, chunk=1000), None)  # the columns, and the first rows' texts
+        return cfg
 
     def make_data(self, cfg, process_index: int, process_count: int) -> Data:
         tokenizer = get_tokenizer(cfg.data.tokenizer)

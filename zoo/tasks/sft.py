@@ -38,7 +38,7 @@ from zoo.infer.sample import generate
 from zoo.models.gpt import output_embedding
 from zoo.nn import losses
 from zoo.tasks.base import Data
-from zoo.tasks.lm import LmTask
+from zoo.tasks.lm import LmTask, check_vocab
 
 
 def template_of(dcfg) -> str:
@@ -158,12 +158,18 @@ class SftTask(LmTask):
     def eval_metrics(self, totals: dict) -> dict:
         return {"eval_exact_match": totals.get("exact", 0.0) / max(totals.get("answers", 0.0), 1.0)}
 
+    @classmethod
+    def check_data(cls, cfg, vocab: bool = True):
+        if vocab:
+            check_vocab(cfg, get_tokenizer(cfg.data.tokenizer))
+            template_of(cfg.data)  # the tokenizer's own template, when no file is named
+        load_rows(cfg.data)
+        return cfg
+
     def make_data(self, cfg, process_index: int, process_count: int) -> Data:
         d = cfg.data
         tokenizer = get_tokenizer(d.tokenizer)
-        if tokenizer.n_vocab > cfg.model.vocab_size:
-            raise ZooDataError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of "
-                               f"data.tokenizer={d.tokenizer!r} ({tokenizer.n_vocab})")
+        check_vocab(cfg, tokenizer)
         template = template_of(d)
         pairs, keys, counts = encode_rows(d, tokenizer, template)
         if len(pairs) < 2:
