@@ -3,15 +3,11 @@ memory bandwidth of known GPUs (for the decoding bound)."""
 
 from __future__ import annotations
 
-import resource
 import time
 
+from zoo.train.memory import rss_mb  # noqa: F401 (the torch peer's peak memory)
+
 ROUND_SECONDS = 0.5  # a round repeats the step until it lasts about this long
-
-
-def rss_mb() -> float:
-    """Peak resident memory of this process (the CPU's "peak memory")."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def median(xs):

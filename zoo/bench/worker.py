@@ -17,7 +17,8 @@ import sys
 import tempfile
 import time
 
-from zoo.bench.common import calibrate, hbm_bandwidth, median, rss_mb
+from zoo.bench.common import calibrate, hbm_bandwidth, median
+from zoo.train.memory import peak_memory_mb
 
 
 class ZooTrain:
@@ -198,10 +199,7 @@ def step_memory_mb(step, state, batch) -> float | None:
 
 
 def _peak_memory_mb(device) -> float:
-    stats = device.memory_stats() if device.platform != "cpu" else None
-    if stats and "peak_bytes_in_use" in stats:
-        return stats["peak_bytes_in_use"] / 2**20
-    return rss_mb()
+    return peak_memory_mb([device])
 
 
 class ZooGenerate:
