@@ -166,6 +166,9 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     init_from: str = ""  # a zoo checkpoint dir whose params initialise the model (fine-tuning)
+    # The longest sequence the weights have been trained on, their bases' training included (a converted
+    # checkpoint: its positions); 0: data.seq_len. zoo-sample's context window.
+    context_len: int = 0
 
     def __post_init__(self):
         _check(self.task in TASK_FAMILY, f"task={self.task!r} is unknown; choose one of {', '.join(TASK_FAMILY)}")
@@ -173,6 +176,7 @@ class Config:
         _check(self.model.family == family.name,
                f"task={self.task!r} trains a {family.name} model but model is a {self.model.family} config; "
                f"tasks of {self.model.family}: {', '.join(FAMILIES[self.model.family].tasks)}")
+        _check(self.context_len >= 0, f"context_len={self.context_len} must be >= 0 (0: data.seq_len)")
         max_len = getattr(self.model, "max_len", None)
         if max_len is not None:
             _check(self.data.seq_len <= max_len,
@@ -186,6 +190,12 @@ class Config:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @property
+    def window(self) -> int:
+        """The context a model of this run samples in: context_len (else data.seq_len), within its positions."""
+        n = max(self.context_len, self.data.seq_len)
+        return min(n, getattr(self.model, "max_len", n))
 
 
 def from_dict(d: dict) -> Config:

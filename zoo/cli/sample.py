@@ -1,7 +1,8 @@
 """Sample from a causal LM run (trained, or converted from Hugging Face): prompt in, continuations out.
 
-The context is cropped to the length the run was trained on (data.seq_len), as nanoGPT crops to its
-block size, so no position the model never trained is used.
+The context is cropped to the longest sequence the weights were trained on (the run's context_len: its
+base's training included, all positions of a converted checkpoint; else data.seq_len), as nanoGPT crops
+to its block size, so no position the model never trained is used.
 
     zoo-sample runs/x --prompt "The" --max-new-tokens 200 --temperature 0.8 --top-k 40 --seed 0
     zoo-sample runs/smollm2 --chat --prompt "What is the capital of France?" --temperature 0
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
             prompt = prompt_ids(tok, cfg.data.tokenizer, messages, a.workdir)
         else:
             prompt = tok.encode(text)
-        window = cfg.data.seq_len  # the length the run trained on
+        window = cfg.window  # the longest the weights were trained on, their base's training included
         outs = generate(model, params, prompt, a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                         top_p=a.top_p, seed=a.seed, eos_id=tok.eot_token, vocab_limit=tok.n_vocab,
                         num_samples=a.num_samples, window=window)

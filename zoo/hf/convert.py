@@ -95,7 +95,10 @@ def _seq_len(hf_cfg: dict, model_cfg) -> int:
 def _run_config(model_cfg, task: str, tokenizer: str | None, hf_cfg: dict | None = None, **data_fields):
     from zoo.config import Config, DataConfig
     data = DataConfig(tokenizer=tokenizer or "bytes", seq_len=_seq_len(hf_cfg or {}, model_cfg), **data_fields)
-    return Config(task=task, model=model_cfg, data=data)
+    # The context the weights know: an exported zoo run's training length, else all of the model's positions.
+    trained = (hf_cfg or {}).get(SEQ_LEN_KEY)
+    context = data.seq_len if isinstance(trained, int) else getattr(model_cfg, "max_len", 0)
+    return Config(task=task, model=model_cfg, data=data, context_len=context)
 
 
 def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True) -> dict:
