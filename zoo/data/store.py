@@ -48,8 +48,12 @@ def _fingerprint(source: str):
 
 
 def store_key(cfg, tokenizer) -> str:
+    # A tokenizer read from files is keyed by their content (and kind and file name), not where they lie: a
+    # run's own copy of its base's tokenizer shares the base's stores.
+    fingerprint = getattr(tokenizer, "fingerprint", None)
+    name = tokenizer.name if fingerprint is None else f"{type(tokenizer).__name__}:{os.path.basename(tokenizer.name)}"
     ident = dict(source=cfg.source, split=cfg.split, text_column=cfg.text_column, val_fraction=cfg.val_fraction,
-                 tokenizer=tokenizer.name, tokenizer_fingerprint=getattr(tokenizer, "fingerprint", None),
+                 tokenizer=name, tokenizer_fingerprint=fingerprint,
                  n_vocab=tokenizer.n_vocab, version=FORMAT_VERSION, fingerprint=_fingerprint(cfg.source))
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -94,7 +94,7 @@ def save(mngr, state, cfg: Config, force: bool = False) -> None:
         mngr.save(step, force=force, args=ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
             train=ocp.args.StandardSave(_train_item(state)),
-            config=ocp.args.JsonSave(cfg.to_dict()),
+            config=ocp.args.JsonSave(portable(cfg.to_dict(), os.path.dirname(str(mngr.directory)))),
             digest=ocp.args.JsonSave({"params": params_digest, "train": train_digest})))
 
 
@@ -203,10 +203,44 @@ def prune(mngr, keep: int) -> None:
         mngr.delete(s)
 
 
+# Config fields that may name files. Saved beside a checkpoint, a path inside the run is written relative to
+# it ("./base/tokenizer") and a relative path given from the working directory is made absolute, so a run
+# directory can be moved or copied whole and read where it lands.
+PATH_FIELDS = (("data", "tokenizer"), ("data", "chat_template"), (None, "init_from"))
+HERE = "./"
+
+
+def _paths(d: dict, fn) -> dict:
+    d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+    for section, key in PATH_FIELDS:
+        holder = d.get(section) if section else d
+        if isinstance(holder, dict) and isinstance(holder.get(key), str) and holder[key]:
+            holder[key] = fn(holder[key])
+    return d
+
+
+def portable(d: dict, workdir: str) -> dict:
+    """A config dict as saved in `workdir`: its paths relative to the run where they lie inside it."""
+    root = os.path.abspath(os.path.expanduser(workdir))
+
+    def rel(v: str) -> str:
+        if v.startswith(HERE) or not os.path.exists(os.path.expanduser(v)):
+            return v  # a name (bytes, gpt2), or already run-relative
+        full = os.path.abspath(os.path.expanduser(v))
+        return HERE + os.path.relpath(full, root) if os.path.commonpath([full, root]) == root else full
+    return _paths(d, rel)
+
+
+def located(d: dict, workdir: str) -> dict:
+    """A saved config dict with its run-relative paths made absolute for where `workdir` is now."""
+    root = os.path.abspath(os.path.expanduser(workdir))
+    return _paths(d, lambda v: os.path.normpath(os.path.join(root, v[len(HERE):])) if v.startswith(HERE) else v)
+
+
 def _restore_config(workdir: str, step: int) -> Config:
     with manager(workdir, read_only=True) as m:
         d = m.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
-    return from_dict(d)
+    return from_dict(located(d, workdir))
 
 
 def load_config(workdir: str, step: int | None = None) -> Config:
@@ -239,7 +273,7 @@ def save_weights(workdir: str, params, cfg: Config, step: int = 0) -> None:
     digest, _ = fingerprint(params)
     with manager(workdir, async_save=False) as m:
         m.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                             config=ocp.args.JsonSave(cfg.to_dict()),
+                                             config=ocp.args.JsonSave(portable(cfg.to_dict(), workdir)),
                                              digest=ocp.args.JsonSave({"params": digest})))
 
 
@@ -270,7 +304,7 @@ BASE_FILE = "base.json"  # beside a run that trained part of its model: the init
 
 def write_base(workdir: str, init_from: str, step: int) -> None:
     with open(os.path.join(workdir, BASE_FILE), "w") as f:
-        json.dump({"init_from": os.path.abspath(init_from), "step": int(step)}, f)
+        json.dump({"init_from": portable({"init_from": init_from}, workdir)["init_from"], "step": int(step)}, f)
 
 
 def base_step(workdir: str, init_from: str) -> int | None:

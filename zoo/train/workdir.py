@@ -1,11 +1,12 @@
 """One run per workdir: `claim(workdir)` creates the directory if needed, proves it writable and takes an
 exclusive lock (`fcntl.flock` on WORKDIR/.lock) held until the run ends. A second run on the same workdir
 is refused at once, naming the holder's pid; the kernel drops the lock when its holder dies, so a run
-killed with kill -9 leaves nothing that blocks the next one. Checked before any expensive work."""
+killed with kill -9 leaves nothing that blocks the next one. Checked before any expensive work. `own_tokenizer` copies the tokenizer files a run reads into it."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import shutil
@@ -51,3 +52,26 @@ def claim(workdir: str, enabled: bool = True):
 def remove_new(workdir: str) -> None:
     """Remove a workdir this run created, after a failure before any result (config or data error)."""
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+def own_tokenizer(cfg, workdir: str, write: bool = True):
+    """cfg with its tokenizer files in the run: a tokenizer directory (its tokenizer files alone) or a .tiktoken
+    file outside `workdir` is copied into WORKDIR/tokenizer, so the run reads the same ids after its base or
+    the file moves. Names (bytes, gpt2) and files already in the run stay as they are."""
+    from zoo.data.hf_tokenizers import SEQ2SEQ_FILE, save_dir
+    tok = os.path.expanduser(cfg.data.tokenizer)
+    root = os.path.abspath(workdir)
+    if not os.path.exists(tok) or os.path.commonpath([os.path.abspath(tok), root]) == root:
+        return cfg
+    dst = os.path.join(root, "tokenizer")
+    if os.path.isfile(tok):
+        dst = os.path.join(dst, os.path.basename(tok))
+    if write:
+        if os.path.isdir(tok):
+            save_dir(tok, dst)
+            if os.path.isfile(os.path.join(tok, SEQ2SEQ_FILE)):  # a converted encoder-decoder's framing
+                shutil.copyfile(os.path.join(tok, SEQ2SEQ_FILE), os.path.join(dst, SEQ2SEQ_FILE))
+        else:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copyfile(tok, dst)
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=dst))
