@@ -15,7 +15,7 @@ from zoo.train import trainer
 from zoo.train.metrics import MetricsWriter, read_records
 
 LINE = re.compile(r"^step (\d+): loss [\d.e+-]+, eval_loss [\d.e+-]+(, eval_ppl [\d.e+-]+)?, "
-                  r"eval_accuracy [\d.e+-]+(, \w+ [\d.e+-]+)*, tokens/s \d+$")
+                  r"eval_accuracy [\d.e+-]+(, \w+ [\d.e+-]+)*, tokens/s \d+, peak memory \d+ MB$")
 
 
 def eval_lines(text):
@@ -30,8 +30,16 @@ def test_a_line_per_evaluation_with_loss_eval_metrics_and_throughput(tiny_cfg, t
     assert [int(LINE.match(line).group(1)) for line in lines] == [2, 4, 6], out
     assert all("eval_ppl" in line for line in lines)
     assert "/6 [" not in out + err  # no training bar (0/6 [00:01<...]) in a redirected log
-    records = [r for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if "eval_loss" in r]
+    records = list(map(json.loads, open(tmp_path / "metrics.jsonl")))
     assert f"eval_loss {records[-1]['eval_loss']:.4g}" in lines[-1]
+    assert f"peak memory {records[-1]['peak_memory_mb']:.0f} MB" in lines[-1]
+    assert all(r["peak_memory_mb"] > 100 for r in records)  # the process's peak RSS on CPU: jax alone is more
+    # The first step says at once what it cost and where the loss starts, before the first evaluation.
+    first, = [line for line in out.splitlines() if line.startswith("first step:")]
+    assert out.index(first) < out.index(lines[0])
+    assert re.fullmatch(r"first step: loss [\d.]+ \(compiled and ran in [\d.]+ s\)", first)
+    assert records[0]["step"] == 1 and f"loss {records[0]['loss']:.4g} " in first
+    assert f"{records[0]['compile_s']:.1f} s)" in first
 
 
 def test_quiet_prints_no_eval_lines(tiny_cfg, tmp_path, capsys):
@@ -61,6 +69,7 @@ def test_eval_line_format():
               "eval_macro_f1": 0.4, "tokens_per_s": 13012.4, "mfu": 0.3}
     assert trainer.eval_line(record) == ("step 250: loss 1.621, eval_loss 1.651, eval_accuracy 0.52, "
                                          "eval_macro_f1 0.4, tokens/s 13012")
+    assert trainer.eval_line({**record, "peak_memory_mb": 812.4}).endswith("tokens/s 13012, peak memory 812 MB")
 
 
 def test_non_finite_values_are_written_as_null(tmp_path):

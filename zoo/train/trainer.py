@@ -16,6 +16,7 @@ already sharded (eval_shape of the boxed state -> logical axes -> jit with out_s
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import signal
@@ -31,10 +32,10 @@ from tqdm.auto import tqdm
 from zoo import tasks
 from zoo.config import Config
 from zoo.errors import ConfigError, TrainError
-from zoo.train import checkpoint, flops, freeze, optim, orbax_errors, sharding
+from zoo.train import checkpoint, flops, freeze, memory, optim, orbax_errors, sharding
 from zoo.train.metrics import MetricsWriter
 from zoo.train.prefetch import Prefetcher
-from zoo.train.workdir import claim, remove_new
+from zoo.train.workdir import claim, own_tokenizer, remove_new
 from zoo.train.start import init_from, load_frozen, start_from  # noqa: F401 (init_from: the API tests call)
 from zoo.train.step import TrainState, make_eval_step, make_train_step, state_init
 
@@ -184,13 +185,16 @@ _LINE_KEYS = ("loss", "eval_loss", "eval_ppl", "eval_accuracy")
 
 
 def eval_line(record: dict) -> str:
-    """`step 250: loss 1.62, eval_loss 1.65, eval_ppl 5.2, eval_accuracy 0.52, tokens/s 13012`: the
-    train and eval losses, the task's eval metrics (macro-F1, BLEU, exact match, ...) and throughput."""
+    """`step 250: loss 1.62, eval_loss 1.65, eval_ppl 5.2, eval_accuracy 0.52, tokens/s 13012, peak memory
+    812 MB`: the train and eval losses, the task's eval metrics (macro-F1, BLEU, exact match, ...),
+    throughput and peak memory (zoo.train.memory)."""
     keys = [k for k in _LINE_KEYS if k in record]
     keys += sorted(k for k in record if k.startswith("eval_") and k not in _LINE_KEYS)
     parts = [f"{k} {record[k]:.4g}" for k in keys if isinstance(record[k], (int, float))]
     if isinstance(record.get("tokens_per_s"), (int, float)) and math.isfinite(record["tokens_per_s"]):
         parts.append(f"tokens/s {record['tokens_per_s']:.0f}")
+    if isinstance(record.get("peak_memory_mb"), (int, float)):
+        parts.append(f"peak memory {record['peak_memory_mb']:.0f} MB")
     return f"step {record['step']}: " + ", ".join(parts)
 
 
@@ -208,6 +212,7 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
     with claim(path, enabled=main) as created:
         try:
             _check_workdir(path, resume)
+            cfg = tasks.check_data(cfg)  # the source, columns and labels, before any model is built
             s = setup(cfg, devices)
             if resume:
                 start, state = checkpoint.restore_latest(path, s.abstract_state)
@@ -225,9 +230,12 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
                 remove_new(path)
             raise
         # Only now, with the state restored, does the run's directory change.
+        if not resume:
+            cfg = own_tokenizer(cfg, path, write=main)
+            s.cfg = cfg
         if main:
             with open(os.path.join(path, "config.json"), "w") as f:
-                f.write(cfg.to_json())
+                f.write(json.dumps(checkpoint.portable(cfg.to_dict(), path), indent=2, sort_keys=True))
             if s.trainable is not None and not resume:  # what the frozen half is: readers load the same step
                 checkpoint.write_base(path, cfg.init_from, base_step)
             for name, text in data.files.items():  # what the task keeps beside the run, e.g. labels.json
@@ -253,6 +261,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
     writer = MetricsWriter(workdir, enabled=main, start_step=start)
     flops_per_token = freeze.flops_per_token(s.task, cfg.data.seq_len, s.abstract_params, s.trainable)
     peak = flops.total_peak(s.mesh.devices.flatten().tolist())
+    local_devices = [d for d in s.mesh.devices.flatten().tolist() if d.process_index == jax.process_index()]
     last = cfg.train.steps if stop_at_step is None else min(stop_at_step, cfg.train.steps)
     bar = tqdm(total=cfg.train.steps, initial=start, dynamic_ncols=True,
                disable=not (main and progress and not quiet and _is_terminal()))
@@ -279,8 +288,10 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                 bar.update(1)
             pending = m
             if compile_s is None:  # the first step compiles; time throughput from the second on
-                jax.block_until_ready(m)
+                first = jax.device_get(m)
                 compile_s, t0, t0_step = time.perf_counter() - t0, time.perf_counter(), step
+                say(f"first step: loss {float(first['loss_sum']) / max(float(first['weight']), 1e-9):.4g} "
+                    f"(compiled and ran in {compile_s:.1f} s)")
             do_eval = cfg.train.eval_every and (step % cfg.train.eval_every == 0 or step == last)
             do_save = step % cfg.train.save_every == 0 or step == last
             if step % cfg.train.log_every == 0 or do_eval or do_save or step == last:
@@ -292,6 +303,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                 if bad is not None:
                     raise _diverged(bad, workdir, mngr)
                 record = _summarise(host, step, t0, t0_step, flops_per_token, peak)
+                record["peak_memory_mb"] = memory.peak_memory_mb(local_devices)
                 if not writer.records:
                     record["compile_s"] = compile_s
                 buffered, t0, t0_step = [], time.perf_counter(), step
