@@ -53,7 +53,8 @@ def test_a_hugging_face_directory_is_converted_into_the_workdir_first(hf_gpt2, t
                        "--set", "data.seq_len=32", "--set", "train.batch_size=8", "--set",
                        f"data.cache_dir={cache_dir}", "--set", "train.eval_every=0"]) == 0
     base = os.path.join(work, "base")
-    assert checkpoint.latest_step(base) == 0 and read_config(work)["init_from"] == os.path.abspath(base)
+    assert checkpoint.latest_step(base) == 0 and read_config(work)["init_from"] == "./base"  # inside: relative
+    assert checkpoint.load_config(work).init_from == os.path.abspath(base)
     wte = load_file(os.path.join(hf_gpt2, "model.safetensors"))["transformer.wte.weight"]
     np.testing.assert_allclose(params_of(work)["wte"]["embedding"], wte, atol=1e-6)
 
@@ -98,9 +99,9 @@ def test_a_config_file_may_init_from_a_hugging_face_directory(tmp_path, cache_di
     assert train_main(["minilm_cls", "--workdir", work, "--set", "train.steps=1", "--set", "train.batch_size=8",
                        "--set", "train.eval_every=0", "--set", "data.seq_len=32", "--set",
                        f"data.cache_dir={cache_dir}"]) == 0
-    cfg = read_config(work)
-    assert cfg["init_from"] == os.path.join(work, "base") and checkpoint.latest_step(cfg["init_from"]) == 0
-    assert cfg["data"]["tokenizer"] == os.path.join(work, "base", "tokenizer") and cfg["task"] == "bert_cls"
+    cfg = checkpoint.load_config(work)  # its paths inside the run are saved relative to it, read absolute
+    assert cfg.init_from == os.path.join(work, "base") and checkpoint.latest_step(cfg.init_from) == 0
+    assert cfg.data.tokenizer == os.path.join(work, "base", "tokenizer") and cfg.task == "bert_cls"
     theirs, ours = params_of(os.path.join(work, "base")), params_of(work)
     np.testing.assert_allclose(ours["bert"]["embed"]["word"]["embedding"], theirs["bert"]["embed"]["word"]["embedding"],
                                atol=1e-3)  # one step at lr 1e-4 (linear warmup from 0: the first step's lr is 0)

