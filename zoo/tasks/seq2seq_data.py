@@ -1,6 +1,6 @@
 """The seq2seq task's data: framing, source/target pairs, tokens, padded batches as a pure function of (seed, step).
 
-Sources are those of zoo.data.corpus: `builtin`, `hub:NAME[/CONFIG]` or local json/jsonl/parquet files,
+Sources are those of zoo.data.corpus: `builtin`, `hub:NAME[/CONFIG]` or local json/jsonl/parquet/csv/tsv files,
 with a source and a target column (`data.source_column`, `data.target_column`; `a.b` reads key b of
 a dict column a, as in WMT's `translation.de`). `builtin` is the offline default task and ignores
 the column settings: every distinct run of 3-8 consecutive plain words inside the clauses of

@@ -1,7 +1,7 @@
 """Chat / instruction fine-tuning (sft) of a GPT-family model: conversations rendered with the checkpoint's
 own chat template, the loss on the assistant's tokens only, examples packed several to a row.
 
-Sources are those zoo reads (`hub:`, local json/jsonl/parquet; `zoo_commands`, the small chat set zoo
+Sources are those zoo reads (`hub:`, local json/jsonl/parquet/csv/tsv; `zoo_commands`, the small chat set zoo
 ships: zoo.data.zoo_commands) with either a `data.messages_column` of
 conversations (lists of {role, content}: system, user and assistant turns, multi-turn) or
 `data.prompt_column` + `data.completion_column` (text: the completion follows the prompt as plain text,
