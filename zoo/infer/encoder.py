@@ -1,0 +1,99 @@
+"""Batched, jitted inference on a BERT encoder (zoo.models.bert): class probabilities of a classifier and
+the top-k tokens at each [MASK] of a masked LM, for many framed rows at once (zoo-classify and
+zoo-fill-mask --file).
+
+Rows are token ids already framed ([CLS] a [SEP] (b [SEP])) by the caller. They are sorted by length
+and cut into batches of at most `batch_size`, so a batch pads little; each batch is padded to a bucketed
+shape (rows and length to the next power of two, the length capped at the model's max_len, the rows at
+batch_size), so a file of any size compiles a handful of shapes. Padded positions are [PAD] with
+valid_BT False: the model masks them as keys, so no real position (and no [CLS]) sees them; padded
+rows repeat a real row and are dropped. Results come back in the order of the rows given.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def bucket(n: int, cap: int, least: int = 1) -> int:
+    """The padded size for n: the next power of two >= max(n, least), capped at `cap`."""
+    return min(cap, 1 << (max(n, least) - 1).bit_length())
+
+
+def batches(lengths: list[int], batch_size: int) -> list[np.ndarray]:
+    """Row indices in batches of at most batch_size, longest rows first (ties in row order)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    order = np.argsort(-np.asarray(lengths, np.int64), kind="stable")
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def pad_rows(rows: list[list[int]], seg_starts: list[int], pad_id: int, batch_size: int, max_len: int):
+    """(ids_BT, segment_ids_BT, valid_BT) of rows padded to the bucketed shape; extra rows repeat row 0."""
+    B = bucket(len(rows), batch_size)
+    T = bucket(max(map(len, rows)), max_len, least=8)
+    rows = rows + [rows[0]] * (B - len(rows))
+    seg_starts = list(seg_starts) + [seg_starts[0]] * (B - len(seg_starts))
+    ids_BT = np.full((B, T), pad_id, np.int32)
+    lengths_B = np.asarray([len(r) for r in rows])
+    for i, r in enumerate(rows):
+        ids_BT[i, :len(r)] = r
+    pos_1T = np.arange(T)[None]
+    valid_BT = pos_1T < lengths_B[:, None]
+    segment_ids_BT = ((pos_1T >= np.asarray(seg_starts)[:, None]) & valid_BT).astype(np.int32)
+    return ids_BT, segment_ids_BT, valid_BT
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _class_probs(params, ids_BT, segment_ids_BT, valid_BT, *, model):
+    logits_BC = model.apply({"params": params}, ids_BT, segment_ids_BT, valid_BT)
+    return jax.nn.softmax(logits_BC.astype(jnp.float32), axis=-1)
+
+
+def class_probs(model, params, rows: list[list[int]], seg_starts: list[int], *, pad_id: int,
+                batch_size: int = 32) -> np.ndarray:
+    """probs [N, C] of a BertClassifier for N framed rows; segment 1 of row i starts at seg_starts[i]."""
+    out = [None] * len(rows)
+    for idx in batches([len(r) for r in rows], batch_size):
+        arrays = pad_rows([rows[i] for i in idx], [seg_starts[i] for i in idx], pad_id, batch_size,
+                          model.cfg.max_len)
+        probs_BC = np.asarray(_class_probs(params, *map(jnp.asarray, arrays), model=model))
+        for b, i in enumerate(idx):
+            out[i] = probs_BC[b]
+    return np.stack(out)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "start", "stop", "top_k"))
+def _mask_top_k(params, ids_BT, valid_BT, positions_BK, *, model, start: int, stop: int, top_k: int):
+    # Only the K gathered positions go through the MLM head: [B, K, V], never [B, T, V].
+    logits_BKV = model.apply({"params": params}, ids_BT, jnp.zeros_like(ids_BT), valid_BT, positions_BK=positions_BK)
+    probs_BKV = jax.nn.softmax(logits_BKV[..., start:stop].astype(jnp.float32), axis=-1)
+    probs_BKk, ids_BKk = jax.lax.top_k(probs_BKV, top_k)
+    return probs_BKk, ids_BKk + start
+
+
+def mask_top_k(model, params, rows: list[list[int]], *, pad_id: int, mask_id: int, start: int, stop: int,
+               top_k: int, batch_size: int = 32) -> list[list[list[tuple[int, float]]]]:
+    """For each framed row, for each [MASK] in it: the top_k (token id, probability) pairs over the ordinary
+    tokens [start, stop), most likely first."""
+    top_k = min(top_k, stop - start)
+    where = [np.flatnonzero(np.asarray(r) == mask_id) for r in rows]
+    out = [None] * len(rows)
+    for idx in batches([len(r) for r in rows], batch_size):
+        ids_BT, _, valid_BT = pad_rows([rows[i] for i in idx], [len(rows[i]) for i in idx], pad_id, batch_size,
+                                       model.cfg.max_len)
+        K = bucket(max(len(where[i]) for i in idx), ids_BT.shape[1])
+        positions_BK = np.zeros((ids_BT.shape[0], K), np.int32)  # extra slots read [CLS]; their results are dropped
+        for b, i in enumerate(idx):
+            positions_BK[b, :len(where[i])] = where[i]
+        probs_BKk, ids_BKk = (np.asarray(x) for x in _mask_top_k(
+            params, jnp.asarray(ids_BT), jnp.asarray(valid_BT), jnp.asarray(positions_BK), model=model,
+            start=start, stop=stop, top_k=top_k))
+        for b, i in enumerate(idx):
+            out[i] = [[(int(t), float(p)) for t, p in zip(ids_BKk[b, m], probs_BKk[b, m])]
+                      for m in range(len(where[i]))]
+    return out
