@@ -29,6 +29,7 @@ def _check(ok: bool, msg: str) -> None:
 
 
 TRUNCATIONS = ("truncate", "drop")
+INT32 = 2**31  # bound of every integer a run counts with on device (steps, seeds)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +38,7 @@ class DataConfig:
 
     source: str = "builtin"  # builtin | shakespeare | hub:NAME[/CONFIG] | hub:OWNER/NAME/[CONFIG] | local file, dir or glob
     split: str = "train"  # split of a hub or local dataset to read
-    text_column: str = "text"  # column holding the text (json/parquet/hub)
+    text_column: str = "text"  # column holding the text (json/csv/parquet/hub)
     text_pair_column: str = ""  # classification: a second text column (sentence pairs); "" for single texts
     label_column: str = "label"  # classification: column of labels (ints, or strings mapped to ids)
     label_names: str = ""  # classification: comma-separated class names in id order; "" reads them from the data
@@ -128,6 +129,9 @@ class TrainConfig:
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_batches", "save_every", "keep"):
             _check(getattr(self, name) > 0, f"train.{name}={getattr(self, name)} must be positive")
+        for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches", "save_every",
+                     "keep", "sample_tokens", "seed"):  # step counters and PRNG seeds are 32-bit
+            _check(getattr(self, name) < INT32, f"train.{name}={getattr(self, name)} is too large (at most {INT32 - 1})")
         _check(0.0 <= self.label_smoothing < 1.0, f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
         for name in ("eval_every", "sample_tokens", "seed"):
             _check(getattr(self, name) >= 0, f"train.{name}={getattr(self, name)} must be >= 0 (0: "
@@ -294,6 +298,9 @@ def load_config_file(path: str) -> Config:
         name, importlib.machinery.SourceFileLoader(name, path)))
     try:
         module.__loader__.exec_module(module)
+    except SystemExit as e:
+        raise ConfigError(f"config file {path!r} called sys.exit({e.code!r}) while loading; a config file only "
+                          f"defines get_config()") from None
     except SyntaxError as e:
         raise ConfigError(f"config file {path!r} line {e.lineno}: syntax error ({e.msg})") from None
     except Exception as e:  # an exception while the file runs: name the file and the first line of it
@@ -304,6 +311,9 @@ def load_config_file(path: str) -> Config:
         cfg = module.get_config()
     except ConfigError:
         raise
+    except SystemExit as e:
+        raise ConfigError(f"config file {path!r}: get_config() called sys.exit({e.code!r}); it must return a "
+                          f"zoo.config.Config") from None
     except Exception as e:
         raise ConfigError(f"config file {path!r}: get_config() failed: {type(e).__name__}: {e}") from None
     if not isinstance(cfg, Config):

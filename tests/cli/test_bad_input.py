@@ -35,9 +35,11 @@ def files(tmp):
     (tmp / "chats.jsonl").write_text("".join(json.dumps({"messages": chat}) + "\n" for _ in range(4)))
     (tmp / "bad_chats.jsonl").write_text("".join(json.dumps({"messages": "hello"}) + "\n" for _ in range(4)))
     (tmp / "raising.jinja").write_text("{{ raise_exception('no chat here') }}")
+    (tmp / "exits.py").write_text("import sys\nsys.exit(0)\n")
     return {"syntax": tmp / "syntax.py", "notes": tmp / "notes.txt", "a_dir": tmp / "a_dir",
             "a_file": tmp / "a_file", "full": tmp / "full", "hf": tmp / "hf", "new": tmp / "new",
-            "chats": tmp / "chats.jsonl", "bad_chats": tmp / "bad_chats.jsonl", "raising": tmp / "raising.jinja"}
+            "chats": tmp / "chats.jsonl", "bad_chats": tmp / "bad_chats.jsonl", "raising": tmp / "raising.jinja",
+            "exits": tmp / "exits.py"}
 
 
 TRAIN = ["configs/gpt_tiny.py", "--workdir", "{new}"]
@@ -72,6 +74,15 @@ ROWS = [  # (command, arguments, fragment of the error line)
      "row 0 of data.messages_column='messages'"),
     ("train", [*TRAIN, "--set", "task=sft", "--set", "data.source={chats}", "--set", "data.chat_template={raising}"],
      "the chat template ({raising}) failed: TemplateError: no chat here"),
+    # Config-time bounds (issue "trust, round two"), each before any model is built.
+    ("train", ["{exits}"], "config file '{exits}' called sys.exit(0) while loading"),
+    ("train", [*TRAIN, "--set", "train.seed=99999999999999999999"],
+     "train.seed=99999999999999999999 is too large (at most 2147483647)"),
+    ("train", [*TRAIN, "--set", "train.steps=1e30"], "is too large (at most 2147483647)"),
+    ("train", [*TRAIN, "--set", "model.vocab_size=10"], "model.vocab_size=10 is smaller than the vocabulary of "
+                                                        "data.tokenizer='bytes' (257)"),
+    ("train", [*TRAIN, "--set", "model.attention_impl=cudnn"], "model.attention_impl='cudnn' needs an NVIDIA GPU"),
+    ("train", [*TRAIN, "--set", "data.cache_dir=/proc/x"], "data.cache_dir='/proc/x' is not a writable directory"),
     ("sample", ["{run}", "--max-new-tokens", "-1"], "max-new-tokens=-1"),
     ("sample", ["{run}", "--max-new-tokens", "0"], "max-new-tokens=0"),
     ("sample", ["{run}", "--num-samples", "0"], "num-samples=0"),
@@ -87,7 +98,7 @@ MAINS = {"train": train_main, "sample": sample.main, "convert": convert.main}
 def test_bad_input_is_one_error_line(done, tmp_path, capsys, cache_dir, command, args, fragment):
     paths = {k: str(v) for k, v in files(tmp_path).items()} | {"run": done}
     argv = [a.format(**paths) for a in args]
-    if command == "train" and "--resume" not in argv:
+    if command == "train" and "--resume" not in argv and not any(a.startswith("data.cache_dir") for a in argv):
         argv += ["--set", f"data.cache_dir={cache_dir}"]
     before = sorted(os.listdir(done)), open(os.path.join(done, "config.json")).read()
     assert MAINS[command](argv) == 2

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import replace
 from tests.helpers.runs import run
+from zoo.cli import train as train_cli
 from zoo.cli.train import train_main
 from zoo.errors import CheckpointError, TrainError
 from zoo.train import checkpoint, orbax_errors, trainer
@@ -78,6 +79,8 @@ DAMAGE = {  # what happens to step 4 -> the one-line reason (a regex)
     "train item deleted": (lambda d: shutil.rmtree(f"{d}/train"), re.escape('Item "train" was not found')),
     "array store deleted": (lambda d: shutil.rmtree(f"{d}/params/ocdbt.process_0"), re.escape("missing or truncated")),
     "truncated _METADATA": (lambda d: _truncate(f"{d}/params/_METADATA"), re.escape("JSONDecodeError")),
+    # The config restores with its state or the step is not taken: never step 4's state under step 2's config.
+    "config item deleted": (lambda d: shutil.rmtree(f"{d}/config"), re.escape('Item "config" was not found')),
 }
 
 
@@ -195,6 +198,11 @@ def test_one_run_per_workdir_and_a_killed_holder_does_not_block(base, tmp_path, 
         assert err == [f"error: workdir {work!r} is in use by another training run (pid {holder.pid}); wait for "
                        f"it to end or pick another --workdir"]
         assert checkpoint.all_steps(work) == []
+        # --resume beside a run that has no checkpoint yet: the lock's refusal, before any config is read.
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(train_cli, "resolve", lambda a: pytest.fail("the config was read before the lock"))
+            assert train_main(["--resume", work]) == 2
+        assert capsys.readouterr().err.strip() == err[0]
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
@@ -242,3 +250,23 @@ def test_a_failing_save_ends_the_run_within_seconds_with_one_line(base, tmp_path
     records = [json.loads(line) for line in open(os.path.join(work, "metrics.jsonl"))]
     assert records[-1]["step"] <= 6  # stopped at the next save or log step, not after 40 steps (nor a hang)
     assert took < 120
+
+
+def test_a_step_pruned_while_it_is_read_is_not_reported_as_damage(base, tmp_path, capsys):
+    """zoo-sample beside a run with keep=1: the step it listed is deleted by the trainer before it is read."""
+    work = copy_of(base, tmp_path)
+    read = []
+
+    def load(step):
+        read.append(step)
+        if step == 4 and len(read) == 1:  # the trainer prunes it between the listing and the read
+            shutil.rmtree(checkpoint.step_dir(work, 4))
+            raise FileNotFoundError(f"{checkpoint.step_dir(work, 4)}/params")
+        return checkpoint.load_params(work, step=step)
+
+    assert checkpoint.first_restorable(work, load)[0] == 2 and read == [4, 2]
+    assert capsys.readouterr().err == ""  # no "does not restore" warning: nothing is damaged
+    # A damaged step that is still there is reported as before.
+    shutil.rmtree(os.path.join(checkpoint.step_dir(work, 2), "params"))
+    with pytest.raises(CheckpointError, match="restores; tried step 2"):
+        checkpoint.first_restorable(work, lambda s: checkpoint.load_params(work, step=s))

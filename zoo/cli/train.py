@@ -165,11 +165,13 @@ def train_main(argv=None) -> int:
         print(configs.listing())
         return 0
     from zoo.errors import TrainError
-    from zoo.train import trainer
+    from zoo.train.workdir import check_free
     try:
         a.workdir = workdir_of(a) if not a.resume else None
-    except BAD_INPUT as e:
+        check_free(a.resume or a.workdir)  # a run in progress is named first, before anything is loaded
+    except (TrainError, *BAD_INPUT) as e:
         return error(e)
+    from zoo.train import trainer
     fresh = a.workdir is not None and not os.path.exists(a.workdir) and not a.print_config
     try:
         cfg, workdir, resume = resolve(a)

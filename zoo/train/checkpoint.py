@@ -157,6 +157,11 @@ def first_restorable(workdir: str, load, steps: list[int] | None = None):
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:
+            if step not in all_steps(workdir):  # pruned by a run still training (keep=1): gone, not damaged
+                fresh = [s for s in all_steps(workdir) if s not in steps]
+                if fresh:  # a newer step was saved meanwhile: read it instead
+                    return first_restorable(workdir, load, fresh + steps[i + 1:])
+                continue
             failed.append(f"step {step} ({_reason(e)})")
             after = f"trying step {steps[i + 1]}" if i + 1 < len(steps) else "no older step"
             if jax.process_index() == 0:
@@ -184,7 +189,9 @@ def restore_latest(workdir: str, abstract_state):
     not restore are moved aside into WORKDIR/checkpoints-damaged/ (kept for inspection, out of Orbax's way)."""
     with manager(workdir, read_only=True) as m:
         steps = sorted(m.all_steps(), reverse=True)
-        step, state = first_restorable(workdir, lambda s: restore(m, s, abstract_state, workdir), steps)
+        # A step restores whole or not at all: its config too, so the run goes on with the config of its state.
+        step, state = first_restorable(workdir, lambda s: (_restore_config(workdir, s), restore(m, s, abstract_state,
+                                                                                                workdir))[1], steps)
     damaged = [s for s in steps if s > step]
     if damaged and jax.process_index() == 0:
         aside = os.path.join(os.path.dirname(ckpt_dir(workdir)), "checkpoints-damaged")

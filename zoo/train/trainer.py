@@ -71,6 +71,10 @@ class Setup:
 def setup(cfg: Config, devices=None) -> Setup:
     task = tasks.build(cfg)
     mesh = sharding.make_mesh(cfg.mesh, devices)
+    platform = mesh.devices.flat[0].platform
+    if getattr(cfg.model, "attention_impl", None) == "cudnn" and platform not in ("gpu", "cuda"):
+        raise ConfigError(f"model.attention_impl='cudnn' needs an NVIDIA GPU; this run's devices are {platform}; "
+                          f"use auto (einsum on CPU, cuDNN on a GPU), xla or einsum")
     dp = sharding.data_parallel_size(mesh)
     micro = cfg.train.batch_size // cfg.train.grad_accum
     if micro % dp:

@@ -49,6 +49,24 @@ def claim(workdir: str, enabled: bool = True):
         os.close(fd)  # releases the lock
 
 
+def check_free(workdir: str) -> None:
+    """Refuse at once a workdir whose lock another run holds (before jax is imported or the config read):
+    what `claim` would say, without taking the lock."""
+    path = os.path.join(workdir, LOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # no lock file (a new workdir) or unreadable: claim decides
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        raise TrainError(f"workdir {workdir!r} is in use by another training run (pid {holder}); wait for it "
+                         f"to end or pick another --workdir") from None
+    finally:
+        os.close(fd)
+
+
 def remove_new(workdir: str) -> None:
     """Remove a workdir this run created, after a failure before any result (config or data error)."""
     shutil.rmtree(workdir, ignore_errors=True)
