@@ -28,8 +28,16 @@ def _hf_model(hf: dict):
     kw = {k: v for k, v in hf.items() if k != "arch"}
     kw["attn_implementation"] = "sdpa"  # transformers' default where available; named so every row says it
     if arch == "gpt2":
-        cfg = transformers.GPT2Config(**kw, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-        return transformers.GPT2LMHeadModel(cfg)
+        # GPT-2's end-of-text is its last id (50256 of 50257): the last of a smaller vocabulary too, where
+        # GPT2Config's default 50256 lies outside it (and transformers warns)
+        end = kw["vocab_size"] - 1
+        cfg = transformers.GPT2Config(**kw, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=end,
+                                      eos_token_id=end)
+        model = transformers.GPT2LMHeadModel(cfg)
+        # transformers reads the loss off the class name, and "GPT2LMHeadModel" names none (it warns, then
+        # takes the causal-LM loss): named here
+        model.loss_type = "ForCausalLM"
+        return model
     if arch == "bert":
         return transformers.BertForMaskedLM(transformers.BertConfig(**kw, hidden_dropout_prob=0.0,
                                                                    attention_probs_dropout_prob=0.0))

@@ -28,7 +28,7 @@ import sys
 import time
 
 from zoo.bench import shapes as bench_shapes
-from zoo.bench.run import ROUNDS, run_spec, table
+from zoo.bench.run import ROUNDS, WARMUP, run_spec, table
 from zoo.bench.shapes import PEER_NAMES
 from zoo.cli import error
 
@@ -39,20 +39,34 @@ def main(argv=None) -> int:
                     help="repeatable; default: every workload with shapes in the --shapes set")
     ap.add_argument("--shapes", choices=bench_shapes.SHAPE_SETS, default="full",
                     help="full: the published shapes; cpu: the scaled shapes for a CPU; gpu: the GPU story "
-                         "(GPT-2, BERT-base, T5-small, generation) for one H100/H200")
-    ap.add_argument("--preset", help="model preset for the train workloads (e.g. gpt2_small, bert_base)")
-    ap.add_argument("--seq-len", type=int)
-    ap.add_argument("--batch", type=int)
-    ap.add_argument("--dtype", choices=("float32", "bfloat16"))
-    ap.add_argument("--rounds", type=int, default=ROUNDS)
+                         "(GPT-2, BERT-base, T5-small, generation) for one H100/H200 (default: %(default)s)")
+    ap.add_argument("--preset", help="model preset for the train workloads (e.g. gpt2_small, bert_base); default: "
+                                     "each shape's own model")
+    example = bench_shapes.SHAPES[("gpt_train", "full")][0][1]  # for the defaults' example
+    ap.add_argument("--seq-len", type=int, metavar="T",
+                    help="tokens per training sequence (encdec_train: the source length) in every chosen shape, "
+                         f"zoo's and the peers'; default: each shape's own (gpt_train's full shape: "
+                         f"{example['seq_len']}); generation keeps its prompt and new-token lengths")
+    ap.add_argument("--batch", type=int, metavar="B",
+                    help="sequences per step (generation: prompts decoded together) in every chosen shape, zoo's "
+                         f"and the peers'; default: each shape's own (gpt_train's full shape: {example['batch']})")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"),
+                    help="compute dtype of zoo, and of the peers on CUDA (bf16 autocast in training, bf16 weights "
+                         "in generation; on a CPU they stay float32); default: float32 on a CPU, bfloat16 on an "
+                         "accelerator")
+    ap.add_argument("--rounds", type=int, default=ROUNDS,
+                    help=f"timed rounds per shape, alternated between zoo and each peer after {WARMUP} warm-up "
+                         f"rounds; medians and minima are over these (default: %(default)s)")
     ap.add_argument("--peer", action="append", default=[], metavar="|".join(PEER_NAMES),
                     help="run transformers (PyTorch) on the same shapes and device, beside zoo; repeatable or "
-                         "a comma list (each peer's ratio is reported)")
-    ap.add_argument("--out", help="append one JSON line per shape to this file")
+                         "a comma list (each peer's ratio is reported); default: zoo alone")
+    ap.add_argument("--out", help="append one JSON line per shape to this file; default: the lines are printed "
+                                  "only")
     ap.add_argument("--profile", metavar="DIR", help="write a jax.profiler trace of a few zoo steps per shape "
-                                                     "to DIR/WORKLOAD-SHAPE")
+                                                     "to DIR/WORKLOAD-SHAPE; default: no trace")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="config override for zoo's side, repeatable (e.g. model.attention_impl=xla, model.remat=true)")
+                    help="config override for zoo's side, repeatable (e.g. model.attention_impl=xla, "
+                         "model.remat=true); default: none")
     a = ap.parse_args(argv)
     peers = list(dict.fromkeys(p.strip() for arg in a.peer for p in arg.split(",") if p.strip()))
     for p in peers:

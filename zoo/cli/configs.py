@@ -6,6 +6,9 @@ from __future__ import annotations
 import ast
 import glob
 import os
+import re
+import shutil
+import textwrap
 
 import zoo
 from zoo.errors import ConfigError
@@ -32,21 +35,32 @@ def find(name: str) -> str:
                       f"(zoo-train --list)")
 
 
+# A sentence ends at . ! or ? (a closing bracket or quote may follow) before a space or the end of the text,
+# except after the abbreviations docstrings use ("Vaswani et al. 2017", "e.g. gpt_tiny").
+SENTENCE_END = re.compile(r"(?<!\bal)(?<!\be\.g)(?<!\bi\.e)(?<!\betc)(?<!\bvs)[.!?][)\]\"']?(?=\s|$)")
+
+
 def summary(path: str) -> str:
-    """The first line of a config file's docstring."""
+    """A config file's docstring opening, as one line: its first line, continued across the wrapped lines
+    after it to the end of the sentence it ends in (within the first paragraph), so never cut mid-sentence."""
     with open(path) as f:
         doc = ast.get_docstring(ast.parse(f.read())) or ""
-    return doc.split("\n")[0]
+    paragraph = re.split(r"\n\s*\n", doc.strip())[0]
+    first, text = " ".join(paragraph.split("\n")[0].split()), " ".join(paragraph.split())
+    end = SENTENCE_END.search(text, max(len(first) - 2, 0))  # the first line's own last "." counts
+    return text[:end.end()] if end else text
 
 
 def listing() -> str:
-    """Config files (name: first docstring line) and presets (name: family, layers x width)."""
+    """Config files (name: summary, wrapped to the terminal's width under itself) and presets (name: family,
+    layers x width)."""
     from zoo.models import FAMILIES
-    lines = []
+    lines, width = [], max(shutil.get_terminal_size().columns, 60)
     for d in config_dirs()[:1]:
         lines.append(f"configs in {d} (train one with `zoo-train NAME`):")
         for path in sorted(glob.glob(os.path.join(d, "*.py"))):
-            lines.append(f"  {os.path.basename(path)[:-3]:18} {summary(path)}")
+            lines.append(textwrap.fill(summary(path), width, initial_indent=f"  {os.path.basename(path)[:-3]:18} ",
+                                       subsequent_indent=" " * 21, break_on_hyphens=False))
     lines.append("model presets (zoo.models.PRESETS; e.g. dataclasses.replace(PRESETS[name], ...) in a config):")
     for family in FAMILIES.values():
         for name, m in family.presets.items():

@@ -101,10 +101,11 @@ def _run_config(model_cfg, task: str, tokenizer: str | None, hf_cfg: dict | None
     return Config(task=task, model=model_cfg, data=data, context_len=context)
 
 
-def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True) -> dict:
+def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True, source: str | None = None) -> dict:
     """Convert; returns a report with the unused keys. The weights are checked against the zoo
-    model's own parameter tree (every key, every shape) before anything is written. (A PEFT LoRA
-    adapter directory converts with zoo.hf.peft.from_peft.)"""
+    model's own parameter tree (every key, every shape) before anything is written. `verbose` ends
+    with one `wrote RUN_DIR: ...` line naming the source as `source` (default: path_or_id). (A PEFT
+    LoRA adapter directory converts with zoo.hf.peft.from_peft.)"""
     from zoo import tasks
     from zoo.train import checkpoint
     src = io.resolve(path_or_id)
@@ -129,9 +130,8 @@ def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True) -> dict:
         f.write(cfg.to_json())
     unused = keys.unused(conv.IGNORED)
     if verbose:
-        n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-        print(f"converted {', '.join(hf_cfg.get('architectures') or [hf_cfg['model_type']])} from {src}: "
-              f"{n:,} params -> {run_dir}" + (f"; unused keys: {', '.join(unused)}" if unused else ""))
+        if unused:
+            print(f"note: the checkpoint's unused keys: {', '.join(unused)}")
         if framing is not None:
             skipped = seq2seq.unsupported_generation(hf_cfg, gen)
             if skipped:
@@ -139,7 +139,16 @@ def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True) -> dict:
             if not copied and not named:
                 print("note: the checkpoint has no tokenizer files; the run uses data.tokenizer=bytes and zoo's "
                       "own seq2seq framing")
+        arch = ", ".join(hf_cfg.get("architectures") or [hf_cfg["model_type"]])
+        tok = f"{tok_dir} ({', '.join(copied)})" if copied else named or "bytes (the checkpoint has none)"
+        print(f"wrote {run_dir}: a {task_name} run of {arch} from {source or path_or_id} ({model_cfg.family}, "
+              f"{count(params):,} params, step 0); tokenizer: {tok}")
     return {"config": cfg, "unused": unused, "params": params}
+
+
+def count(tree) -> int:
+    """The number of values in a tree of arrays (params, or an export's tensors)."""
+    return sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(tree))
 
 
 def _check_tree(params, expected) -> None:
@@ -191,17 +200,19 @@ def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     params = jax.device_get(checkpoint.load_params_of(run_dir, cfg))
     tensors = conv.params_to_hf(params, cfg.model)
     try:
-        io.write(out_dir, hf_cfg, tensors)
+        files = io.write(out_dir, hf_cfg, tensors)
         written = save_dir(os.path.expanduser(tok), out_dir) if own_files else \
             tokenizer_export.write(out_dir, *tok_files) if tok_files is not None else []
     except OSError as e:
         raise ConversionError(f"cannot write the export to {out_dir!r}: {e.strerror or e}"
                               + (f" ({e.filename})" if e.filename else "")) from None
     if verbose:
-        print(f"exported {run_dir} -> {out_dir} ({len(tensors)} tensors; tokenizer: {', '.join(written) or 'none'})")
         if not own_files and tok_files is None:
             print(f"note: no tokenizer files: the ids of data.tokenizer={tok!r} do not fit model.vocab_size="
                   f"{cfg.model.vocab_size} (a checkpoint converted without its tokenizer)")
+        print(f"wrote {out_dir}: {', '.join(files + written)} ({count(tensors):,} params of {run_dir}, step "
+              f"{checkpoint.latest_step(run_dir)}); load it with transformers.{hf_cfg['architectures'][0]}"
+              f".from_pretrained({out_dir!r})")
     return {"tensors": tensors, "tokenizer_files": written}
 
 

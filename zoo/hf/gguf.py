@@ -4,10 +4,16 @@ transformers reads the file with the `gguf` package, dequantises every tensor to
 the model's config and tokenizer (with its chat template) from the file's metadata; that Hugging Face
 directory is then converted like any other (zoo.hf.from_hf). Needs torch, transformers, gguf and
 accelerate (the test extras); zoo's own path stays torch-free.
+
+transformers draws two progress bars while it reads the file (one update per tensor: hundreds of lines
+where the terminal does not redraw), which `_quiet` turns off for the conversion alone; its warnings
+stay. The temporary directory never shows: the report names the GGUF file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import os
 import tempfile
@@ -29,14 +35,38 @@ def from_gguf(path: str, run_dir: str, *, verbose: bool = True) -> dict:
     directory, name = os.path.split(os.path.abspath(path))
     with tempfile.TemporaryDirectory(prefix="zoo-gguf-") as hf_dir:
         try:
-            tok = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
-            model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+            with _quiet():
+                tok = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
+                model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name,
+                                                                          dtype=torch.float32)
         except (ValueError, KeyError, OSError) as e:
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise ConversionError(f"{path!r}: transformers could not read it as a GGUF model ({first})") from None
         _save(model, hf_dir)
         tok.save_pretrained(hf_dir)
-        return from_hf(hf_dir, run_dir, verbose=verbose)
+        return from_hf(hf_dir, run_dir, verbose=verbose, source=f"{path}, dequantised")
+
+
+@contextlib.contextmanager
+def _quiet():
+    """transformers without its progress bars, as they were afterwards: the weight-loading bar (transformers'
+    own switch, which turns huggingface_hub's off and on too) and the GGUF reader's (tqdm called directly)."""
+    from huggingface_hub import utils as hub
+    from transformers import modeling_gguf_pytorch_utils as reader
+    from transformers.utils import logging
+    bars, hub_bars = logging.is_progress_bar_enabled(), not hub.are_progress_bars_disabled()
+    tqdm = getattr(reader, "tqdm", None)  # (a later transformers may draw it through its own switch)
+    logging.disable_progress_bar()
+    if tqdm is not None:
+        reader.tqdm = functools.partial(tqdm, disable=True)
+    try:
+        yield
+    finally:
+        if tqdm is not None:
+            reader.tqdm = tqdm
+        if bars:
+            logging.enable_progress_bar()
+        (hub.enable_progress_bars if hub_bars else hub.disable_progress_bars)()
 
 
 def _save(model, directory: str) -> None:
@@ -47,6 +77,7 @@ def _save(model, directory: str) -> None:
     from safetensors.torch import save_file
     conf = model.config.to_dict()
     conf.pop("quantization_config", None)
+    conf["architectures"] = conf.get("architectures") or [type(model).__name__]  # (none in the GGUF metadata)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(conf, f, indent=2)
     tied = conf.get("tie_word_embeddings", False)

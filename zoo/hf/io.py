@@ -91,13 +91,15 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
     raise ConversionError(f"{directory!r} has neither *.safetensors nor pytorch_model.bin")
 
 
-def write(directory: str, config: dict, tensors: dict[str, np.ndarray]) -> None:
+def write(directory: str, config: dict, tensors: dict[str, np.ndarray]) -> list[str]:
+    """config.json + model.safetensors (float32) into `directory`; returns the names written."""
     from safetensors.numpy import save_file
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
     save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()},
               os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    return ["config.json", "model.safetensors"]
 
 
 # Old checkpoints (TF-era BERT on the Hub) name LayerNorm weights gamma / beta; transformers renames

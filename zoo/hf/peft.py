@@ -183,8 +183,10 @@ def to_peft(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
                "base_model_name_or_path": cfg.init_from, "revision": None}
     _write(out_dir, adapter, tensors)
     if verbose:
-        print(f"exported the adapters of {run_dir} -> {out_dir} (PEFT LoRA, r={r}, {len(ranks)} layers"
-              + (f"; modules_to_save: {', '.join(adapter['modules_to_save'])}" if save else "") + ")")
+        saved = f"; modules_to_save: {', '.join(adapter['modules_to_save'])}" if save else ""
+        print(f"wrote {out_dir}: {CONFIG}, {WEIGHTS} (PEFT LoRA r={r} on {len(ranks)} layers{saved}; "
+              f"{convert.count(tensors):,} params of {run_dir}, step {checkpoint.latest_step(run_dir)}) for the base "
+              f"{cfg.init_from}; load it with peft.PeftModel.from_pretrained(base_model, {out_dir!r})")
     return {"config": adapter, "tensors": tensors}
 
 
@@ -379,6 +381,8 @@ def from_peft(adapter_dir: str, run_dir: str, base: str | None = None, *, dry: b
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-converted stays behind
         raise
     if verbose:
-        print(f"converted the PEFT LoRA adapter {adapter_dir} (r={cfg.model.lora_rank}, lora_targets="
-              f"{cfg.model.lora_targets}) on {base_run} -> {run_dir}")
+        base_note = f" (converted from {src})" if not zoo_base else ""
+        print(f"wrote {run_dir}: a {cfg.task} LoRA run of the PEFT adapter {adapter_dir} (r={cfg.model.lora_rank}, "
+              f"lora_targets={cfg.model.lora_targets}; {convert.count(params):,} trained params, step 0) on its "
+              f"base {base_run}{base_note}")
     return {"config": cfg, "params": params, "base": base_run}
