@@ -270,3 +270,17 @@ def test_a_step_pruned_while_it_is_read_is_not_reported_as_damage(base, tmp_path
     shutil.rmtree(os.path.join(checkpoint.step_dir(work, 2), "params"))
     with pytest.raises(CheckpointError, match="restores; tried step 2"):
         checkpoint.first_restorable(work, lambda s: checkpoint.load_params(work, step=s))
+
+
+def test_resume_from_a_chosen_step_redoes_the_steps_after_it_and_keeps_the_newer_ones(base, tmp_path, capsys):
+    """--resume DIR --step N: the run goes on from N (bit for bit the steps it had made after it); the newer
+    checkpoints are moved aside, not deleted."""
+    work = copy_of(base, tmp_path)
+    want = jax.device_get(checkpoint.load_params(work, step=4))
+    assert train_main(["--resume", work, "--step", "3"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --step 3: {work!r} holds checkpoints at steps 2, 4"
+    assert train_main(["--resume", work, "--step", "2", "--quiet"]) == 0
+    assert checkpoint.all_steps(work) == [4, 2]
+    assert [p.split("-")[0] for p in os.listdir(os.path.join(work, "checkpoints-superseded"))] == ["4"]
+    got = jax.device_get(checkpoint.load_params(work, step=4))
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))

@@ -2,7 +2,7 @@
 
     train.py CONFIG [--workdir DIR] [--set key=value ...]
     train.py --init-from RUN_OR_HF_DIR [CONFIG] [--workdir DIR] [--set key=value ...]
-    train.py --resume DIR [--set key=value ...]
+    train.py --resume DIR [--step N] [--set key=value ...]
 
 --init-from fine-tunes a checkpoint without a config file of its own: the model config, tokenizer and
 task come from the checkpoint (a zoo run, or a Hugging Face directory, GGUF file or PEFT LoRA adapter
@@ -33,6 +33,9 @@ def parse(argv):
     ap.add_argument("config", nargs="?", help="a config file (configs/gpt_tiny.py) or a shipped config's name (gpt_tiny)")
     ap.add_argument("--workdir", help="run directory (default: runs/<config>-<time>)")
     ap.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint")
+    ap.add_argument("--step", type=int, metavar="N",
+                    help="with --resume: continue from checkpoint N instead (newer ones are moved aside into "
+                         "DIR/checkpoints-superseded/, kept)")
     ap.add_argument("--init-from", metavar="RUN_OR_HF_DIR",
                     help="fine-tune this checkpoint: model, tokenizer and task from it (a zoo run or a Hugging "
                          "Face directory); CONFIG, if given, supplies data, optim and train")
@@ -52,6 +55,8 @@ def parse(argv):
         ap.error("give a CONFIG file, --init-from RUN_OR_HF_DIR, or --resume DIR")
     if a.resume and a.workdir:
         ap.error("--resume DIR trains in DIR; --workdir does not apply")
+    if a.step is not None and not a.resume:
+        ap.error("--step N picks the checkpoint --resume DIR continues from; give --resume DIR")
     return a
 
 
@@ -91,7 +96,10 @@ def resolve(a):
     from zoo.errors import ConfigError
     from zoo.train import checkpoint
     if a.resume:
-        old = checkpoint.load_config(a.resume)
+        if a.step is not None and a.step not in checkpoint.all_steps(a.resume):
+            raise ConfigError(f"--step {a.step}: {a.resume!r} holds checkpoints at steps "
+                              f"{', '.join(map(str, sorted(checkpoint.all_steps(a.resume)))) or 'none'}")
+        old = checkpoint.load_config(a.resume, a.step)
         cfg = apply_overrides(old, a.set)
         shapes = lambda c: jax.tree.map(lambda x: (x.shape, x.dtype),  # noqa: E731
                                         jax.eval_shape(tasks.build(c).init, jax.random.PRNGKey(0)))
@@ -102,7 +110,7 @@ def resolve(a):
         if optimizer_state(cfg) != optimizer_state(old):
             raise ConfigError(f"--set {' '.join(a.set)} changes the optimizer state's layout (optim.clip_norm turned on "
                               f"or off); a resumed run keeps it. Start from the weights instead: --init-from {a.resume}")
-        warn_restarted_schedule(old, cfg, a.resume)
+        warn_restarted_schedule(old, cfg, a.resume, a.step)
         return cfg, a.resume, True
     workdir = workdir_of(a)
     if a.init_from:
@@ -123,12 +131,12 @@ def resolve(a):
     return cfg, workdir, False
 
 
-def warn_restarted_schedule(old, new, workdir: str) -> None:
+def warn_restarted_schedule(old, new, workdir: str, step: int | None = None) -> None:
     """Say once when a --resume with more train.steps makes the learning rate jump: the old schedule had
     decayed by the checkpoint's step, and the stretched one is back near its peak there."""
     import jax
     from zoo.train import checkpoint, optim
-    step = checkpoint.latest_step(workdir)
+    step = checkpoint.latest_step(workdir) if step is None else step
     if step is None or new.train.steps <= old.train.steps:
         return
     lr = lambda c: float(jax.device_get(optim.make_schedule(c.optim, c.train.steps, c.model.d_model)(step)))  # noqa: E731
@@ -182,7 +190,7 @@ def train_main(argv=None) -> int:
         if a.quiet or not sys.stderr.isatty():
             import datasets
             datasets.disable_progress_bars()  # the one-time tokenization's bars are noise in a log
-        out = trainer.train(cfg, workdir, resume=resume, quiet=a.quiet)
+        out = trainer.train(cfg, workdir, resume=resume, quiet=a.quiet, resume_step=a.step)
     except BaseException as e:
         if fresh:  # a run that failed before its first step leaves nothing: the corrected retry starts clean
             _remove_unstarted(a.workdir)

@@ -184,23 +184,36 @@ def restore(mngr, step: int, abstract_state, workdir: str | None = None):
     return a.replace(step=t["step"], params=out["params"], opt_state=t["opt_state"], rng=t["rng"])
 
 
-def restore_latest(workdir: str, abstract_state):
+def restore_latest(workdir: str, abstract_state, step: int | None = None):
     """(step, TrainState) of the newest step that restores and verifies, for resuming. Newer steps that did
-    not restore are moved aside into WORKDIR/checkpoints-damaged/ (kept for inspection, out of Orbax's way)."""
+    not restore are moved aside into WORKDIR/checkpoints-damaged/ (kept for inspection, out of Orbax's way).
+    With `step` (--resume --step N), that step exactly, and the newer ones, good or not, are moved aside into
+    WORKDIR/checkpoints-superseded/ once it restored: the run goes on from N and nothing is deleted."""
+    asked = step is not None
     with manager(workdir, read_only=True) as m:
         steps = sorted(m.all_steps(), reverse=True)
+        if asked and step not in steps:
+            raise CheckpointError(f"--step {step}: {ckpt_dir(workdir)} holds steps {', '.join(map(str, steps)) or 'none'}")
         # A step restores whole or not at all: its config too, so the run goes on with the config of its state.
-        step, state = first_restorable(workdir, lambda s: (_restore_config(workdir, s), restore(m, s, abstract_state,
-                                                                                                workdir))[1], steps)
-    damaged = [s for s in steps if s > step]
-    if damaged and jax.process_index() == 0:
-        aside = os.path.join(os.path.dirname(ckpt_dir(workdir)), "checkpoints-damaged")
+        load = lambda s: (_restore_config(workdir, s), restore(m, s, abstract_state, workdir))[1]  # noqa: E731
+        if asked:
+            try:
+                state = load(step)
+            except Exception as e:  # noqa: BLE001 - the step asked for does not restore: no fallback
+                raise CheckpointError(f"--step {step}: checkpoint {step_dir(workdir, step)} does not restore: "
+                                      f"{_reason(e)}") from None
+        else:
+            step, state = first_restorable(workdir, load, steps)
+    newer = [s for s in steps if s > step]
+    if newer and jax.process_index() == 0:
+        kind = "superseded" if asked else "damaged"
+        aside = os.path.join(os.path.dirname(ckpt_dir(workdir)), f"checkpoints-{kind}")
         os.makedirs(aside, exist_ok=True)
-        for s in damaged:
+        for s in newer:
             shutil.move(step_dir(workdir, s), os.path.join(aside, f"{s}-{time.strftime('%Y%m%d-%H%M%S')}"))
-    if damaged and jax.process_count() > 1:
+    if newer and jax.process_count() > 1:
         from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices("zoo: damaged checkpoints moved aside")
+        multihost_utils.sync_global_devices("zoo: newer checkpoints moved aside")
     return step, state
 
 

@@ -203,10 +203,11 @@ def eval_line(record: dict) -> str:
 
 
 def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | None = None,
-          devices=None, progress: bool = True, quiet: bool = False) -> dict:
+          devices=None, progress: bool = True, quiet: bool = False, resume_step: int | None = None) -> dict:
     """Train `cfg` in workdir `path` (a fresh run, or the continuation of the newest checkpoint that restores
     when resume). The workdir is locked for the run; nothing in it changes until the state is restored.
 
+    `resume_step` resumes from that checkpoint, not the newest (newer ones are moved aside, kept).
     `stop_at_step` stops (and checkpoints) early as if interrupted. `progress` shows a progress bar
     (only when stdout and stderr are a terminal); `quiet` shows neither the bar nor the line printed
     after each evaluation. Returns the final state, the last eval metrics, the data's tokenizer and the
@@ -219,7 +220,7 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
             cfg = tasks.check_data(cfg)  # the source, columns and labels, before any model is built
             s = setup(cfg, devices)
             if resume:
-                start, state = checkpoint.restore_latest(path, s.abstract_state)
+                start, state = checkpoint.restore_latest(path, s.abstract_state, resume_step)
                 state = load_frozen(s, state, path)
                 if start >= cfg.train.steps:
                     raise TrainError(f"the run in {path!r} is at step {start} and train.steps={cfg.train.steps}: "
