@@ -27,12 +27,15 @@ token's characters run from its start offset to the next token's.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import contextvars
 import datetime
 import functools
 import json
 import os
 import re
+import signal
+import threading
 
 from zoo.errors import ZooDataError
 
@@ -41,6 +44,10 @@ TEMPLATE_FILE = "chat_template.jinja"  # in a run directory: the template a chat
 DEFAULT_TEMPLATE = (r"{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] + "
                     r"eos_token }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}")
 _TAGS = re.compile(r"\{%-?\s*generation\s*-?%\}")  # the test transformers uses for a tagged template
+# A template is code from a checkpoint. Its rendering is bounded: at most RENDER_SECONDS of wall time (in the
+# main thread, where a timer can interrupt it) and MAX_CHARS of text, its own or one `*` product's.
+RENDER_SECONDS = 10.0
+MAX_CHARS = 10_000_000
 _SPANS = contextvars.ContextVar("zoo_chat_generation_spans", default=None)  # (rendered blocks, spans) of a render
 
 
@@ -151,8 +158,21 @@ def _environment():
                 spans.append((start, start + len(text)))
             return text
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    class Bounded(ImmutableSandboxedEnvironment):
+        """The sandbox, with `*` and `**` refused where their result would be too large ('a' * 10**9)."""
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*":
+                sized = [x for x in (left, right) if isinstance(x, (str, list, tuple))]
+                count = [x for x in (left, right) if isinstance(x, int)]
+                if sized and count and len(sized[0]) * max(count[0], 0) > MAX_CHARS:
+                    raise jinja2.exceptions.SecurityError(f"a product of more than {MAX_CHARS:,} items")
+            if operator == "**" and isinstance(right, int) and abs(right) > 1000:
+                raise jinja2.exceptions.SecurityError(f"a power of {right}")
+            return super().call_binop(context, operator, left, right)
+
+    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise_exception,
                        strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
@@ -168,22 +188,50 @@ def _render(template, messages, add_generation_prompt: bool, variables: dict, sp
     """The rendered text; with `spans` (a list), the generation tags' character spans are appended to it."""
     context = {"tools": None, "documents": None, **variables, "messages": messages,
                "add_generation_prompt": add_generation_prompt}
+    source = getattr(template, "source", None) or "given"
     try:
         compiled = _compile(str(template))
-        if spans is None:
-            return compiled.render(**context)
-        blocks = []
-        token = _SPANS.set((blocks, spans))
+        blocks, size = [], 0
+        token = _SPANS.set((blocks, spans if spans is not None else []))
         try:
-            for block in compiled.generate(**context):  # a tag's start is the length of the blocks before it
-                blocks.append(block)
+            with _deadline(RENDER_SECONDS):
+                for block in compiled.generate(**context):  # a tag's start is the length of the blocks before it
+                    blocks.append(block)
+                    size += len(block)
+                    if size > MAX_CHARS:
+                        raise ZooDataError(f"the chat template ({source}) writes more than {MAX_CHARS:,} characters")
         finally:
             _SPANS.reset(token)
         return "".join(blocks)
+    except ZooDataError:
+        raise
     except Exception as e:  # a template is code from a checkpoint: any failure is bad input
-        source = getattr(template, "source", None) or "given"
         reason = " ".join(str(e).split()) or type(e).__name__
+        if "no loader for this environment" in reason:
+            reason = "{% include %}, {% extends %} and {% import %} are not available: a chat template is one file"
         raise ZooDataError(f"the chat template ({source}) failed: {type(e).__name__}: {reason}") from None
+
+
+class RenderTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """Raise RenderTimeout in the body after `seconds` (main thread only: elsewhere no timer can interrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise RenderTimeout(f"rendering took more than {seconds:g} s")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def render(template: str, messages: list[dict], *, add_generation_prompt: bool, variables: dict) -> str:
