@@ -125,6 +125,9 @@ class TrainConfig:
     # matches train, the rest is frozen (no gradient, no optimizer state). "": every parameter trains, or with
     # model.lora_rank the adapters and any parameter the init_from run lacks (a new head).
     trainable: str = ""
+    # Stop at a finite blow-up: a step whose loss is over spike_guard x (and spike_guard nats above) the median
+    # of the 32 steps before, or whose gradient norm is over 25 x spike_guard x theirs (zoo.train.guard); 0: off.
+    spike_guard: float = 4.0
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_batches", "save_every", "keep"):
@@ -132,6 +135,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches", "save_every",
                      "keep", "sample_tokens", "seed"):  # step counters and PRNG seeds are 32-bit
             _check(getattr(self, name) < INT32, f"train.{name}={getattr(self, name)} is too large (at most {INT32 - 1})")
+        _check(self.spike_guard == 0 or self.spike_guard > 1,
+               f"train.spike_guard={self.spike_guard} must be > 1 (a factor over the running median) or 0 (off)")
         _check(0.0 <= self.label_smoothing < 1.0, f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
         for name in ("eval_every", "sample_tokens", "seed"):
             _check(getattr(self, name) >= 0, f"train.{name}={getattr(self, name)} must be >= 0 (0: "

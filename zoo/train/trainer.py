@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -33,6 +34,7 @@ from zoo import tasks
 from zoo.config import Config
 from zoo.errors import ConfigError, TrainError
 from zoo.train import checkpoint, flops, freeze, memory, optim, orbax_errors, sharding
+from zoo.train.guard import Guard
 from zoo.train.metrics import MetricsWriter
 from zoo.train.prefetch import Prefetcher
 from zoo.train.workdir import claim, own_tokenizer, remove_new
@@ -156,23 +158,28 @@ def _check_workdir(workdir: str, resume: bool) -> None:
                          f"`python train.py --resume {workdir}` or pick another --workdir")
 
 
-def _diverged(bad_step: int, workdir: str, mngr) -> TrainError:
-    """The error of a non-finite step: which step, and the newest checkpoint (all are finite: `save`
-    refuses a state with NaN/Inf) to resume from with a lower learning rate."""
+def _diverged(bad_step: int, what: str, finite: bool, came_in_bad: bool, workdir: str, mngr) -> TrainError:
+    """The error of a bad step: which step and what happened, and the newest checkpoint to resume from with a
+    lower learning rate. Every saved state is finite (`save` refuses NaN/Inf); when the step came in with bad
+    params (a blow-up, zoo.train.guard, or a NaN loss), the checkpoints from the step before it on hold them,
+    so they are moved aside into WORKDIR/checkpoints-blown-up/ (kept) and the newest one before them is named."""
     checkpoint.finish(mngr)
+    aside = ""
+    if came_in_bad:
+        suspect = [st for st in checkpoint.all_steps(workdir) if st >= bad_step - 1]
+        if suspect and jax.process_index() == 0:
+            where = os.path.join(workdir, "checkpoints-blown-up")
+            os.makedirs(where, exist_ok=True)
+            for st in suspect:
+                shutil.move(checkpoint.step_dir(workdir, st), os.path.join(where, f"{st}-{time.strftime('%Y%m%d-%H%M%S')}"))
+            aside = f"; its checkpoints from step {min(suspect)} on were moved aside into {where}"
     good = checkpoint.latest_step(workdir)
-    where = ("no checkpoint was saved before it" if good is None else
-             f"the newest checkpoint, step {good} in {checkpoint.ckpt_dir(workdir)}, is finite; resume from it with a "
-             f"lower learning rate: python train.py --resume {workdir} --set optim.lr=...")
-    return TrainError(f"training diverged: loss, gradients or params became non-finite (NaN/Inf) at step {bad_step}; "
-                      f"stopped; {where}")
-
-
-def _first_bad_step(buffered) -> int | None:
-    for step, m in buffered:
-        if not bool(m["finite"]):
-            return step
-    return None
+    where = ("no checkpoint from before it is left: start again with a lower learning rate" if good is None and aside else
+             "no checkpoint was saved before it" if good is None else
+             f"the newest checkpoint, step {good} in {checkpoint.ckpt_dir(workdir)}, is {'good' if came_in_bad else 'finite'}; "
+             f"resume from it with a lower learning rate: python train.py --resume {workdir} --set optim.lr=...")
+    return TrainError(f"training {'blew up' if finite else 'diverged'}: {what} at step {bad_step}; stopped{aside}; "
+                      f"{where}")
 
 
 def _is_terminal() -> bool:
@@ -281,6 +288,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
 
     buffered, eval_metrics, t0, t0_step, compile_s = [], {}, time.perf_counter(), start, None
     pending = None  # metrics of the newest step, which may still be running
+    guard = Guard(cfg.train.spike_guard)
     prefetch = Prefetcher(lambda i: to_device(data.train(i), s.mesh), start, last)
     with prefetch as batches, _Stopper() as stopper:
         step = start
@@ -304,9 +312,9 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                 bar.update(1)
                 pending = None
                 checkpoint.check_for_errors(mngr)  # a failed asynchronous save ends the run now, not at the next
-                bad = _first_bad_step(host)
+                bad = guard.check(host)
                 if bad is not None:
-                    raise _diverged(bad, workdir, mngr)
+                    raise _diverged(*bad, workdir, mngr)
                 record = _summarise(host, step, t0, t0_step, flops_per_token, peak)
                 record["peak_memory_mb"] = memory.peak_memory_mb(local_devices)
                 if not writer.records:
@@ -347,7 +355,8 @@ def _save(mngr, state, cfg: Config, workdir: str, force: bool = False) -> None:
     try:
         checkpoint.save(mngr, state, cfg, force=force)
     except checkpoint.NonFiniteState:
-        raise _diverged(int(jax.device_get(state.step)), workdir, mngr) from None
+        raise _diverged(int(jax.device_get(state.step)), "params or optimizer state became non-finite (NaN/Inf)",
+                        False, False, workdir, mngr) from None
     except orbax_errors.SaveError:
         try:  # stop Orbax's background work; the save's own error is the one reported
             checkpoint.finish(mngr)
