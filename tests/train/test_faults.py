@@ -81,6 +81,9 @@ DAMAGE = {  # what happens to step 4 -> the one-line reason (a regex)
     "truncated _METADATA": (lambda d: _truncate(f"{d}/params/_METADATA"), re.escape("JSONDecodeError")),
     # The config restores with its state or the step is not taken: never step 4's state under step 2's config.
     "config item deleted": (lambda d: shutil.rmtree(f"{d}/config"), re.escape('Item "config" was not found')),
+    # Checksums deleted are checksums lost, not a checkpoint from before checksums: the step is refused.
+    "digest deleted": (lambda d: shutil.rmtree(f"{d}/digest"),
+                       re.escape("its digest/ (the checksums every step of this run has) is missing")),
 }
 
 
@@ -284,3 +287,15 @@ def test_resume_from_a_chosen_step_redoes_the_steps_after_it_and_keeps_the_newer
     assert [p.split("-")[0] for p in os.listdir(os.path.join(work, "checkpoints-superseded"))] == ["4"]
     got = jax.device_get(checkpoint.load_params(work, step=4))
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+
+
+def test_a_run_from_before_checksums_is_read_unverified_and_says_so_once(base, tmp_path, capsys):
+    work = copy_of(base, tmp_path)
+    os.remove(os.path.join(checkpoint.ckpt_dir(work), checkpoint.CHECKSUMMED))
+    for st in (2, 4):
+        shutil.rmtree(os.path.join(checkpoint.step_dir(work, st), "digest"))
+    for _ in range(2):
+        checkpoint.load_params(work)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"note: {checkpoint.ckpt_dir(work)} was written before checkpoints carried checksums; read "
+                   f"unverified"]

@@ -43,4 +43,4 @@ def test_two_processes_match_one_process_with_eight_devices(tiny_cfg, tmp_path):
         np.testing.assert_allclose(multi[jax.tree_util.keystr(p)], v, rtol=1e-5, atol=1e-6)
     losses = lambda d: [r["loss"] for r in map(json.loads, open(d / "metrics.jsonl"))]
     assert losses(work) == pytest.approx(losses(tmp_path / "single"), rel=1e-5)
-    assert os.listdir(work / "checkpoints") == ["3"]
+    assert sorted(os.listdir(work / "checkpoints")) == [".checksummed", "3"]  # one step, written by both processes

@@ -86,6 +86,7 @@ def save(mngr, state, cfg: Config, force: bool = False) -> None:
     float of params or optimizer state is NaN/Inf, SaveError if Orbax fails (an earlier asynchronous save
     included)."""
     step = int(jax.device_get(state.step))
+    _mark_checksummed(os.path.dirname(str(mngr.directory)))
     params_digest, params_finite = fingerprint(state.params)
     train_digest, train_finite = fingerprint(_train_item(state))
     if not (params_finite and train_finite):
@@ -128,10 +129,30 @@ def _reason(e: BaseException) -> str:
     return first if isinstance(e, (CheckpointError, ConfigError)) else f"{type(e).__name__}: {first}"
 
 
+# Beside the checkpoints of a run whose every step carries checksums: a step of it without `digest/` lost
+# them (damage); only the steps of a run from before checksums existed may go unverified (said once).
+CHECKSUMMED = ".checksummed"
+_UNVERIFIED: set = set()
+
+
+def _mark_checksummed(workdir: str) -> None:
+    path = os.path.join(ckpt_dir(workdir), CHECKSUMMED)
+    if jax.process_index() == 0 and not os.path.exists(path):
+        os.makedirs(ckpt_dir(workdir), exist_ok=True)
+        open(path, "w").close()
+
+
 def _verify(workdir: str, step: int, item: str, tree) -> None:
-    """Compare `tree`'s checksums with those saved beside it (checkpoints older than checksums: skipped)."""
+    """Compare `tree`'s checksums with those saved beside it. A run from before checksums existed is read
+    unverified (said once); in a run that has them, a step without them is damaged."""
     path = os.path.join(step_dir(workdir, step), "digest", "metadata")
     if not os.path.isdir(os.path.dirname(path)):
+        if os.path.exists(os.path.join(ckpt_dir(workdir), CHECKSUMMED)):
+            raise CheckpointError("its digest/ (the checksums every step of this run has) is missing")
+        if ckpt_dir(workdir) not in _UNVERIFIED and jax.process_index() == 0:
+            _UNVERIFIED.add(ckpt_dir(workdir))
+            print(f"note: {ckpt_dir(workdir)} was written before checkpoints carried checksums; read unverified",
+                  file=sys.stderr, flush=True)
         return
     with open(path) as f:
         saved = json.load(f)[item]
@@ -291,6 +312,7 @@ def save_weights(workdir: str, params, cfg: Config, step: int = 0) -> None:
     """A weights-only checkpoint (converted models): `params`, `config` and checksums, no optimizer state.
     Sampling, `init_from` and `to-hf` read it; `--resume` does not apply."""
     digest, _ = fingerprint(params)
+    _mark_checksummed(workdir)
     with manager(workdir, async_save=False) as m:
         m.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
                                              config=ocp.args.JsonSave(portable(cfg.to_dict(), workdir)),
