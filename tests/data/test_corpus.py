@@ -67,9 +67,11 @@ def test_hub_failure_is_one_line(monkeypatch, tmp_path):
         raise ConnectionError("Couldn't reach it\nmore detail")
 
     monkeypatch.setattr(corpus.datasets, "load_dataset", fail)
+    monkeypatch.setattr(corpus, "hub_reachable", lambda timeout=3.0: True)
     with pytest.raises(ZooDataError) as e:
         corpus.load_documents(data_cfg(tmp_path, source="hub:owner/name/cfg", split="validation"))
-    assert str(e.value) == "dataset 'owner/name' could not be loaded (ConnectionError: Couldn't reach it)"
+    assert str(e.value) == ("data.source='hub:owner/name/cfg': dataset 'owner/name' could not be loaded "
+                            "(ConnectionError: Couldn't reach it)")
     assert seen == [("owner/name", "cfg", "validation")]
 
 
@@ -81,3 +83,16 @@ def test_hub_failure_is_one_line(monkeypatch, tmp_path):
 ])
 def test_hub_source_syntax(source, parsed):
     assert corpus.parse_hub(source) == parsed
+
+
+def test_an_unreachable_hub_fails_in_seconds_naming_the_source(monkeypatch, tmp_path):
+    """Offline, a hub dataset not in the local cache is one error in seconds, not a minute of retries."""
+    import time
+    from zoo.data import corpus
+    monkeypatch.setattr(corpus, "hub_reachable", lambda timeout=3.0: False)
+    t0 = time.perf_counter()
+    with pytest.raises(ZooDataError) as e:
+        corpus.load_hub(DataConfig(source="hub:nonexistent/ds", cache_dir=str(tmp_path)))
+    assert time.perf_counter() - t0 < 15
+    assert str(e.value).startswith("data.source='hub:nonexistent/ds': dataset 'nonexistent' could not be loaded")
+    assert str(e.value).endswith("huggingface.co is unreachable and it is not in the local cache")

@@ -10,8 +10,10 @@ tasks. A CSV/TSV file has a header row naming its columns; a column of whole num
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import socket
 import sys
 
 import datasets
@@ -95,12 +97,49 @@ def parse_hub(source: str) -> tuple[str, str | None]:
     return "/".join(parts[:-1]), parts[-1]
 
 
-def load_hub(cfg) -> datasets.Dataset:
-    name, config = parse_hub(cfg.source)
+def hub_host() -> tuple[str, int]:
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+    url = urlparse(constants.ENDPOINT)
+    return url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection within `timeout` seconds."""
     try:
-        return datasets.load_dataset(name, config, split=cfg.split)
+        socket.create_connection(hub_host(), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _offline():
+    """datasets and huggingface_hub in offline mode (the local cache only) for the body: without the hub,
+    their retries would take a minute or more to fail."""
+    import datasets.config as dc
+    import huggingface_hub.constants as hc
+    old = dc.HF_HUB_OFFLINE, hc.HF_HUB_OFFLINE
+    dc.HF_HUB_OFFLINE = hc.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        dc.HF_HUB_OFFLINE, hc.HF_HUB_OFFLINE = old
+
+
+def load_hub(cfg) -> datasets.Dataset:
+    """A hub dataset; with the hub unreachable, from the local cache alone (an error in seconds if it is not
+    there, never a wait on retries)."""
+    name, config = parse_hub(cfg.source)
+    online = hub_reachable()
+    try:
+        with contextlib.nullcontext() if online else _offline():
+            return datasets.load_dataset(name, config, split=cfg.split)
     except Exception as e:
-        raise ZooDataError(f"dataset {name!r} could not be loaded ({_short(e)})") from None
+        why = "" if online else f"; {hub_host()[0]} is unreachable and it is not in the local cache"
+        raise ZooDataError(f"data.source={cfg.source!r}: dataset {name!r} could not be loaded ({_short(e)}){why}") \
+            from None
 
 
 def load_local(cfg) -> datasets.Dataset:
