@@ -126,7 +126,8 @@ class TrainConfig:
     # model.lora_rank the adapters and any parameter the init_from run lacks (a new head).
     trainable: str = ""
     # Stop at a finite blow-up: a step whose loss is over spike_guard x (and spike_guard nats above) the median
-    # of the 32 steps before, or whose gradient norm is over 25 x spike_guard x theirs (zoo.train.guard); 0: off.
+    # of the 32 steps before, or (after 8 steps) whose gradient norm is over 250 x spike_guard x theirs
+    # (zoo.train.guard); 0: off.
     spike_guard: float = 4.0
 
     def __post_init__(self):

@@ -27,8 +27,11 @@ def test_the_guard_flags_blow_ups_and_not_noise():
     assert Guard(4.0).check(steps(0.05, 0.02, 0.3, 0.01, 1.5, 0.04)) is None  # a near-zero loss meets a hard batch
     step, what, finite, came_in_bad = Guard(4.0).check(steps(5.9, 1.7e5))
     assert (step, finite, came_in_bad) == (2, True, True) and "the loss 1.7e+05 is over 4x (and 4 nats above) the median 5.9" in what
-    assert Guard(4.0).check(steps(5.9, 5.8, 5.9, grads=[1.0, 1.2, 150.0]))[:2] == (3, "the gradient norm 150 is "
-                                                                                     "over 100x the median 1.1 of the 2 steps before (train.spike_guard)")
+    assert Guard(4.0).check(steps(*[5.9] * 9, grads=[1.0] * 8 + [1500.0]))[:2] == (
+        9, "the gradient norm 1500 is over 1000x the median 1 of the 8 steps before (train.spike_guard)")
+    assert Guard(4.0).check(steps(*[5.9] * 9, grads=[1.0] * 8 + [900.0])) is None
+    # A classifier head that starts at zero: its gradient norm grows 500x in a step, legitimately.
+    assert Guard(4.0).check(steps(0.69, 0.69, 0.68, grads=[1e-4, 0.05, 0.06])) is None
     assert Guard(4.0).check(steps(5.9, float("nan"), finite=[True, False]))[2:] == (False, True)  # a NaN loss
     assert Guard(4.0).check(steps(5.9, 5.8, finite=[True, False]))[2:] == (False, False)  # the update overflowed
     assert Guard(0).check(steps(5.9, 1.7e5)) is None  # off
