@@ -35,9 +35,7 @@ def claim(workdir: str, enabled: bool = True):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise TrainError(f"workdir {workdir!r} is in use by another training run (pid {holder}); wait for it "
-                             f"to end or pick another --workdir") from None
+            raise _in_use(workdir, fd) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         ckpts = os.path.join(workdir, "checkpoints")
@@ -47,6 +45,13 @@ def claim(workdir: str, enabled: bool = True):
         yield created
     finally:
         os.close(fd)  # releases the lock
+
+
+def _in_use(workdir: str, fd: int) -> TrainError:
+    """The refusal of a workdir whose lock is held, naming the holder's pid (written into the lock file)."""
+    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    return TrainError(f"workdir {workdir!r} is in use by another training run (pid {holder}); wait for it "
+                      f"to end or pick another --workdir")
 
 
 def check_free(workdir: str) -> None:
@@ -60,9 +65,7 @@ def check_free(workdir: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        raise TrainError(f"workdir {workdir!r} is in use by another training run (pid {holder}); wait for it "
-                         f"to end or pick another --workdir") from None
+        raise _in_use(workdir, fd) from None
     finally:
         os.close(fd)
 
