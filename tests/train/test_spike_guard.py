@@ -37,30 +37,50 @@ def test_the_guard_flags_blow_ups_and_not_noise():
     assert Guard(0).check(steps(5.9, 1.7e5)) is None  # off
 
 
-@pytest.mark.parametrize("recipe, blown", [
-    (dict(lr=1e6, clip_norm=0, warmup=6), 3),  # warmup from 0: the second update explodes, step 3 shows it
-    (dict(lr=30, schedule="constant", warmup=0, clip_norm=0), None),  # a climb over several steps
+def test_a_checkpoint_is_good_when_the_loss_after_it_is_calm():
+    g = Guard(4.0)
+    # A slow climb: each step under the blow-up bound, but above the lowest running median by over 0.5 nats.
+    assert g.check(steps(5.9, 5.8, 3.8, 5.3, 8.1, 10.4, 14.6, 11.9)) is None
+    assert g.confirmed([8, 7, 6, 5, 4, 3, 2, 1]) == 3 and g.confirmed([8, 7, 6, 5, 4]) is None
+    policy = checkpoint.KeepLatestAndGood(2, good=3)
+    infos = [type("Info", (), {"step": k}) for k in (1, 3, 6, 7, 8)]
+    assert policy.should_preserve(infos) == [False, True, False, True, True]
+
+
+@pytest.mark.parametrize("recipe, keep, blown", [
+    (dict(lr=1e6, clip_norm=0, warmup=6), 3, 3),  # warmup from 0: the second update explodes, step 3 shows it
+    (dict(lr=30, schedule="constant", warmup=0, clip_norm=0), 3, None),  # a climb over several steps
+    # A slow climb: a warmup into lr 10 (5.9 -> 3.8, then 5.3, 8.1, 10.4, 14.6, 11.9, 7.1, 31); saved every
+    # step with keep=2, the last good step (3) is older than every step rotation keeps.
+    (dict(lr=10, schedule="linear", warmup=150, clip_norm=0), 2, 10),
 ])
-def test_a_blow_up_stops_the_run_and_the_good_checkpoint_resumes(tiny_cfg, tmp_path, recipe, blown):
+def test_a_blow_up_stops_the_run_and_the_good_checkpoint_resumes(tiny_cfg, tmp_path, recipe, keep, blown):
     work = str(tmp_path / "run")
-    cfg = replace(tiny_cfg, optim=recipe, train=dict(steps=20, save_every=1, log_every=1, keep=3, eval_every=0))
+    cfg = replace(tiny_cfg, optim=recipe, train=dict(steps=20, save_every=1, log_every=1, keep=keep, eval_every=0))
     with pytest.raises(TrainError) as e:
         run(cfg, work, devices=jax.devices()[:1])
     msg = str(e.value)
     assert msg.startswith("training ") and " at step " in msg and "\n" not in msg
     step = int(msg.split(" at step ")[1].split(";")[0])
     assert blown is None or step == blown
-    assert step <= 12  # caught within a few steps, before keep=3 rotated every good checkpoint out
-    # The checkpoints from step - 1 on were moved aside; the one named is the newest left, from before it.
+    assert step <= 12  # caught within a few steps
+    # The checkpoints from step - 1 on were moved aside.
     moved = sorted(int(p.split("-")[0]) for p in os.listdir(os.path.join(work, "checkpoints-blown-up")))
     assert moved and min(moved) == step - 1 and max(checkpoint.all_steps(work) or [0]) < step - 1
-    good = checkpoint.latest_step(work)
-    if good is None:  # blown up in the first update: nothing before it was saved
+    left = checkpoint.all_steps(work)
+    if not left:  # blown up in the first update: nothing before it was saved
         assert msg.endswith("no checkpoint from before it is left: start again with a lower learning rate")
         return
-    assert f"the newest checkpoint, step {good} in {checkpoint.ckpt_dir(work)}, is good" in msg
+    # The step named is the last good one, kept through rotation, and the resume command goes back to it.
+    good = checkpoint.last_good(work)
+    assert good in left and len(left) <= keep + 1
+    if good == left[0]:
+        assert f"the newest checkpoint, step {good} in {checkpoint.ckpt_dir(work)}, is good" in msg
+    else:
+        assert f"the last good checkpoint is step {good} in {checkpoint.ckpt_dir(work)}" in msg
+        assert f"--resume {work} --step {good} --set optim.lr=..." in msg and good < step - keep
     out = run(replace(cfg, optim=dict(lr=1e-4), train=dict(steps=good + 4)), work, resume=True,
-              devices=jax.devices()[:1])
+              resume_step=good, devices=jax.devices()[:1])
     losses = [r["loss"] for r in out["records"]]
     assert int(out["state"].step) == good + 4 and all(math.isfinite(x) and x < 20 for x in losses)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(out["params"]))

@@ -14,6 +14,7 @@ reported in one line with its path and reason, and the next older step is tried.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -45,11 +46,52 @@ def step_dir(workdir: str, step: int) -> str:
 ITEMS = ("params", "train", "config", "digest")
 
 
+@dataclasses.dataclass
+class KeepLatestAndGood:
+    """Orbax's preservation policy for a training run: the newest `n` steps (`train.keep`) and the run's last
+    good step (`good`, set by the trainer as zoo.train.guard confirms steps), however old it gets, so a slow
+    climb that outlasts `keep` saves still leaves a checkpoint to go back to."""
+    n: int
+    good: int | None = None
+
+    def should_preserve(self, checkpoints, *, context=None) -> list[bool]:
+        first = len(checkpoints) - self.n
+        return [i >= first or c.step == self.good for i, c in enumerate(checkpoints)]
+
+
+LAST_GOOD = "last_good"  # WORKDIR/checkpoints/last_good: the step number of the last good checkpoint
+
+
 def manager(workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False):
     # Readers open the manager with create=False and never save; orbax's read_only mode only logs noise.
-    options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only,
+    policy = None if read_only else KeepLatestAndGood(keep, last_good(workdir))
+    options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=not read_only,
                                            enable_async_checkpointing=async_save and not read_only)
-    return ocp.CheckpointManager(ckpt_dir(workdir), options=options, item_names=ITEMS)
+    mngr = ocp.CheckpointManager(ckpt_dir(workdir), options=options, item_names=ITEMS)
+    mngr.zoo_policy = policy
+    return mngr
+
+
+def last_good(workdir: str) -> int | None:
+    """The step marked last good (zoo.train.guard), if it is still among the run's checkpoints."""
+    try:
+        with open(os.path.join(ckpt_dir(workdir), LAST_GOOD)) as f:
+            step = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return step if os.path.isdir(step_dir(workdir, step)) else None
+
+
+def mark_good(mngr, step: int) -> None:
+    """Protect `step` from rotation as the run's last good checkpoint (the one before is released)."""
+    if mngr.zoo_policy is None or mngr.zoo_policy.good == step:
+        return
+    mngr.zoo_policy.good = step
+    if jax.process_index() == 0:
+        path = os.path.join(str(mngr.directory), LAST_GOOD)
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{step}\n")
+        os.replace(path + ".tmp", path)
 
 
 def all_steps(workdir: str) -> list[int]:
@@ -239,9 +281,12 @@ def restore_latest(workdir: str, abstract_state, step: int | None = None):
 
 
 def prune(mngr, keep: int) -> None:
-    """Delete the oldest steps beyond `keep` (a kill between a save and Orbax's cleanup leaves one extra)."""
+    """Delete the oldest steps beyond `keep`, the last good one aside (a kill between a save and Orbax's
+    cleanup leaves one extra)."""
+    good = mngr.zoo_policy.good if mngr.zoo_policy is not None else None
     for s in sorted(mngr.all_steps())[:-keep] if keep else []:
-        mngr.delete(s)
+        if s != good:
+            mngr.delete(s)
 
 
 # Config fields that may name files. Saved beside a checkpoint, a path inside the run is written relative to

@@ -12,7 +12,15 @@ with no clipping: 5.9 -> 7.3e6 in ten) crosses them within a few steps.
 
 The checkpoint of step k holds the params that the loss of step k + 1 is computed from, so a blow-up (or a
 NaN loss) seen at step S means the checkpoints from step S - 1 on may hold the blown-up params: the trainer moves those aside
-(zoo.train.trainer) and names the newest one before them, the last good one.
+(zoo.train.trainer) and names the newest one before them.
+
+A climb can also be slow: the loss rising for several saves, each under the blow-up bound, until it
+crosses it (a linear warmup into a learning rate far too high: 3.5 -> 4.6 -> 5.5 -> 7.0 -> 9.3 -> 25 over
+six steps). The checkpoints of those steps are finite but not good. So a checkpoint k is confirmed good only
+when the loss of step k + 1 (computed from its params) is calm: at most CALM_NATS above the lowest running
+median so far (a climb raises the median too, so the median of the moment would soon call climbing steps calm).
+The newest confirmed step is the run's last good checkpoint, which rotation (`train.keep`) never deletes
+(zoo.train.checkpoint.KeepLatestAndGood) and which a blow-up names.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import statistics
 WINDOW = 32  # steps the medians are taken over
 GRAD_FACTOR = 250.0  # the gradient-norm bound is GRAD_FACTOR x spike_guard x its median
 GRAD_HISTORY = 8  # steps of history before the gradient-norm bound applies
+CALM_NATS = 0.5  # a step's loss at most this far above the median before it is calm
 
 
 class Guard:
@@ -31,6 +40,16 @@ class Guard:
         self.factor = spike_guard
         self.losses: collections.deque = collections.deque(maxlen=WINDOW)
         self.grads: collections.deque = collections.deque(maxlen=WINDOW)
+        self.low = math.inf  # the lowest running median so far
+        self.calm: dict[int, bool] = {}  # step -> whether its loss was calm (kept for the steps not yet confirmed)
+
+    def confirmed(self, steps) -> int | None:
+        """The newest of `steps` (saved checkpoints) whose next step was seen and calm: the last good one."""
+        good = [k for k in steps if self.calm.get(k + 1)]
+        return max(good) if good else None
+
+    def forget_before(self, step: int) -> None:
+        self.calm = {k: v for k, v in self.calm.items() if k >= step}
 
     def check(self, host) -> tuple[int, str, bool, bool] | None:
         """(step, what happened, finite, whether its params came in blown up) of the first bad step of `host`
@@ -38,12 +57,16 @@ class Guard:
         one whose update alone overflowed (finite loss and gradients) did not."""
         for step, m in host:
             if not bool(m["finite"]):
+                self.calm[step] = False
                 came_in_bad = not (math.isfinite(float(m["loss_sum"])) and math.isfinite(float(m["grad_norm"])))
                 return step, "loss, gradients or params became non-finite (NaN/Inf)", False, came_in_bad
             weight = float(m["weight"])
             if weight <= 0:
                 continue
             loss, grad = float(m["loss_sum"]) / weight, float(m["grad_norm"])
+            if self.losses:
+                self.low = min(self.low, statistics.median(self.losses))
+            self.calm[step] = loss <= self.low + CALM_NATS
             if self.factor and self.losses:
                 ml, mg = statistics.median(self.losses), statistics.median(self.grads)
                 n = len(self.losses)

@@ -158,11 +158,13 @@ def _check_workdir(workdir: str, resume: bool) -> None:
                          f"`python train.py --resume {workdir}` or pick another --workdir")
 
 
-def _diverged(bad_step: int, what: str, finite: bool, came_in_bad: bool, workdir: str, mngr) -> TrainError:
-    """The error of a bad step: which step and what happened, and the newest checkpoint to resume from with a
+def _diverged(bad_step: int, what: str, finite: bool, came_in_bad: bool, workdir: str, mngr, guard=None) -> TrainError:
+    """The error of a bad step: which step and what happened, and the checkpoint to resume from with a
     lower learning rate. Every saved state is finite (`save` refuses NaN/Inf); when the step came in with bad
     params (a blow-up, zoo.train.guard, or a NaN loss), the checkpoints from the step before it on hold them,
-    so they are moved aside into WORKDIR/checkpoints-blown-up/ (kept) and the newest one before them is named."""
+    so they are moved aside into WORKDIR/checkpoints-blown-up/ (kept). The step named is the last good one
+    (zoo.train.guard: the loss after it was calm), which may be older than the newest left when the loss
+    climbed for a while before it blew up; `--resume --step` goes back to it."""
     checkpoint.finish(mngr)
     aside = ""
     if came_in_bad:
@@ -173,11 +175,28 @@ def _diverged(bad_step: int, what: str, finite: bool, came_in_bad: bool, workdir
             for st in suspect:
                 shutil.move(checkpoint.step_dir(workdir, st), os.path.join(where, f"{st}-{time.strftime('%Y%m%d-%H%M%S')}"))
             aside = f"; its checkpoints from step {min(suspect)} on were moved aside into {where}"
-    good = checkpoint.latest_step(workdir)
-    where = ("no checkpoint from before it is left: start again with a lower learning rate" if good is None and aside else
-             "no checkpoint was saved before it" if good is None else
-             f"the newest checkpoint, step {good} in {checkpoint.ckpt_dir(workdir)}, is {'good' if came_in_bad else 'finite'}; "
-             f"resume from it with a lower learning rate: python train.py --resume {workdir} --set optim.lr=...")
+    steps = [st for st in checkpoint.all_steps(workdir) if st < bad_step - 1 or not came_in_bad]
+    newest = steps[0] if steps else None
+    good = guard.confirmed(steps) if guard is not None else None
+    if good is None and mngr.zoo_policy is not None and mngr.zoo_policy.good in steps:
+        good = mngr.zoo_policy.good
+    resume = f"python train.py --resume {workdir}"
+    if newest is None:
+        where = ("no checkpoint from before it is left: start again with a lower learning rate" if aside else
+                 "no checkpoint was saved before it")
+    elif not came_in_bad or good == newest:
+        where = (f"the newest checkpoint, step {newest} in {checkpoint.ckpt_dir(workdir)}, is "
+                 f"{'good' if came_in_bad else 'finite'}; resume from it with a lower learning rate: {resume} --set optim.lr=...")
+    elif good is not None:
+        climbed = [st for st in steps if st > good]
+        where = (f"the last good checkpoint is step {good} in {checkpoint.ckpt_dir(workdir)} (the loss was already "
+                 f"climbing after it; {'step' if len(climbed) == 1 else 'steps'} {', '.join(map(str, sorted(climbed)))} "
+                 f"{'is' if len(climbed) == 1 else 'are'} kept but not good); resume from it with a "
+                 f"lower learning rate: {resume} --step {good} --set optim.lr=...")
+    else:
+        where = (f"the newest checkpoint, step {newest} in {checkpoint.ckpt_dir(workdir)}, is finite but not confirmed "
+                 f"good (the loss was already climbing after it); resume from it with a much lower learning rate: "
+                 f"{resume} --set optim.lr=...")
     return TrainError(f"training {'blew up' if finite else 'diverged'}: {what} at step {bad_step}; stopped{aside}; "
                       f"{where}")
 
@@ -314,7 +333,11 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                 checkpoint.check_for_errors(mngr)  # a failed asynchronous save ends the run now, not at the next
                 bad = guard.check(host)
                 if bad is not None:
-                    raise _diverged(*bad, workdir, mngr)
+                    raise _diverged(*bad, workdir, mngr, guard)
+                good = guard.confirmed(mngr.all_steps())
+                if good is not None:  # kept whatever `train.keep` rotates out
+                    checkpoint.mark_good(mngr, good)
+                    guard.forget_before(good)
                 record = _summarise(host, step, t0, t0_step, flops_per_token, peak)
                 record["peak_memory_mb"] = memory.peak_memory_mb(local_devices)
                 if not writer.records:
