@@ -14,6 +14,25 @@ from tests.helpers import tiny_configs  # noqa: E402
 from tests.helpers.runs import run  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compile_cache(tmp_path_factory):
+    """JAX's persistent compilation cache, one per test session, shared by the xdist workers and every process
+    a test starts (through the environment): a program two tests compile (the same tiny model in another
+    test, a CLI subprocess after an in-process run) is compiled once. Under the session's temporary
+    directory, so each session starts cold and nothing outlives pytest's own cleanup."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # .../pytest-N/popen-gw0: the workers share .../pytest-N
+        root = root.parent
+    path = root / "jax-compile-cache"
+    path.mkdir(exist_ok=True)
+    settings = {"jax_compilation_cache_dir": str(path), "jax_persistent_cache_min_compile_time_secs": 0,
+                "jax_persistent_cache_min_entry_size_bytes": -1}
+    for name, value in settings.items():
+        jax.config.update(name, value)
+        os.environ[name.upper()] = str(value)
+    yield path
+
+
 @pytest.fixture
 def one_device(monkeypatch):
     """Processes started in this test (zoo-bench's workers) see one CPU device, as a user's run does: the

@@ -8,6 +8,7 @@ from zoo.cli import train as cli
 from zoo.tasks import classify as classify_data
 
 
+@pytest.mark.slow
 def test_mlm_then_fine_tune_through_train_py_and_the_clis(cache_dir, tmp_path, capsys):
     mlm_dir, cls_dir = str(tmp_path / "mlm"), str(tmp_path / "cls")
     common = [f"--set=data.cache_dir={cache_dir}", "--set=train.steps=4", "--set=train.log_every=2",

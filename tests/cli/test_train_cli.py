@@ -12,6 +12,7 @@ from zoo.cli.train import train_main
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow
 def test_train_py_end_to_end_then_resume_then_sample(tmp_path, cache_dir):
     work = str(tmp_path / "run")
     common = ["--set", f"data.cache_dir={cache_dir}", "--set", "train.log_every=10",

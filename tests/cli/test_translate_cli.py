@@ -15,6 +15,7 @@ TOK = ByteTokenizer()
 SP = seq2seq_data.framing(TOK)
 
 
+@pytest.mark.slow
 def test_translate_cli_reverses_a_held_out_phrase(learned_seq2seq, capsys):
     cfg, out, workdir = learned_seq2seq
     _, val = seq2seq_data.split_pairs(cfg, TOK, SP)

@@ -241,6 +241,7 @@ def test_minilm_hidden_states_and_sentence_embeddings_match_transformers(minilm_
     assert e[0] @ e[1] > e[0] @ e[4]  # two plain English sentences are nearer than English and a formula
 
 
+@pytest.mark.slow
 def test_minilm_fine_tunes_through_train_py_and_exports(minilm_run, cache_dir, tmp_path, capsys):
     work = str(tmp_path / "cls")
     assert cli.train_main(["configs/minilm_cls.py", "--workdir", work, f"--set=init_from={minilm_run}",

@@ -105,6 +105,7 @@ def adapters(lora_runs, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_a_lora_run_exports_merged_with_its_logits_in_transformers(hf_dirs, lora_runs, tmp_path):
     base, lora = lora_runs["llama"]
     hf.to_hf(lora, str(tmp_path / "out"), verbose=False)

@@ -35,6 +35,7 @@ def smollm2(tmp_path_factory):
     return model.eval(), tok, run
 
 
+@pytest.mark.slow
 def test_the_converted_model_is_smollm2_135m(smollm2):
     _, _, run = smollm2
     _, params, _, cfg = load_run(run)

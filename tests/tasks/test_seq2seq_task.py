@@ -39,6 +39,7 @@ def test_label_smoothing_applies_to_the_training_loss_only(s2s_cfg, head):
     assert aux["tokens"] == batch["src_valid"].sum() + batch["weights"].sum()  # source + target tokens
 
 
+@pytest.mark.slow
 def test_a_tiny_model_learns_the_offline_task(learned_seq2seq):
     cfg, out, _ = learned_seq2seq
     task = out["setup"].task

@@ -72,6 +72,7 @@ def test_an_adapted_model_starts_as_its_base_and_only_its_adapters_train(base, t
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_lora_resumes_bit_for_bit_and_a_2x2x2_mesh_equals_one_device(base, tmp_path):
     cfg = replace(adapted(base, lora_dropout=0.1), train=dict(steps=4, save_every=2), optim=dict(lr=1e-3),
                   mesh=dict(data=1, fsdp=1, tensor=1))

@@ -23,6 +23,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_with_eight_devices(tiny_cfg, tmp_path):
     cfg = replace(tiny_cfg, train=dict(steps=3))
     cfg_path = tmp_path / "cfg.json"
