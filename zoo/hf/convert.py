@@ -182,7 +182,9 @@ def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     PEFT adapter: zoo.hf.peft.to_peft). Everything is checked before anything is written."""
     from zoo.data.tokenizers import get_tokenizer
     from zoo.train import checkpoint
-    cfg = checkpoint.load_config(run_dir)
+    # The config and params of one step (the newest that restores whole): never one step's under another's.
+    step, cfg, params = checkpoint.load_weights(run_dir)
+    params = jax.device_get(params)
     conv = export_converter(cfg.model)
     if cfg.model.scan_layers:
         raise ConversionError("the run uses model.scan_layers=True; export supports unscanned layers only")
@@ -197,7 +199,6 @@ def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
         tok_files = tokenizer_export.build(cfg, get_tokenizer(tok))
         if tok_files is not None:
             hf_cfg[TOKENIZER_KEY] = tok
-    params = jax.device_get(checkpoint.load_params_of(run_dir, cfg))
     tensors = conv.params_to_hf(params, cfg.model)
     try:
         files = io.write(out_dir, hf_cfg, tensors)
@@ -211,7 +212,7 @@ def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
             print(f"note: no tokenizer files: the ids of data.tokenizer={tok!r} do not fit model.vocab_size="
                   f"{cfg.model.vocab_size} (a checkpoint converted without its tokenizer)")
         print(f"wrote {out_dir}: {', '.join(files + written)} ({count(tensors):,} params of {run_dir}, step "
-              f"{checkpoint.latest_step(run_dir)}); load it with transformers.{hf_cfg['architectures'][0]}"
+              f"{step}); load it with transformers.{hf_cfg['architectures'][0]}"
               f".from_pretrained({out_dir!r})")
     return {"tensors": tensors, "tokenizer_files": written}
 

@@ -143,13 +143,17 @@ def to_peft(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     """Write the adapters (and other trained params, as modules_to_save) of LoRA run `run_dir` as a PEFT adapter
     for its base (init_from). Everything is checked before anything is written."""
     from zoo.train import checkpoint
-    cfg = checkpoint.load_config(run_dir)
+
+    def read(step):  # the config and trained params of one step, never one step's under another's config
+        c = checkpoint.load_config(run_dir, step)
+        return c, checkpoint.load_trained(run_dir, c, step=step)[0]
+    _, (cfg, trained) = checkpoint.first_restorable(run_dir, read)
     spec = lora.spec_of(cfg.model)
     if spec is None:
         raise ConversionError(f"{run_dir!r} has no LoRA adapters (model.lora_rank=0); export it without --adapter")
     convert._check_out_dir(out_dir)
     sites, names, rows, _ = _layers(cfg, spec.rank)
-    trained, r = _flat(jax.device_get(checkpoint.load_trained(run_dir, cfg)[0])), spec.rank
+    trained, r = _flat(jax.device_get(trained)), spec.rank
     for e in [p.removesuffix("/lora_a") for p in trained if p.endswith("/lora_a") and p[:-6] + "kernel" in trained]:
         node = {k: trained.pop(f"{e}/{k}") for k in ("kernel", *lora.LEAVES)}  # trained whole (a new head): merged
         trained[e + "/kernel"] = np.asarray(lora.adapted_kernel(node, spec))

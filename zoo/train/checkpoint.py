@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import sys
@@ -67,7 +68,15 @@ def manager(workdir: str, keep: int = 3, async_save: bool = True, read_only: boo
     policy = None if read_only else KeepLatestAndGood(keep, last_good(workdir))
     options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=not read_only,
                                            enable_async_checkpointing=async_save and not read_only)
-    mngr = ocp.CheckpointManager(ckpt_dir(workdir), options=options, item_names=ITEMS)
+    for tries_left in reversed(range(5)):
+        try:
+            mngr = ocp.CheckpointManager(ckpt_dir(workdir), options=options, item_names=ITEMS)
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            # Orbax stats every step as it lists them: a step that a run still training deletes meanwhile
+            # (train.keep) is gone, not damaged, and no fault of the step being read. List again.
+            if not read_only or not tries_left:
+                raise
     mngr.zoo_policy = policy
     return mngr
 
@@ -206,10 +215,15 @@ def _verify(workdir: str, step: int, item: str, tree) -> None:
                               + ": the files are damaged")
 
 
+# A damaged step is reported once a process: `--resume` reads the config (zoo.cli.train) before the trainer
+# restores the whole step, and both fall back past the same damage.
+_REPORTED: set = set()
+
+
 def first_restorable(workdir: str, load, steps: list[int] | None = None):
     """(step, load(step)) for the newest step where `load` succeeds. Each step that fails is reported on
-    stderr in one line (its path and the reason) before the next older one is tried; CheckpointError
-    naming every step tried if none restores."""
+    stderr in one line (its path and the reason; once a process) before the next older one is tried;
+    CheckpointError naming every step tried if none restores."""
     steps = all_steps(workdir) if steps is None else steps
     if not steps:
         require_latest(workdir)
@@ -227,9 +241,10 @@ def first_restorable(workdir: str, load, steps: list[int] | None = None):
                 continue
             failed.append(f"step {step} ({_reason(e)})")
             after = f"trying step {steps[i + 1]}" if i + 1 < len(steps) else "no older step"
-            if jax.process_index() == 0:
-                print(f"warning: checkpoint {step_dir(workdir, step)} does not restore: {_reason(e)}; {after}",
-                      file=sys.stderr, flush=True)
+            line = f"warning: checkpoint {step_dir(workdir, step)} does not restore: {_reason(e)}; {after}"
+            if jax.process_index() == 0 and line not in _REPORTED:
+                _REPORTED.add(line)
+                print(line, file=sys.stderr, flush=True)
     raise CheckpointError(f"no checkpoint in {ckpt_dir(workdir)} restores; tried " + ", ".join(failed))
 
 
@@ -336,11 +351,30 @@ def load_config(workdir: str, step: int | None = None) -> Config:
     return first_restorable(workdir, lambda s: _restore_config(workdir, s))[1]
 
 
+def _on_one_device(workdir: str, step: int):
+    """The saved params' shapes and dtypes, laid out on this process's first device: a reader without a layout
+    of its own (sampling, conversion) reads a checkpoint whatever topology wrote it (2 processes x 4 devices,
+    an 8-device mesh), where Orbax's default, the saved sharding, would refuse it."""
+    log = logging.getLogger("absl")  # "Metadata file does not exist" for an item of a composite step: noise
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        meta = ocp.StandardCheckpointer().metadata(os.path.join(step_dir(workdir, step), "params")).item_metadata
+    finally:
+        log.setLevel(level)
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), meta,
+                        is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
+
+
 def _restore_params(workdir: str, step: int, abstract_params):
+    if abstract_params is None:
+        try:
+            abstract_params = _on_one_device(workdir, step)
+        except Exception:  # damaged or missing: Orbax's own restore below says what is wrong with it
+            pass
     with manager(workdir, read_only=True) as m:
-        args = ocp.args.StandardRestore(abstract_params) if abstract_params is not None else \
-            ocp.args.StandardRestore()
-        params = m.restore(step, args=ocp.args.Composite(params=args))["params"]
+        params = m.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)))["params"]
     _verify(workdir, step, "params", params)
     return params
 
@@ -425,13 +459,26 @@ def load_params_of(workdir: str, cfg: Config, sharding=None, step: int | None = 
     return lora.merge(trained, lora.spec_of(cfg.model))
 
 
+def load_weights(workdir: str, sharding=None, step: int | None = None):
+    """(step, config, params as load_params_of gives them) of the given step, or of the newest step whose
+    config and params both restore and verify: a reader never takes one step's params under another step's
+    config (a resumed run's steps may hold different configs)."""
+    def load(s):
+        cfg = _restore_config(workdir, s)
+        return cfg, load_params_of(workdir, cfg, sharding, s)
+    if step is not None:
+        return (step, *load(step))
+    step, (cfg, params) = first_restorable(workdir, load)
+    return step, cfg, params
+
+
 def load_run(workdir: str, task: str | None = None):
     """(model, params, tokenizer, config) of a run's latest checkpoint, params on one device (the plain model
     and merged params of a LoRA run); with `task`, the run must be of that task (or, given a family name,
     of that family)."""
-    cfg = load_config(workdir)
+    _, cfg, params = load_weights(workdir)
     if task in FAMILIES and cfg.model.family != task:
         raise CheckpointError(f"{workdir!r} holds a {cfg.model.family} model; this command needs a run of family {task}")
     if task is not None and task not in FAMILIES and cfg.task != task:
         raise CheckpointError(f"{workdir!r} holds a {cfg.task} run; this command needs a {task} run")
-    return tasks.build(cfg).model, load_params_of(workdir, cfg), get_tokenizer(cfg.data.tokenizer), cfg
+    return tasks.build(cfg).model, params, get_tokenizer(cfg.data.tokenizer), cfg

@@ -16,13 +16,12 @@ from zoo.train.step import TrainState
 def _base_params(s, source: str, step: int | None = None) -> tuple[int, dict]:
     """(the step read, path -> array on the host) of the params of run `source` (a LoRA run's merged into its
     plain model's): the newest step that restores, or `step`."""
-    other = checkpoint.load_config(source)
+    # Its config and params from one step (the config says how to read the params: LoRA, a frozen base).
+    step, other, params = checkpoint.load_weights(source, sharding.replicated(s.mesh), step)
     if other.model.family != s.cfg.model.family:
         raise ConfigError(f"init_from={source!r} holds a {other.model.family} model; this config trains "
                           f"a {s.cfg.model.family} model")
-    load = lambda st: freeze.flat(jax.device_get(checkpoint.load_params_of(  # noqa: E731
-        source, other, sharding.replicated(s.mesh), step=st)))
-    return (step, load(step)) if step is not None else checkpoint.first_restorable(source, load)
+    return step, freeze.flat(jax.device_get(params))
 
 
 def init_from(s, state: TrainState, source: str) -> TrainState:
