@@ -129,6 +129,9 @@ class TrainConfig:
     # of the 32 steps before, or (after 8 steps) whose gradient norm is over 250 x spike_guard x theirs
     # (zoo.train.guard); 0: off.
     spike_guard: float = 4.0
+    # Several processes (zoo.distributed): seconds every peer has to arrive at the start, and after which a
+    # peer that stopped answering (killed, its host down) ends the run on the others with one error line.
+    distributed_timeout: int = 300
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_batches", "save_every", "keep"):
@@ -138,6 +141,8 @@ class TrainConfig:
             _check(getattr(self, name) < INT32, f"train.{name}={getattr(self, name)} is too large (at most {INT32 - 1})")
         _check(self.spike_guard == 0 or self.spike_guard > 1,
                f"train.spike_guard={self.spike_guard} must be > 1 (a factor over the running median) or 0 (off)")
+        _check(0 < self.distributed_timeout < INT32,
+               f"train.distributed_timeout={self.distributed_timeout} must be a positive number of seconds")
         _check(0.0 <= self.label_smoothing < 1.0, f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
         for name in ("eval_every", "sample_tokens", "seed"):
             _check(getattr(self, name) >= 0, f"train.{name}={getattr(self, name)} must be >= 0 (0: "

@@ -1,20 +1,25 @@
-"""Two processes on 127.0.0.1 (jax.distributed, 4 CPU devices each) train exactly like one process
-with 8 devices: each process feeds only its rows of the global batch."""
+"""Several processes, as users start them: `python train.py ... --coordinator HOST:PORT --num-processes N
+--process-id I` on every host (jax.distributed, started by train.py itself; here two processes on 127.0.0.1 with
+4 CPU devices each, gloo collectives). Two processes train exactly like one process with 8 devices, only process
+0 prints and writes, a workdir refused on process 0 ends both, a peer that never comes or dies is named in
+one line within the timeout, and the checkpoint resumes on one process with 8 devices."""
 
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
 import pytest
 
 from conftest import replace
-from zoo.train import trainer
+from tests.helpers.runs import losses, run
+from zoo.train import checkpoint
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def free_port() -> int:
@@ -23,25 +28,168 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def config_file(cfg, tmp_path) -> str:
+    (tmp_path / "cfg.json").write_text(cfg.to_json())
+    path = tmp_path / "cfg.py"
+    path.write_text(f"from zoo.config import load_json\n\ndef get_config():\n    return load_json({str(tmp_path / 'cfg.json')!r})\n")
+    return str(path)
+
+
+def start(args, n=2, port=None, only=None, devices=4):
+    """`python train.py ARGS` as process i of n (all of them, or only those in `only`) on a local coordinator."""
+    port = port or free_port()
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform")]
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"]),
+           "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    return [subprocess.Popen([sys.executable, "train.py", *args, "--coordinator", f"127.0.0.1:{port}",
+                              "--num-processes", str(n), "--process-id", str(i)], cwd=ROOT, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for i in range(n) if only is None or i in only]
+
+
+def finish(procs, timeout=300):
+    """(stdout, stderr) of each process, without the lines gloo itself prints ("[Gloo] Rank 1 is connected ...")."""
+    drop = lambda text: "".join(l for l in text.splitlines(keepends=True) if "[Gloo]" not in l)  # noqa: E731
+    return [tuple(map(drop, p.communicate(timeout=timeout))) for p in procs]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory, cache_dir):
+    """(cfg, config file, workdir, outputs) of a 3-step run by two train.py processes, 4 devices each."""
+    from tests.helpers import tiny_configs
+    tmp = tmp_path_factory.mktemp("multihost")
+    cfg = replace(tiny_configs.gpt_lm(cache_dir), optim=dict(schedule="constant", warmup=0),
+                  train=dict(steps=3, save_every=3, sample_tokens=0))
+    path, work = config_file(cfg, tmp), str(tmp / "multi")
+    outs = finish(start([path, "--workdir", work]))
+    return cfg, path, work, outs
+
+
 @pytest.mark.slow
-def test_two_processes_match_one_process_with_eight_devices(tiny_cfg, tmp_path):
-    cfg = replace(tiny_cfg, train=dict(steps=3))
-    cfg_path = tmp_path / "cfg.json"
-    cfg_path.write_text(cfg.to_json())
-    work, port = tmp_path / "multi", str(free_port())
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(TESTS), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, os.path.join(TESTS, "helpers", "multihost_worker.py"), str(i), port,
-                               str(work), str(cfg_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for i in range(2)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
-    single = trainer.train(cfg, str(tmp_path / "single"), progress=False)
+def test_two_processes_match_one_process_with_eight_devices(two, tmp_path):
+    cfg, _, work, outs = two
+    assert all("Traceback" not in err for _, err in outs), outs
+    (out0, _), (out1, _) = outs
+    assert out0.startswith(f"training gpt_lm in {work}\n") and "done: step 3" in out0
+    assert out1 == ""  # process 1 prints nothing: one console, one metrics.jsonl, one TensorBoard
+    single = run(cfg, tmp_path / "single")
     assert single["setup"].mesh.devices.size == 8
-    multi = np.load(work / "params.npz")
-    flat = jax.tree_util.tree_flatten_with_path(jax.device_get(single["state"].params))[0]
-    assert set(multi.files) == {jax.tree_util.keystr(p) for p, _ in flat}
-    for p, v in flat:
-        np.testing.assert_allclose(multi[jax.tree_util.keystr(p)], v, rtol=1e-5, atol=1e-6)
-    losses = lambda d: [r["loss"] for r in map(json.loads, open(d / "metrics.jsonl"))]
     assert losses(work) == pytest.approx(losses(tmp_path / "single"), rel=1e-5)
-    assert sorted(os.listdir(work / "checkpoints")) == [".checksummed", "3"]  # one step, written by both processes
+    multi = checkpoint.load_params(work)
+    for a, b in zip(jax.tree.leaves(multi), jax.tree.leaves(jax.device_get(single["params"]))):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-5, atol=1e-6)
+    assert sorted(os.listdir(os.path.join(work, "checkpoints"))) == [".checksummed", "3"]
+
+
+def test_the_checkpoint_of_two_processes_resumes_on_one_process_and_goes_on_as_one_run(two, tmp_path):
+    """2 processes x 4 devices -> 1 process x 8 devices, then 1 device: the run continues where it stopped,
+    equal to one uninterrupted 8-device run (constant learning rate: the longer run's schedule is the same)."""
+    cfg, _, work, _ = two
+    import shutil
+    mine = str(tmp_path / "resumed")
+    shutil.copytree(work, mine)
+    resumed = run(replace(cfg, train=dict(steps=5)), mine, resume=True)
+    straight = run(replace(cfg, train=dict(steps=5)), tmp_path / "straight")
+    for a, b in zip(jax.tree.leaves(resumed["params"]), jax.tree.leaves(straight["params"])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    one = run(replace(cfg, train=dict(steps=6)), mine, resume=True, devices=jax.devices()[:1])
+    assert int(one["state"].step) == 6
+
+
+HOLD = """
+import sys, time
+from zoo.train.workdir import claim
+with claim(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_workdir_refused_on_process_0_ends_every_process_in_one_line(two, tmp_path):
+    """Process 0 alone takes the workdir lock; the others wait for its verdict and stop with its refusal."""
+    _, path, _, _ = two
+    work = str(tmp_path / "held")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, work], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        procs = start([path, "--workdir", work])
+        outs = finish(procs, timeout=120)
+    finally:
+        holder.kill()
+    errs = [err.strip().splitlines() for _, err in outs]
+    assert [p.returncode for p in procs] == [2, 2]
+    assert errs[0] == [f"error: workdir {work!r} is in use by another training run (pid {holder.pid}); wait for it to "
+                       f"end or pick another --workdir"], errs
+    assert errs[1] == [f"error: process 0 stopped on the workdir {work!r}: TrainError: workdir {work!r} is in use by "
+                       f"another training run (pid {holder.pid}); wait for it to end or pick another --workdir"], errs
+
+
+def test_a_peer_that_never_comes_is_named_within_the_timeout(two, tmp_path):
+    _, path, _, _ = two
+    port = free_port()
+    t0 = time.monotonic()
+    [(out, err)] = finish(start([path, "--workdir", str(tmp_path / "w"), "--set", "train.distributed_timeout=5"],
+                                port=port, only=[1]), timeout=120)
+    assert time.monotonic() - t0 < 60
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: process 1 of 2 could not start with its peers at 127.0.0.1:{port} within 5 s "
+                                f"(train.distributed_timeout)"), err[-2000:]
+
+
+def wait_for_records(work, n, timeout=240):
+    metrics = os.path.join(work, "metrics.jsonl")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not (os.path.exists(metrics) and len(open(metrics).readlines()) >= n):
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_process_stops_both_and_a_killed_one_ends_the_other_in_one_line(cache_dir, tmp_path):
+    """SIGTERM to process 1 alone: both stop after the same step, with one checkpoint there. Then, resumed,
+    kill -9 of process 1: process 0 ends within the timeout with one error line naming it (no hang in a collective,
+    no C++ abort). --resume on both goes on, equal to one process with 8 devices never interrupted."""
+    from tests.helpers import tiny_configs
+    cfg = replace(tiny_configs.gpt_lm(cache_dir), optim=dict(schedule="constant", warmup=0),
+                  train=dict(steps=100000, save_every=100000, log_every=1, sample_tokens=0, distributed_timeout=10))
+    path, work = config_file(cfg, tmp_path), str(tmp_path / "run")
+    procs = start([path, "--workdir", work])
+    wait_for_records(work, 4)
+    procs[1].terminate()
+    (out0, err0), _ = finish(procs, timeout=120)
+    assert [p.returncode for p in procs] == [0, 0], err0
+    [stopped] = [line for line in out0.splitlines() if line.startswith("stopped by")]
+    step = int(stopped.split(" at step ")[1].split(";")[0])
+    assert stopped.startswith("stopped by a signal to another process at step") and checkpoint.all_steps(work) == [step]
+
+    procs = start(["--resume", work])
+    wait_for_records(work, step + 4)
+    procs[1].kill()
+    t0 = time.monotonic()
+    (_, err0), _ = finish(procs, timeout=120)
+    assert time.monotonic() - t0 < 30 and procs[0].returncode == 2 and procs[1].returncode == -9, err0[-3000:]
+    assert err0.strip().splitlines() == [
+        f"error: lost process 1 of 2 (no heartbeat for 5 s: killed, or its host is down); every process stops. "
+        f"resume on every host: python train.py --resume {work} (and the same flags)"], err0
+    assert checkpoint.all_steps(work) == [step]
+
+    procs = start(["--resume", work, "--set", f"train.steps={step + 2}"])
+    outs = finish(procs)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    straight = run(replace(cfg, train=dict(steps=step + 2)), tmp_path / "straight")
+    assert losses(work) == pytest.approx(losses(tmp_path / "straight"), rel=1e-5)
+    # Params whose gradient is ~0 take Adam steps of rounding noise (m / sqrt(v) of ~1e-9 values): 1e-5 absolute,
+    # a hundredth of one step at lr 1e-3.
+    for a, b in zip(jax.tree.leaves(checkpoint.load_params(work)), jax.tree.leaves(jax.device_get(straight["params"]))):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--coordinator", "127.0.0.1:1"], "missing: --num-processes / JAX_NUM_PROCESSES, --process-id / JAX_PROCESS_ID"),
+    (["--coordinator", "x", "--num-processes", "2", "--process-id", "0"], "--coordinator='x' must be HOST:PORT"),
+    (["--coordinator", "h:1", "--num-processes", "2", "--process-id", "2"], "--process-id 2 must be in 0..1"),
+])
+def test_bad_flags_are_one_line_before_anything_starts(capsys, args, fragment):
+    from zoo.cli.train import train_main
+    assert train_main(["gpt_tiny", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and fragment in err[0], err

@@ -25,6 +25,7 @@ import shutil
 import sys
 import time
 
+from zoo import distributed
 from zoo.cli import BAD_INPUT, configs, error, fine_tune
 
 
@@ -46,6 +47,7 @@ def parse(argv):
     ap.add_argument("--quiet", action="store_true",
                     help="no progress bar and no line per evaluation; the final summary only (no bar anyway when "
                          "the output is not a terminal)")
+    distributed.add_arguments(ap)
     a = ap.parse_args(argv)
     if a.list:
         return a
@@ -175,28 +177,40 @@ def train_main(argv=None) -> int:
     from zoo.errors import TrainError
     from zoo.train.workdir import check_free
     try:
+        several = distributed.wanted(a)
+        if several:  # JAX's multi-process runtime, before any other jax call; process 0 alone takes the lock
+            distributed.start(a, distributed.timeout_of(a, a.set, a.config and configs.find(a.config), a.resume))
         a.workdir = workdir_of(a) if not a.resume else None
-        check_free(a.resume or a.workdir)  # a run in progress is named first, before anything is loaded
-    except (TrainError, *BAD_INPUT) as e:
+        if not several:
+            check_free(a.resume or a.workdir)  # a run in progress is named first, before anything is loaded
+    except (TrainError, distributed.DistributedError, *BAD_INPUT) as e:
         return error(e)
+    main = not several or _process_index() == 0
+    distributed.hint = f"resume on every host: python train.py --resume {a.resume or a.workdir} (and the same flags)"
     from zoo.train import trainer
-    fresh = a.workdir is not None and not os.path.exists(a.workdir) and not a.print_config
+    fresh = a.workdir is not None and not os.path.exists(a.workdir) and not a.print_config and main
     try:
         cfg, workdir, resume = resolve(a)
         if a.print_config:
             print(cfg.to_json())
             return 0
-        print(f"{'resuming' if resume else 'training'} {cfg.task} in {workdir}", flush=True)
+        if main:
+            print(f"{'resuming' if resume else 'training'} {cfg.task} in {workdir}", flush=True)
         if a.quiet or not sys.stderr.isatty():
             import datasets
             datasets.disable_progress_bars()  # the one-time tokenization's bars are noise in a log
-        out = trainer.train(cfg, workdir, resume=resume, quiet=a.quiet, resume_step=a.step)
+        out = trainer.train(cfg, workdir, resume=resume, quiet=a.quiet, resume_step=a.step,
+                            config_of=_config_of(workdir, a.set) if resume else None)
     except BaseException as e:
         if fresh:  # a run that failed before its first step leaves nothing: the corrected retry starts clean
             _remove_unstarted(a.workdir)
         if isinstance(e, (TrainError, *BAD_INPUT)):
             return error(e)
+        if several:  # a collective that failed because a peer is gone: the watchdog names it and exits
+            distributed.settle()
         raise
+    if not main:
+        return 0
     last = out["records"][-1] if out["records"] else {}
     # What the run's records hold: eval_ppl is absent for classification, eval_bleu/eval_exact_match seq2seq's.
     summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("loss", "eval_loss", "eval_ppl", "eval_accuracy",
@@ -212,6 +226,24 @@ def train_main(argv=None) -> int:
         if text is not None:  # tasks that generate text (gpt_lm)
             print(f"sample (temperature 0.8, top-k 40):\n{prompt}{text}")
     return 0
+
+
+def _config_of(workdir: str, overrides):
+    """step -> that checkpoint's own config with the command's --set overrides (a resume that falls back past a
+    damaged step goes on under the config of the step it restored)."""
+    import functools
+
+    @functools.cache
+    def config_of(step: int):
+        from zoo.config import apply_overrides
+        from zoo.train import checkpoint
+        return apply_overrides(checkpoint.load_config(workdir, step), overrides)
+    return config_of
+
+
+def _process_index() -> int:
+    import jax
+    return jax.process_index()
 
 
 def _remove_unstarted(workdir: str) -> None:

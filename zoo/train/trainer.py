@@ -15,6 +15,7 @@ already sharded (eval_shape of the boxed state -> logical axes -> jit with out_s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -33,7 +34,7 @@ from tqdm.auto import tqdm
 from zoo import tasks
 from zoo.config import Config
 from zoo.errors import ConfigError, TrainError
-from zoo.train import checkpoint, flops, freeze, memory, optim, orbax_errors, sharding
+from zoo.train import checkpoint, flops, freeze, memory, optim, orbax_errors, peers, sharding
 from zoo.train.guard import Guard
 from zoo.train.metrics import MetricsWriter
 from zoo.train.prefetch import Prefetcher
@@ -141,6 +142,22 @@ class _Stopper:
     def _handle(self, signum, frame):
         self.signal = signum
 
+    at = None  # with several processes: the step they all stop after
+
+    def stop(self, step: int) -> bool:
+        """Whether to stop after `step`: at once with one process. With several, a signal reaches one host, and
+        they must all stop after the same step (the save is collective): the first process signalled names a step
+        a few ahead in the coordination service (zoo.train.peers), and each stops there."""
+        if not peers.several():
+            return self.signal is not None
+        if self.at is None:
+            self.at = peers.stop_step(step + 3 if self.signal is not None else None)
+        return self.at is not None and step >= self.at
+
+    @property
+    def stopped(self) -> bool:
+        return self.signal is not None or self.at is not None
+
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
@@ -229,24 +246,35 @@ def eval_line(record: dict) -> str:
 
 
 def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | None = None,
-          devices=None, progress: bool = True, quiet: bool = False, resume_step: int | None = None) -> dict:
+          devices=None, progress: bool = True, quiet: bool = False, resume_step: int | None = None,
+          config_of=None) -> dict:
     """Train `cfg` in workdir `path` (a fresh run, or the continuation of the newest checkpoint that restores
     when resume). The workdir is locked for the run; nothing in it changes until the state is restored.
 
     `resume_step` resumes from that checkpoint, not the newest (newer ones are moved aside, kept).
+    `config_of(step)`, given, is the config of a run resumed from `step` (its saved config with the command's
+    overrides): when the step that restores is older than the one `cfg` was read from, the run goes on under it.
     `stop_at_step` stops (and checkpoints) early as if interrupted. `progress` shows a progress bar
     (only when stdout and stderr are a terminal); `quiet` shows neither the bar nor the line printed
     after each evaluation. Returns the final state, the last eval metrics, the data's tokenizer and the
     setup.
     """
-    main = jax.process_index() == 0
-    with claim(path, enabled=main) as created:
+    main, asked = jax.process_index() == 0, cfg
+    built = peers.key("data")
+    with _claimed(path, main) as created:
         try:
             _check_workdir(path, resume)
             cfg = tasks.check_data(cfg)  # the source, columns and labels, before any model is built
             s = setup(cfg, devices)
             if resume:
                 start, state = checkpoint.restore_latest(path, s.abstract_state, resume_step)
+                if config_of is not None and config_of(start) != asked:
+                    # The newest config was read first, but its step did not restore and an older one did: go
+                    # on under that step's own config (a resumed run's steps may hold different ones).
+                    cfg = tasks.check_data(config_of(start))
+                    s = setup(cfg, devices)
+                    with checkpoint.manager(path, read_only=True) as m:
+                        state = checkpoint.restore(m, start, s.abstract_state, path)
                 state = load_frozen(s, state, path)
                 if start >= cfg.train.steps:
                     raise TrainError(f"the run in {path!r} is at step {start} and train.steps={cfg.train.steps}: "
@@ -255,8 +283,12 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
                 state = s.init_state(jax.random.PRNGKey(cfg.train.seed))
                 if cfg.init_from:
                     state, base_step = start_from(s, state, cfg.init_from)
+            # The token store is built once, by process 0; the others open it (a shared data.cache_dir).
+            peers.wait(built, "building the token store")
             data = s.task.make_data(cfg, jax.process_index(), jax.process_count())
-        except BaseException:
+            peers.tell(built, None)
+        except BaseException as e:
+            peers.tell(built, e)
             if created:  # a config, data or restore error: no empty workdir left behind
                 remove_new(path)
             raise
@@ -280,6 +312,22 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
                 return _loop(cfg, path, s, state, data, mngr, stop_at_step, progress, quiet)
         except orbax_errors.SaveError as e:
             raise TrainError(f"{e}; the run stopped (free space or fix permissions, then --resume {path})") from None
+
+
+@contextlib.contextmanager
+def _claimed(path: str, main: bool):
+    """The workdir lock, taken by process 0 alone; the other processes wait for its verdict (zoo.train.peers)."""
+    k, told = peers.key("workdir"), False
+    peers.wait(k, f"the workdir {path!r}")
+    try:
+        with claim(path, enabled=main) as created:
+            peers.tell(k, None)
+            told = True
+            yield created
+    except BaseException as e:
+        if not told:
+            peers.tell(k, e)
+        raise
 
 
 def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, progress, quiet) -> dict:
@@ -311,7 +359,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
     prefetch = Prefetcher(lambda i: to_device(data.train(i), s.mesh), start, last)
     with prefetch as batches, _Stopper() as stopper:
         step = start
-        while step < last and stopper.signal is None:
+        while step < last and not stopper.stop(step):
             state, m = step_fn(state, batches.get(step))
             step += 1
             buffered.append((step, m))
@@ -358,20 +406,21 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
         if pending is not None:
             jax.block_until_ready(pending)
             bar.update(1)
-        if stopper.signal is not None or step < cfg.train.steps:
+        if stopper.stopped or step < cfg.train.steps:
             jax.block_until_ready(state)
             if mngr.latest_step() != step:
                 _save(mngr, state, cfg, workdir, force=True)
-            if main and stopper.signal is not None:
+            if main and stopper.stopped:
                 bar.close()
-                print(f"stopped by signal {stopper.signal} at step {step}; checkpoint saved. Continue with: "
+                print(f"stopped by {f'signal {stopper.signal}' if stopper.signal else 'a signal to another process'} "
+                      f"at step {step}; checkpoint saved. Continue with: "
                       f"python train.py --resume {workdir}", flush=True)
     checkpoint.finish(mngr)
     bar.close()
     writer.plot()
     writer.close()
     return {"state": state, "params": s.full_params(state), "eval": eval_metrics, "tokenizer": data.tokenizer, "setup": s,
-            "records": writer.records, "interrupted": stopper.signal is not None}
+            "records": writer.records, "interrupted": stopper.stopped}
 
 
 def _save(mngr, state, cfg: Config, workdir: str, force: bool = False) -> None:
