@@ -6,6 +6,7 @@ one line within the timeout, and the checkpoint resumes on one process with 8 de
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -85,7 +86,6 @@ def test_the_checkpoint_of_two_processes_resumes_on_one_process_and_goes_on_as_o
     """2 processes x 4 devices -> 1 process x 8 devices, then 1 device: the run continues where it stopped,
     equal to one uninterrupted 8-device run (constant learning rate: the longer run's schedule is the same)."""
     cfg, _, work, _ = two
-    import shutil
     mine = str(tmp_path / "resumed")
     shutil.copytree(work, mine)
     resumed = run(replace(cfg, train=dict(steps=5)), mine, resume=True)
@@ -94,6 +94,25 @@ def test_the_checkpoint_of_two_processes_resumes_on_one_process_and_goes_on_as_o
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     one = run(replace(cfg, train=dict(steps=6)), mine, resume=True, devices=jax.devices()[:1])
     assert int(one["state"].step) == 6
+    # Another mesh: data 8 -> fsdp 4 x data 2 (params and optimizer state sharded), the same run.
+    other = str(tmp_path / "other_mesh")
+    shutil.copytree(work, other)
+    fsdp = run(replace(cfg, mesh=dict(data=2, fsdp=4), train=dict(steps=5)), other, resume=True)
+    assert fsdp["setup"].mesh.shape == {"data": 2, "fsdp": 4, "tensor": 1}
+    for a, b in zip(jax.tree.leaves(fsdp["params"]), jax.tree.leaves(straight["params"])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_a_resume_keeps_the_global_batch_unless_told(two, capsys):
+    from zoo.cli.train import train_main
+    _, _, work, _ = two
+    assert train_main(["--resume", work, "--set", "train.batch_size=32", "--print-config"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: train.batch_size=32: the run in {work!r} trained with 16; a resume keeps the global batch, "
+                   f"whatever the processes and devices (the run goes on bit for bit). Add --new-batch to go on with "
+                   f"the new size"]
+    assert train_main(["--resume", work, "--set", "train.batch_size=32", "--new-batch", "--print-config"]) == 0
+    assert '"batch_size": 32' in capsys.readouterr().out
 
 
 HOLD = """

@@ -2,7 +2,7 @@
 
     train.py CONFIG [--workdir DIR] [--set key=value ...]
     train.py --init-from RUN_OR_HF_DIR [CONFIG] [--workdir DIR] [--set key=value ...]
-    train.py --resume DIR [--step N] [--set key=value ...]
+    train.py --resume DIR [--step N] [--new-batch] [--set key=value ...]
 
 --init-from fine-tunes a checkpoint without a config file of its own: the model config, tokenizer and
 task come from the checkpoint (a zoo run, or a Hugging Face directory, GGUF file or PEFT LoRA adapter
@@ -37,6 +37,10 @@ def parse(argv):
     ap.add_argument("--step", type=int, metavar="N",
                     help="with --resume: continue from checkpoint N instead (newer ones are moved aside into "
                          "DIR/checkpoints-superseded/, kept)")
+    ap.add_argument("--new-batch", action="store_true",
+                    help="with --resume: accept a different train.batch_size. The run goes on from its step with "
+                         "batches of the new size: from there on it reads other rows at each step than the old run "
+                         "would have, and the learning rate schedule stays by step")
     ap.add_argument("--init-from", metavar="RUN_OR_HF_DIR",
                     help="fine-tune this checkpoint: model, tokenizer and task from it (a zoo run or a Hugging "
                          "Face directory); CONFIG, if given, supplies data, optim and train")
@@ -59,6 +63,8 @@ def parse(argv):
         ap.error("--resume DIR trains in DIR; --workdir does not apply")
     if a.step is not None and not a.resume:
         ap.error("--step N picks the checkpoint --resume DIR continues from; give --resume DIR")
+    if a.new_batch and not a.resume:
+        ap.error("--new-batch lets --resume DIR go on with another train.batch_size; give --resume DIR")
     return a
 
 
@@ -112,6 +118,10 @@ def resolve(a):
         if optimizer_state(cfg) != optimizer_state(old):
             raise ConfigError(f"--set {' '.join(a.set)} changes the optimizer state's layout (optim.clip_norm turned on "
                               f"or off); a resumed run keeps it. Start from the weights instead: --init-from {a.resume}")
+        if cfg.train.batch_size != old.train.batch_size and not a.new_batch:
+            raise ConfigError(f"train.batch_size={cfg.train.batch_size}: the run in {a.resume!r} trained with "
+                              f"{old.train.batch_size}; a resume keeps the global batch, whatever the processes and "
+                              f"devices (the run goes on bit for bit). Add --new-batch to go on with the new size")
         warn_restarted_schedule(old, cfg, a.resume, a.step)
         return cfg, a.resume, True
     workdir = workdir_of(a)
