@@ -11,7 +11,7 @@ import pytest
 from zoo.cli import configs
 from zoo.cli.train import train_main
 
-COMMANDS = ("train", "sample", "translate", "fill_mask", "classify", "convert", "bench", "attention")
+COMMANDS = ("train", "sample", "eval", "translate", "fill_mask", "classify", "convert", "bench", "attention")
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -1,0 +1,171 @@
+"""Evaluate a GPT-family run as users do: perplexity and bits per byte of a corpus, or multiple choice.
+
+    zoo-eval runs/x --data builtin                      # every document of a source zoo reads
+    zoo-eval runs/x --data notes.jsonl --text-column body --max-docs 100 --stride 256 --json
+    zoo-eval runs/x --task choice questions.jsonl       # {"context", "choices", "answer"} per line
+
+RUN is a zoo run directory or a Hugging Face checkpoint directory (converted in memory). Perplexity
+scores each document whole, its first token conditioned on the tokenizer's BOS (else its end-of-text
+token), with a sliding window of the run's context (`--stride`, default half of it) over longer
+documents: zoo.eval.perplexity. Multiple choice reports acc and acc_norm as lm-evaluation-harness
+defines them: zoo.eval.choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from zoo.cli import BAD_INPUT, error
+
+TASKS = ("perplexity", "choice")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="zoo-eval", description=__doc__.split("\n")[0])
+    ap.add_argument("workdir", metavar="RUN", help="a zoo run directory, or a Hugging Face checkpoint directory")
+    ap.add_argument("file", nargs="?", metavar="FILE.jsonl", help="--task choice: the questions")
+    ap.add_argument("--task", choices=TASKS, default="perplexity", help="what to score (default: %(default)s)")
+    ap.add_argument("--data", metavar="SOURCE",
+                    help="perplexity: builtin, shakespeare, hub:NAME[/CONFIG], or a txt/json/jsonl/parquet/csv/tsv "
+                         "file, directory or glob")
+    ap.add_argument("--text-column", default="text", help="the column of text (default: %(default)s)")
+    ap.add_argument("--split", default="train", help="the split of a hub or local dataset (default: %(default)s)")
+    ap.add_argument("--max-docs", type=int, help="score the first N documents (questions with --task choice)")
+    ap.add_argument("--stride", type=int, help="tokens between window starts (default: half the context)")
+    ap.add_argument("--delimiter", default=" ", help="choice: put between context and each choice "
+                                                     "(the harness's target_delimiter; default: a space)")
+    ap.add_argument("--cache-dir", default="~/.cache/zoo",
+                    help="where a local source's Arrow copy is kept (data.cache_dir; default: %(default)s)")
+    ap.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (default: %(default)s)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    return ap
+
+
+def _check_args(a) -> None:
+    from zoo.errors import ZooDataError
+    if a.task == "perplexity" and not a.data:
+        raise ZooDataError("give --data SOURCE to score (builtin, a file, a directory, hub:NAME)")
+    if a.task == "perplexity" and a.file:
+        raise ZooDataError(f"{a.file!r}: a questions file goes with --task choice; perplexity reads --data")
+    if a.task == "choice" and not (a.file or a.data):
+        raise ZooDataError("--task choice needs the questions: zoo-eval RUN --task choice FILE.jsonl")
+    for flag, v in (("--max-docs", a.max_docs), ("--stride", a.stride), ("--batch-size", a.batch_size)):
+        if v is not None and v < 1:
+            raise ZooDataError(f"{flag} {v} must be >= 1")
+    if not (os.path.isdir(os.path.join(a.workdir, "checkpoints"))
+            or os.path.isfile(os.path.join(a.workdir, "config.json"))):
+        raise ZooDataError(f"{a.workdir!r} is neither a zoo run (no checkpoints/) nor a Hugging Face checkpoint "
+                           f"directory (no config.json)")
+
+
+def _load(workdir: str):
+    from zoo import hf
+    model, params, tok, cfg = hf.from_pretrained(workdir)
+    if cfg.model.family != "gpt":
+        raise ValueError(f"zoo-eval scores GPT-family runs; {workdir} is a {cfg.model.family} run")
+    return model, params, tok, cfg
+
+
+def _progress(total: int, what: str):
+    """A tqdm bar on a terminal, else nothing: (update function, close function)."""
+    if not sys.stderr.isatty():
+        return None, lambda: None
+    from tqdm import tqdm
+    bar = tqdm(total=total, unit=what, file=sys.stderr, leave=False)
+    return bar.update, bar.close
+
+
+def _documents(a) -> list[str]:
+    from zoo.config import DataConfig
+    from zoo.data.corpus import load_documents
+    if not sys.stderr.isatty():
+        import datasets
+        datasets.disable_progress_bars()  # its bars are noise in a log
+    ds = load_documents(DataConfig(source=a.data, text_column=a.text_column, split=a.split, cache_dir=a.cache_dir))
+    if a.max_docs is not None:
+        ds = ds.select(range(min(a.max_docs, len(ds))))
+    return list(ds["text"])
+
+
+def perplexity(a) -> dict:
+    from zoo.eval import perplexity as ppl
+    texts = _documents(a)  # a bad source is refused before the model loads
+    model, params, tok, cfg = _load(a.workdir)
+    context = cfg.window
+    stride = a.stride or max(1, context // 2)
+    ppl.check_window(context, stride)
+    docs = tok.encode_batch(texts)
+    prefix = _prefix(tok)
+    _check_vocab(docs + [[prefix]], tok, cfg, a.workdir)
+    update, close = _progress(sum(len(ppl.windows(len(d) + 1, context, stride)) for d in docs), "window")
+    try:
+        lls = ppl.document_logliks(model, params, docs, prefix=prefix, context=context, stride=stride,
+                                   batch_size=a.batch_size, progress=update)
+    finally:
+        close()
+    out = ppl.summary(-float(lls.sum()), sum(map(len, docs)), sum(len(t.encode("utf-8")) for t in texts), len(docs))
+    return {"run": a.workdir, "data": a.data, "context": context, "stride": stride, **out}
+
+
+def choice(a) -> dict:
+    from zoo.eval import choice as mc
+    path = a.file or a.data
+    questions = mc.read_questions(path)[:a.max_docs]  # checked before the model loads
+    model, params, tok, cfg = _load(a.workdir)
+    _check_vocab([tok.encode(q["context"] + "".join(q["choices"])) for q in questions] + [[_prefix(tok)]], tok, cfg,
+                 a.workdir)
+    update, close = _progress(sum(len(q["choices"]) for q in questions), "choice")
+    try:
+        out = mc.evaluate(model, params, tok, questions, prefix=_prefix(tok), context=cfg.window,
+                          delimiter=a.delimiter, batch_size=a.batch_size, progress=update)
+    finally:
+        close()
+    return {"run": a.workdir, "data": path, "context": cfg.window, **out}
+
+
+def _prefix(tok) -> int:
+    """The token a document (or an empty context) starts from: BOS where the tokenizer has one, else end-of-text."""
+    bos = getattr(tok, "bos_token", None)
+    return tok.eot_token if bos is None else bos
+
+
+def _check_vocab(seqs, tok, cfg, workdir: str) -> None:
+    """Ids the model has no row for would be read as some other token: refused."""
+    top = max((max(s) for s in seqs if s), default=0)
+    if top >= cfg.model.vocab_size:
+        raise ValueError(f"the tokenizer {cfg.data.tokenizer!r} gives id {top}, beyond the {cfg.model.vocab_size} "
+                         f"tokens of {workdir}'s model")
+
+
+def _table(r: dict) -> str:
+    if "questions" in r:
+        rows = [("questions", f"{r['questions']:,}"), ("acc", f"{r['acc']:.4f}  ({r['correct']}/{r['questions']})"),
+                ("acc_norm", f"{r['acc_norm']:.4f}  ({r['correct_norm']}/{r['questions']})")]
+        head = f"{r['run']} on {r['data']} (multiple choice, context {r['context']})"
+    else:
+        rows = [("documents", f"{r['documents']:,}"), ("tokens", f"{r['tokens']:,}"), ("bytes", f"{r['bytes']:,}"),
+                ("NLL/token", f"{r['nll_per_token']:.4f}"), ("perplexity", f"{r['perplexity']:.4f}"),
+                ("bits/byte", f"{r['bits_per_byte']:.4f}")]
+        head = f"{r['run']} on {r['data']} (context {r['context']}, stride {r['stride']})"
+    return "\n".join([head, *(f"  {k:<11}{v}" for k, v in rows)])
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_intermixed_args(argv)  # RUN --task choice FILE: a positional after options
+    try:  # arguments and paths are checked before jax is imported
+        _check_args(a)
+        result = choice(a) if a.task == "choice" else perplexity(a)
+    except BAD_INPUT as e:
+        return error(e)
+    if a.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "logliks"}))
+    else:
+        print(_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
