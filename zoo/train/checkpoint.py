@@ -220,13 +220,13 @@ def _verify(workdir: str, step: int, item: str, tree) -> None:
 _REPORTED: set = set()
 
 
-def first_restorable(workdir: str, load, steps: list[int] | None = None):
+def first_restorable(workdir: str, load, steps: list[int] | None = None, relists: int = 3):
     """(step, load(step)) for the newest step where `load` succeeds. Each step that fails is reported on
     stderr in one line (its path and the reason; once a process) before the next older one is tried;
     CheckpointError naming every step tried if none restores."""
     steps = all_steps(workdir) if steps is None else steps
-    if not steps:
-        require_latest(workdir)
+    if not steps:  # none, or the first just saved and not yet listed by Orbax: require_latest looks again
+        steps = [require_latest(workdir)]
     failed = []
     for i, step in enumerate(steps):
         try:
@@ -237,7 +237,7 @@ def first_restorable(workdir: str, load, steps: list[int] | None = None):
             if step not in all_steps(workdir):  # pruned by a run still training (keep=1): gone, not damaged
                 fresh = [s for s in all_steps(workdir) if s not in steps]
                 if fresh:  # a newer step was saved meanwhile: read it instead
-                    return first_restorable(workdir, load, fresh + steps[i + 1:])
+                    return first_restorable(workdir, load, fresh + steps[i + 1:], relists)
                 continue
             failed.append(f"step {step} ({_reason(e)})")
             after = f"trying step {steps[i + 1]}" if i + 1 < len(steps) else "no older step"
@@ -245,6 +245,8 @@ def first_restorable(workdir: str, load, steps: list[int] | None = None):
             if jax.process_index() == 0 and line not in _REPORTED:
                 _REPORTED.add(line)
                 print(line, file=sys.stderr, flush=True)
+    if not failed and relists:  # every step listed was pruned as it was read, the newer not listed yet: again
+        return first_restorable(workdir, load, None, relists - 1)
     raise CheckpointError(f"no checkpoint in {ckpt_dir(workdir)} restores; tried " + ", ".join(failed))
 
 
