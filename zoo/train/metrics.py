@@ -52,6 +52,21 @@ def truncate(path: str, start_step: int) -> None:
     os.replace(tmp, path)
 
 
+def _summary_writer():
+    """tensorboardX's SummaryWriter, imported without PyTorch: tensorboardX imports torch, if installed, only to
+    accept torch tensors (2 s at every run's start); zoo logs floats. A torch already imported is left as it is."""
+    import sys
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError while tensorboardX loads
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 class MetricsWriter:
     def __init__(self, workdir: str, enabled: bool = True, start_step: int = 0):
         self.workdir, self.enabled = workdir, enabled
@@ -63,7 +78,7 @@ class MetricsWriter:
             truncate(path, start_step)
             self._jsonl = open(path, "a")
             try:
-                from tensorboardX import SummaryWriter
+                SummaryWriter = _summary_writer()
                 # purge_step: TensorBoard drops what an earlier run logged after the step resumed from.
                 self._tb = SummaryWriter(os.path.join(workdir, "tb"),
                                          purge_step=start_step + 1 if start_step else None)
