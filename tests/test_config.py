@@ -21,6 +21,17 @@ def test_override_parses_types():
     assert cfg.data.source == "hub:wikitext/wikitext-2-raw-v1" and cfg.mesh.data == 2
 
 
+def test_overrides_of_one_section_are_checked_together():
+    """A shape that only fits once every override is in (SmolLM2's 9 heads and 3 key/value heads over the
+    llama_tiny file's 4 and 2) holds; one that does not fit still names the key; the later of two wins."""
+    cfg = load_config_file("configs/llama_tiny.py")
+    cfg = apply_overrides(cfg, ["model.d_model=576", "model.num_heads=9", "model.num_kv_heads=3", "optim.lr=1",
+                                "optim.lr=2"])
+    assert (cfg.model.num_heads, cfg.model.num_kv_heads, cfg.optim.lr) == (9, 3, 2.0)
+    with pytest.raises(ConfigError, match="model.num_kv_heads=2 must divide model.num_heads=9"):
+        apply_overrides(load_config_file("configs/llama_tiny.py"), ["model.d_model=576", "model.num_heads=9"])
+
+
 @pytest.mark.parametrize("assignment, fragment", [
     ("optim.lrr=1", "valid keys in optim: lr, schedule"),
     ("nope=1", "valid top-level keys: task, init_from"),

@@ -260,8 +260,9 @@ def _parse_value(key: str, text: str, typ):
     raise ConfigError(f"--set {key}: fields of type {typ} cannot be set from the command line")
 
 
-def override(cfg: Config, assignment: str) -> Config:
-    """Apply one `section.field=value` (or `field=value` for top-level fields) to a config."""
+def _assignment(cfg: Config, assignment: str):
+    """One `section.field=value` (or `field=value` for a top-level field) checked and parsed against
+    `cfg`: (section or None, field, value)."""
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected key=value, e.g. optim.lr=3e-4")
     key, text = assignment.split("=", 1)
@@ -275,7 +276,7 @@ def override(cfg: Config, assignment: str) -> Config:
         if name == "task":  # another task of the same family (bert_mlm -> bert_cls); the model stays
             tasks = FAMILIES[cfg.model.family].tasks
             _check(text in tasks, f"--set task={text!r}: a {cfg.model.family} model trains as one of {', '.join(tasks)}")
-        return dataclasses.replace(cfg, **{name: _parse_value(key, text, typing.get_type_hints(Config)[name])})
+        return None, name, _parse_value(key, text, typing.get_type_hints(Config)[name])
     _check(len(parts) == 2 and parts[0] in top and dataclasses.is_dataclass(getattr(cfg, parts[0])),
            f"unknown config key {key!r}; sections: "
            f"{', '.join(n for n in top if dataclasses.is_dataclass(getattr(cfg, n)))}")
@@ -283,14 +284,24 @@ def override(cfg: Config, assignment: str) -> Config:
     sub = getattr(cfg, section)
     fields = {f.name: f for f in dataclasses.fields(sub)}
     _check(name in fields, f"unknown config key {key!r}; valid keys in {section}: {', '.join(fields)}")
-    value = _parse_value(key, text, typing.get_type_hints(type(sub))[name])
-    return dataclasses.replace(cfg, **{section: dataclasses.replace(sub, **{name: value})})
+    return section, name, _parse_value(key, text, typing.get_type_hints(type(sub))[name])
+
+
+def override(cfg: Config, assignment: str) -> Config:
+    """Apply one `section.field=value` (or `field=value` for top-level fields) to a config."""
+    return apply_overrides(cfg, [assignment])
 
 
 def apply_overrides(cfg: Config, assignments) -> Config:
+    """Apply `section.field=value` assignments (a later one of the same key wins). Each section's fields
+    change together and are checked once, so that `model.num_heads=9 model.num_kv_heads=3` holds although
+    9 heads alone would not fit the file's 2 key/value heads."""
+    top, sections = {}, {}
     for a in assignments or ():
-        cfg = override(cfg, a)
-    return cfg
+        section, name, value = _assignment(cfg, a)
+        (top if section is None else sections.setdefault(section, {}))[name] = value
+    changed = {section: dataclasses.replace(getattr(cfg, section), **fields) for section, fields in sections.items()}
+    return dataclasses.replace(cfg, **top, **changed) if top or changed else cfg
 
 
 def load_config_file(path: str) -> Config:
