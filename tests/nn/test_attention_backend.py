@@ -108,6 +108,19 @@ def test_a_bias_whose_gradient_jax_would_drop_is_refused(monkeypatch):
     assert attn.cudnn_unsupported_reason(q, k, v, bias, is_causal=True) is None
 
 
+def test_jax_s_own_bias_gradient_rule_is_read_where_it_has_one(monkeypatch):
+    """jax up to 0.11.1 has `should_export_dbias` (its answer is taken); 0.11.2 dropped it and returns the
+    bias gradient for any bias, summed over a broadcast batch (T5 fell back to XLA on an H200 before this)."""
+    from jax._src.cudnn import fused_attention_stablehlo as fa
+    shape, q_shape = (1, 8, 512, 512), (16, 512, 8, 64)
+    monkeypatch.setattr(fa, "should_export_dbias", lambda b, q, layout: b[0] == 7, raising=False)
+    assert attn._dbias_exported(shape, q_shape) is False
+    monkeypatch.setattr(fa, "should_export_dbias", lambda b, q, layout: b[0] == 1)
+    assert attn._dbias_exported(shape, q_shape) is True
+    monkeypatch.delattr(fa, "should_export_dbias")
+    assert attn._dbias_exported((16,) + shape[1:], q_shape) is True
+
+
 def test_auto_on_gpu_falls_back_to_xla_and_logs_each_reason_once(caplog):
     q, k, v = qkv(dtype=F32)
     with caplog.at_level(logging.WARNING, logger="zoo.nn.attention"):

@@ -157,8 +157,14 @@ def _dbias_exported(bias_shape, q_shape) -> bool:
     """jax's own rule for whether its cuDNN attention returns the bias gradient (False if it cannot be asked)."""
     try:
         from jax._src.cudnn import fused_attention_stablehlo as fa
-        return bool(fa.should_export_dbias(tuple(bias_shape), tuple(q_shape), fa.AttentionLayout.BTNH.value))
-    except Exception:  # moved or changed: assume not, so a learned bias keeps a correct gradient (XLA)
+    except Exception:  # moved: assume not, so a learned bias keeps a correct gradient (XLA)
+        return False
+    rule = getattr(fa, "should_export_dbias", None)
+    if rule is None:  # jax 0.11.2 dropped the rule: the bias gradient comes whenever a bias is given, summed
+        return True   # over a broadcast batch (seen on an H200: without this, T5 fell back to XLA)
+    try:
+        return bool(rule(tuple(bias_shape), tuple(q_shape), fa.AttentionLayout.BTNH.value))
+    except Exception:  # its signature changed: assume not (XLA)
         return False
 
 
