@@ -26,14 +26,16 @@ def _plain(h, w, bias, t, wt, smoothing):
     return loss, correct
 
 
-@pytest.mark.parametrize("chunks", [1, 2, 4])
+@pytest.mark.parametrize("chunks,multiple", [(1, 1), (2, 1), (4, 1), (1, 16), (2, 16)])
 @pytest.mark.parametrize("smoothing,with_bias", [(0.0, False), (0.0, True), (0.1, True)])
-def test_loss_and_gradients_equal_the_plain_computation(chunks, smoothing, with_bias):
+def test_loss_and_gradients_equal_the_plain_computation(chunks, multiple, smoothing, with_bias):
+    """multiple 16: the vocab of 50 padded to 64 in the matmuls, as on a GPU (masked logits, the gradients
+    of the parameters in their own shapes)."""
     h, w, bias, t, wt = _inputs()
     bias = bias if with_bias else None
     h = h + 2 * w[t]  # the target's logit raised, so that some predictions are right (the count is checked)
     fused = lambda h, w, b: losses.linear_cross_entropy(h, w, t, wt, bias_V=b, label_smoothing=smoothing,
-                                                        chunks=chunks)
+                                                        chunks=chunks, vocab_multiple=multiple)
     plain = lambda h, w, b: _plain(h, w, b, t, wt, smoothing)
     (l1, c1), (l0, c0) = fused(h, w, bias), plain(h, w, bias)
     assert 1 <= float(c0) < float(wt.sum()) and float(c1) == float(c0)
@@ -57,6 +59,13 @@ def test_chunks_keep_the_logits_from_existing_whole():
     assert temp_bytes(1) >= logits_bytes  # the control: one chunk holds [B, T, V]
     assert temp_bytes(8) < logits_bytes / 2
     assert losses.num_chunks(B, T, V, chunk_bytes=logits_bytes // 8) == 8
+
+
+def test_the_vocab_is_padded_on_accelerators_only():
+    assert losses.vocab_pad_multiple("cpu") == 1 and losses.vocab_pad_multiple("gpu") == 128
+    h, w, _, t, wt = _inputs(V=50)
+    hlo = jax.jit(lambda h, w: losses.linear_cross_entropy(h, w, t, wt, vocab_multiple=16)).lower(h, w).as_text()
+    assert "64x16" in hlo.replace(",", "x") and "50x16" in hlo.replace(",", "x")  # w padded from [50, 16]
 
 
 def test_chunks_must_divide_the_length():
