@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from zoo.bench import run, shapes
+from zoo.bench import profile_summary, readme_table, run, shapes
 from zoo.bench.common import hbm_bandwidth
 from zoo.bench.worker import bandwidth_bound
 from zoo.cli import bench
+from zoo.config import apply_overrides, load_config_file
 
 SMALL = ["model.num_layers=1", "model.d_model=64", "model.num_heads=2", "model.d_ff=128", "model.vocab_size=512",
          "data.seq_len=32", "train.batch_size=8"]
@@ -56,6 +57,41 @@ def test_one_call_runs_every_gpu_shape_beside_both_peers(monkeypatch, tmp_path, 
     assert rows[0]["card"] == "cpu" and rows[0]["dtype"] == "bfloat16" and rows[0]["zoo"] == "jax / flax"
     table = capsys.readouterr().out.splitlines()[-14:]
     assert table[0].endswith("zoo / hf-torch | zoo / hf-torch-compile") and table[2].endswith("| 2 | 1")
+
+
+@pytest.mark.parametrize("shape_set", shapes.SHAPE_SETS)
+def test_every_shape_makes_a_valid_config(shape_set):
+    """Each shape's overrides hold together over its config file (SmolLM2's 9 heads with 3 key/value heads
+    over llama_tiny's 4 and 2 stopped the GPU story's llama_train on an H200 before overrides were checked
+    together)."""
+    for spec in shapes.specs(shapes.workloads_with(shape_set), shape_set):
+        cfg = apply_overrides(load_config_file(spec["config"]), spec["overrides"])
+        assert cfg.data.seq_len >= spec["seq_len"] and cfg.train.batch_size == spec["batch"]
+
+
+def test_shapes_are_picked_by_name_and_overrides_show_in_the_name(capsys):
+    got = shapes.specs(["gpt_train"], "gpu", names=["gpt2_small-T1024-B16"], preset="gpt2_large", batch=8)
+    assert [s["name"] for s in got] == ["gpt2_small-T1024-B16+gpt2_large+B8"] and got[0]["batch"] == 8
+    assert bench.main(["--workload", "gpt_train", "--shapes", "gpu", "--shape", "gpt2_small-T1024-B64"]) == 2
+    err = capsys.readouterr().err
+    assert "'gpt2_small-T1024-B64' is not a 'gpu' shape" in err and "gpt2_small-T1024-B32" in err
+
+
+def test_the_readme_gpu_table_is_written_from_the_rows(tmp_path):
+    row = {"workload": "gpt_train", "shape": "s", "card": "NVIDIA H200", "date": "2026-11-27", "dtype": "bfloat16",
+           "zoo": "jax 0.11.2 / flax 0.12.10", "xla_flags": "", "tokens_per_s": 4.6e5, "mfu": 0.4,
+           "step_s_median": 0.0356, "peak_memory_mb": 10240, "settings": {"attention": "cudnn"},
+           "peers": {"hf-torch-compile": {"versions": "transformers 5 / torch 2", "tokens_per_s": 3.7e5,
+                                          "ratio_tokens_per_s": 1.2261}}}
+    text = readme_table.table([row])
+    assert "NVIDIA H200, 2026-11-27" in text and "transformers 5 / torch 2" in text
+    assert "| gpt_train | s | off | 460,000 | 0.400 | 35.6 | 10.0 |  |  | 370,000 | 1.23 | cudnn |" in text
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n{readme_table.START}\nold\n{readme_table.END}\nb\n")
+    (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    assert readme_table.main([str(tmp_path / "rows.jsonl"), "--write", str(readme)]) == 0
+    assert readme.read_text() == f"a\n{readme_table.START}\n{text}\n{readme_table.END}\nb\n"
+    assert readme_table.main([str(tmp_path / "rows.jsonl"), "--write", str(tmp_path / "rows.jsonl")]) == 2
 
 
 def test_an_unknown_peer_is_refused(capsys):
@@ -119,6 +155,11 @@ def test_a_cpu_run_beside_hf_torch_with_a_profile(tmp_path, one_device):
     assert row["zoo"].startswith("jax ") and row["card"] == "cpu" and row["dtype"] == "float32"
     assert row["device_count"] == 1
     assert list(prof.glob("gpt_train-*/**/*.xplane.pb"))
+    assert row["date"] and "xla_flags" in row
+    summary = profile_summary.summarise(str(prof))  # the per-op table the GPU story brings back
+    ops = [op for line in summary for op in line["ops"]]
+    assert ops and sum(op["ms"] for op in ops) > 0 and all(0 <= op["frac"] <= 1 for op in ops)
+    assert profile_summary.main([str(tmp_path / "nothing")]) == 2
 
 
 def test_a_peer_that_cannot_start_says_why():

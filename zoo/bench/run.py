@@ -10,6 +10,7 @@ when their turn comes, as their imports would otherwise slow zoo's compile.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -135,7 +136,8 @@ def summarise(spec: dict, zoo: tuple, peers: dict | None = None) -> dict:
     row = {"workload": spec["workload"], "shape": spec["name"], **{k: ready[k] for k in kept if k in ready}}
     row["card"] = ready.get("device_kind")
     row["dtype"] = ready.get("settings", {}).get("dtype")
-    row.update({k: ready[k] for k in ("zoo", "attention_fallbacks") if k in ready})
+    row.update({k: ready[k] for k in ("zoo", "xla_flags", "attention_fallbacks") if k in ready})
+    row["date"] = datetime.date.today().isoformat()
     for key in rounds[0] if rounds else ():
         if key.endswith("_s"):  # per-round durations: median and min
             row[f"{key}_median"] = median([r[key] for r in rounds])

@@ -140,24 +140,36 @@ def workloads_with(shapes: str) -> list[str]:
     return [w for w in WORKLOADS if (w, shapes) in SHAPES]
 
 
-def specs(workloads, shapes: str, *, preset=None, seq_len=None, batch=None, dtype=None) -> list[dict]:
-    out = []
+def specs(workloads, shapes: str, *, preset=None, seq_len=None, batch=None, dtype=None, names=None) -> list[dict]:
+    """The specs of `workloads` in the set `shapes` (only those named in `names`, if given), with the
+    overrides applied; an override shows in the spec's name ("gpt2_small-T1024-B16+gpt2_medium+B8")."""
+    out, known = [], []
     for w in workloads:
         entries = SHAPES.get((w, shapes))
         if entries is None:
             raise ValueError(f"workload {w!r} has no {shapes!r} shapes yet; available: "
                              f"{', '.join(sorted({k[0] for k in SHAPES}))}")
+        known += [name for name, _ in entries]
         for name, spec in entries:
+            if names and name not in names:
+                continue
             spec = {**spec, "workload": w, "name": name, "overrides": list(spec.get("overrides", []))}
             if preset:
                 spec["overrides"].append(f"preset={preset}")
+                spec["name"] += f"+{preset}"
             if seq_len:
                 spec["seq_len"] = seq_len
                 spec["overrides"].append(f"data.seq_len={seq_len}")
+                spec["name"] += f"+T{seq_len}"
             if batch:
                 spec["batch"] = batch
                 spec["overrides"].append(f"train.batch_size={batch}")
+                spec["name"] += f"+B{batch}"
             if dtype:
                 spec["dtype"] = dtype
             out.append(spec)
+    unknown = [n for n in names or () if n not in known]
+    if unknown:
+        raise ValueError(f"--shape {unknown[0]!r} is not a {shapes!r} shape of {', '.join(workloads)}; choose from "
+                         f"{', '.join(known)}")
     return out

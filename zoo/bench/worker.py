@@ -140,11 +140,14 @@ def settings(model_cfg) -> dict:
 
 
 def _versions_and_fallbacks() -> dict:
-    """zoo's framework versions, and why `auto` attention ran XLA instead of cuDNN (if it did)."""
+    """zoo's framework versions, the XLA flags it ran with (zoo's GPU flags included, zoo.accel), and why
+    `auto` attention ran XLA instead of cuDNN (if it did)."""
+    import os
+
     import flax
     import jax
     from zoo.nn.attention import FALLBACKS
-    out = {"zoo": f"jax {jax.__version__} / flax {flax.__version__}"}
+    out = {"zoo": f"jax {jax.__version__} / flax {flax.__version__}", "xla_flags": os.environ.get("XLA_FLAGS", "")}
     if FALLBACKS:
         out["attention_fallbacks"] = sorted(FALLBACKS)
     return out

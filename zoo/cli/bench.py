@@ -40,6 +40,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", choices=bench_shapes.SHAPE_SETS, default="full",
                     help="full: the published shapes; cpu: the scaled shapes for a CPU; gpu: the GPU story "
                          "(GPT-2, BERT-base, T5-small, generation) for one H100/H200 (default: %(default)s)")
+    ap.add_argument("--shape", action="append", metavar="NAME",
+                    help="repeatable: only the shapes of this name (e.g. gpt2_small-T1024-B16); default: every "
+                         "shape of the chosen workloads in the --shapes set")
     ap.add_argument("--preset", help="model preset for the train workloads (e.g. gpt2_small, bert_base); default: "
                                      "each shape's own model")
     example = bench_shapes.SHAPES[("gpt_train", "full")][0][1]  # for the defaults' example
@@ -74,7 +77,8 @@ def main(argv=None) -> int:
             ap.error(f"argument --peer: invalid choice: {p!r} (choose from {', '.join(PEER_NAMES)})")
     try:
         specs = bench_shapes.specs(a.workload or bench_shapes.workloads_with(a.shapes), a.shapes, preset=a.preset,
-                                   seq_len=a.seq_len, batch=a.batch, dtype=a.dtype)
+                                   seq_len=a.seq_len, batch=a.batch, dtype=a.dtype,
+                                   names=a.shape)
     except ValueError as e:
         return error(e)
     rows = []
