@@ -4,10 +4,8 @@
 0 prints and writes, a workdir refused on process 0 ends both, a peer that never comes or dies is named in
 one line within the timeout, and the checkpoint resumes on one process with 8 devices."""
 
-import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +15,11 @@ import numpy as np
 import pytest
 
 from conftest import replace
+from tests.helpers.processes import finish, free_port, start
 from tests.helpers.runs import losses, run
 from zoo.train import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def config_file(cfg, tmp_path) -> str:
@@ -34,24 +27,6 @@ def config_file(cfg, tmp_path) -> str:
     path = tmp_path / "cfg.py"
     path.write_text(f"from zoo.config import load_json\n\ndef get_config():\n    return load_json({str(tmp_path / 'cfg.json')!r})\n")
     return str(path)
-
-
-def start(args, n=2, port=None, only=None, devices=4):
-    """`python train.py ARGS` as process i of n (all of them, or only those in `only`) on a local coordinator."""
-    port = port or free_port()
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform")]
-    env = {**os.environ, "XLA_FLAGS": " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"]),
-           "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
-    return [subprocess.Popen([sys.executable, "train.py", *args, "--coordinator", f"127.0.0.1:{port}",
-                              "--num-processes", str(n), "--process-id", str(i)], cwd=ROOT, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            for i in range(n) if only is None or i in only]
-
-
-def finish(procs, timeout=300):
-    """(stdout, stderr) of each process, without the lines gloo itself prints ("[Gloo] Rank 1 is connected ...")."""
-    drop = lambda text: "".join(l for l in text.splitlines(keepends=True) if "[Gloo]" not in l)  # noqa: E731
-    return [tuple(map(drop, p.communicate(timeout=timeout))) for p in procs]
 
 
 @pytest.fixture(scope="module")

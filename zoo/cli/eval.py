@@ -4,6 +4,10 @@
     zoo-eval runs/x --data notes.jsonl --text-column body --max-docs 100 --stride 256 --json
     zoo-eval runs/x --task choice questions.jsonl       # {"context", "choices", "answer"} per line
 
+Run the same command on every process of a multi-host job (zoo.distributed: started by itself on SLURM, Open
+MPI and TPU pods, or by --coordinator/--num-processes/--process-id): each scores its share of the documents
+or questions and process 0 prints the sums, equal to one process's.
+
 RUN is a zoo run directory or a Hugging Face checkpoint directory (converted in memory). Perplexity
 scores each document whole, its first token conditioned on the tokenizer's BOS (else its end-of-text
 token), with a sliding window of the run's context (`--stride`, default half of it) over longer
@@ -17,6 +21,8 @@ import argparse
 import json
 import os
 import sys
+
+import numpy as np
 
 from zoo.cli import BAD_INPUT, error
 
@@ -41,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="where a local source's Arrow copy is kept (data.cache_dir; default: %(default)s)")
     ap.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    from zoo import distributed
+    distributed.add_arguments(ap)
     return ap
 
 
@@ -97,16 +105,21 @@ def perplexity(a) -> dict:
     context = cfg.window
     stride = a.stride or max(1, context // 2)
     ppl.check_window(context, stride)
-    docs = tok.encode_batch(texts)
+    all_docs = tok.encode_batch(texts)
     prefix = _prefix(tok)
-    _check_vocab(docs + [[prefix]], tok, cfg, a.workdir)
+    _check_vocab(all_docs + [[prefix]], tok, cfg, a.workdir)
+    docs = _share(all_docs)
     update, close = _progress(sum(len(ppl.windows(len(d) + 1, context, stride)) for d in docs), "window")
     try:
         lls = ppl.document_logliks(model, params, docs, prefix=prefix, context=context, stride=stride,
                                    batch_size=a.batch_size, progress=update)
     finally:
         close()
-    out = ppl.summary(-float(lls.sum()), sum(map(len, docs)), sum(len(t.encode("utf-8")) for t in texts), len(docs))
+    parts = _gather("perplexity", {"nll": -float(np.sum(lls, dtype=np.float64))})
+    if parts is None:
+        return None
+    out = ppl.summary(sum(p["nll"] for p in parts), sum(map(len, all_docs)),
+                      sum(len(t.encode("utf-8")) for t in texts), len(all_docs))
     return {"run": a.workdir, "data": a.data, "context": context, "stride": stride, **out}
 
 
@@ -117,13 +130,33 @@ def choice(a) -> dict:
     model, params, tok, cfg = _load(a.workdir)
     _check_vocab([tok.encode(q["context"] + "".join(q["choices"])) for q in questions] + [[_prefix(tok)]], tok, cfg,
                  a.workdir)
-    update, close = _progress(sum(len(q["choices"]) for q in questions), "choice")
+    mine = _share(questions)
+    update, close = _progress(sum(len(q["choices"]) for q in mine), "choice")
     try:
-        out = mc.evaluate(model, params, tok, questions, prefix=_prefix(tok), context=cfg.window,
-                          delimiter=a.delimiter, batch_size=a.batch_size, progress=update)
+        out = mc.evaluate(model, params, tok, mine, prefix=_prefix(tok), context=cfg.window,
+                          delimiter=a.delimiter, batch_size=a.batch_size, progress=update) if mine else \
+            {"questions": 0, "correct": 0, "correct_norm": 0, "logliks": []}
     finally:
         close()
+    parts = _gather("choice", {k: out[k] for k in ("questions", "correct", "correct_norm", "logliks")})
+    if parts is None:
+        return None
+    n, c, cn = (sum(p[k] for p in parts) for k in ("questions", "correct", "correct_norm"))
+    logliks = [parts[i % len(parts)]["logliks"][i // len(parts)] for i in range(n)]  # back in the file's order
+    out = {"questions": n, "acc": c / n, "acc_norm": cn / n, "correct": c, "correct_norm": cn, "logliks": logliks}
     return {"run": a.workdir, "data": path, "context": cfg.window, **out}
+
+
+def _share(items: list) -> list:
+    """This process's share of `items` (every process_count-th from its index; all of them with one process)."""
+    import jax
+    return items[jax.process_index()::jax.process_count()]
+
+
+def _gather(name: str, value: dict) -> list[dict] | None:
+    """Every process's `value` on process 0 (None elsewhere: it prints nothing)."""
+    from zoo.train import peers
+    return peers.gather(name, value)
 
 
 def _prefix(tok) -> int:
@@ -154,12 +187,19 @@ def _table(r: dict) -> str:
 
 
 def main(argv=None) -> int:
+    from zoo import accel, distributed
+    from zoo.errors import TrainError
+    accel.configure()  # XLA's GPU flags, before anything starts jax's backend
     a = _parser().parse_intermixed_args(argv)  # RUN --task choice FILE: a positional after options
     try:  # arguments and paths are checked before jax is imported
         _check_args(a)
+        if distributed.wanted(a):  # several processes: jax.distributed before any other jax call
+            distributed.start(a)
         result = choice(a) if a.task == "choice" else perplexity(a)
-    except BAD_INPUT as e:
+    except (*BAD_INPUT, distributed.DistributedError, TrainError) as e:
         return error(e)
+    if result is None:  # not process 0: it prints the sums
+        return 0
     if a.json:
         print(json.dumps({k: v for k, v in result.items() if k != "logliks"}))
     else:

@@ -44,6 +44,6 @@ def evaluate(model, params, batches, tokenizer, sp, max_len: int, beam: int = 1)
     run's special ids (bos, eos)."""
     if any(len(x.sharding.device_set) > 1 for x in jax.tree.leaves(params)):
         # Decoding runs on one device: gather params sharded over a mesh once.
-        params = jax.device_put(jax.device_get(params), jax.devices()[0])
+        params = jax.device_put(jax.device_get(params), jax.local_devices()[0])
     hyps, refs = translate_batches(model, params, batches, tokenizer, sp, max_len, beam)
     return {f"eval_{k}": v for k, v in corpus_scores(hyps, refs).items()}

@@ -63,7 +63,7 @@ def chunk_budget(platform: str | None = None, memory_bytes: int | None = None) -
 @functools.lru_cache(maxsize=None)
 def _device_memory() -> int | None:
     try:
-        stats = jax.devices()[0].memory_stats() or {}
+        stats = jax.local_devices()[0].memory_stats() or {}
     except Exception:  # a backend without memory statistics
         return None
     return stats.get("bytes_limit")

@@ -14,12 +14,14 @@ reported in one line with its path and reason, and the next older step is tried.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import shutil
 import sys
+import threading
 import time
 
 import flax.linen as nn
@@ -63,11 +65,36 @@ class KeepLatestAndGood:
 LAST_GOOD = "last_good"  # WORKDIR/checkpoints/last_good: the step number of the last good checkpoint
 
 
+_ALONE = threading.local()  # .on: this process reads by itself (load_weights), not with its peers
+
+
+@contextlib.contextmanager
+def _reading_alone():
+    """Within: read-only managers involve this process only. A reader (zoo-eval, sampling, init_from) may run on
+    one process of several without the others making the same calls; Orbax's default waits for all of them
+    at a barrier when the manager opens, and a peer that does not come hangs it."""
+    before = getattr(_ALONE, "on", False)
+    _ALONE.on = True
+    try:
+        yield
+    finally:
+        _ALONE.on = before
+
+
+def _alone() -> dict:
+    """Orbax's multiprocessing options for a process reading by itself (within `_reading_alone`), else none."""
+    if not getattr(_ALONE, "on", False) or jax.process_count() == 1:
+        return {}
+    me = jax.process_index()
+    return {"multiprocessing_options": ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})}
+
+
 def manager(workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False):
     # Readers open the manager with create=False and never save; orbax's read_only mode only logs noise.
     policy = None if read_only else KeepLatestAndGood(keep, last_good(workdir))
     options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=not read_only,
-                                           enable_async_checkpointing=async_save and not read_only)
+                                           enable_async_checkpointing=async_save and not read_only,
+                                           **(_alone() if read_only else {}))
     for tries_left in reversed(range(5)):
         try:
             mngr = ocp.CheckpointManager(ckpt_dir(workdir), options=options, item_names=ITEMS)
@@ -361,7 +388,7 @@ def _on_one_device(workdir: str, step: int):
     level = log.level
     log.setLevel(logging.ERROR)
     try:
-        meta = ocp.StandardCheckpointer().metadata(os.path.join(step_dir(workdir, step), "params")).item_metadata
+        meta = ocp.StandardCheckpointer(**_alone()).metadata(os.path.join(step_dir(workdir, step), "params")).item_metadata
     finally:
         log.setLevel(level)
     one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -406,8 +433,8 @@ def has_train_state(workdir: str, step: int) -> bool:
 
 def load_trained(workdir: str, cfg: Config, sharding=None, step: int | None = None):
     """(the params a run's checkpoint holds: what trained, the paths that trained (None: all)), laid out
-    with `sharding` (default: the first device). A LoRA run's are its adapters (and any new head)."""
-    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with `sharding` (default: this process's first device). A LoRA run's are its adapters (and any new head)."""
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     task = tasks.build(cfg)
     boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0))
     trainable = trainable_of(cfg, boxed, getattr(task, "seen", ()))
@@ -444,7 +471,7 @@ def base_step(workdir: str, init_from: str) -> int | None:
 
 
 def load_params_of(workdir: str, cfg: Config, sharding=None, step: int | None = None):
-    """The params of run `workdir` (config `cfg`) laid out with `sharding` (default: the first device), as its
+    """The params of run `workdir` (config `cfg`) laid out with `sharding` (default: this process's first device), as its
     plain model takes them: a run that trained only part of its model (LoRA, train.trainable) is joined with
     the frozen rest from its init_from run (the step it trained on, base.json), and LoRA adapters are merged
     into their kernels."""
@@ -468,9 +495,10 @@ def load_weights(workdir: str, sharding=None, step: int | None = None):
     def load(s):
         cfg = _restore_config(workdir, s)
         return cfg, load_params_of(workdir, cfg, sharding, s)
-    if step is not None:
-        return (step, *load(step))
-    step, (cfg, params) = first_restorable(workdir, load)
+    with _reading_alone() if sharding is None else contextlib.nullcontext():  # onto this process's own device
+        if step is not None:
+            return (step, *load(step))
+        step, (cfg, params) = first_restorable(workdir, load)
     return step, cfg, params
 
 

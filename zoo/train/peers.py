@@ -64,3 +64,21 @@ def stop_step(proposed: int | None) -> int | None:
         return int(client.key_value_try_get(STOP))
     except Exception:  # not proposed yet
         return None
+
+
+def gather(name: str, value: dict) -> list[dict] | None:
+    """Every process's `value` (JSON), in process order, on process 0; None on the others. With one process:
+    [value]. For sums a command adds up once (zoo-eval's log-likelihoods: exact float64, unlike a collective
+    of float32 arrays)."""
+    import json
+    if not several():
+        return [value]
+    k, me = key(name), jax.process_index()
+    _client().key_value_set(f"{k}/{me}", json.dumps(value))
+    if me != 0:
+        return None
+    try:
+        return [json.loads(_client().blocking_key_value_get(f"{k}/{p}", WAIT_MS)) for p in range(jax.process_count())]
+    except Exception as e:
+        raise TrainError(f"process 0 got no {name} from every process ({str(e).strip()[:200] or type(e).__name__})") \
+            from None

@@ -1,0 +1,34 @@
+"""Several processes of one zoo command on a local coordinator (127.0.0.1), as hosts of a multi-host job would
+run it: tests/train/test_multihost.py, tests/eval/test_eval_multihost.py."""
+
+import os
+import socket
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args, n=2, port=None, only=None, devices=4, command=("train.py",)):
+    """`python train.py ARGS` (or `python COMMAND ARGS`) as process i of n (all of them, or only those in `only`)
+    on a local coordinator, each with `devices` CPU devices."""
+    port = port or free_port()
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform")]
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"]),
+           "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    return [subprocess.Popen([sys.executable, *command, *args, "--coordinator", f"127.0.0.1:{port}",
+                              "--num-processes", str(n), "--process-id", str(i)], cwd=ROOT, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for i in range(n) if only is None or i in only]
+
+
+def finish(procs, timeout=300):
+    """(stdout, stderr) of each process, without the lines gloo itself prints ("[Gloo] Rank 1 is connected ...")."""
+    drop = lambda text: "".join(l for l in text.splitlines(keepends=True) if "[Gloo]" not in l)  # noqa: E731
+    return [tuple(map(drop, p.communicate(timeout=timeout))) for p in procs]
