@@ -102,6 +102,25 @@ def timeout_of(a, set_args=(), config_path: str | None = None, workdir: str | No
     return DEFAULT_TIMEOUT
 
 
+def plan(a) -> str | None:
+    """What `start` would do, in one line, without starting anything (train.py --print-config prints it, so a
+    launch script is checked dry): None for a single process."""
+    args = _explicit(a)
+    if args:
+        return (f"jax.distributed: process {args['process_id']} of {args['num_processes']}, coordinator "
+                f"{args['coordinator_address']} (flags or JAX_* variables)")
+    if not _detected():
+        return None
+    try:
+        from jax._src import clusters
+        env = next(c for c in clusters.ClusterEnv._cluster_types if c.is_env_present())
+        where = env.get_coordinator_address(None, None) if env.name != "gketpu" else "the first TPU worker"
+        return (f"jax.distributed: process {env.get_process_id()} of {env.get_process_count()}, coordinator {where} "
+                f"(detected by jax: {env.name})")
+    except Exception as e:  # a cluster whose details need its metadata server (a TPU VM): jax finds them there
+        return f"jax.distributed: a cluster detected by jax, its details read at start ({type(e).__name__})"
+
+
 def wanted(a) -> bool:
     """Whether this command runs as one of several processes (flags, environment or a detected cluster); bad
     flags -> ConfigError."""

@@ -188,6 +188,10 @@ def train_main(argv=None) -> int:
     from zoo.train.workdir import check_free
     try:
         several = distributed.wanted(a)
+        if several and a.print_config:  # a dry run (of a launch script): say what would start, start nothing
+            sys.stderr.write(distributed.plan(a) + "\n")  # one write: processes started together share the stream
+            sys.stderr.flush()
+            several = False
         if several:  # JAX's multi-process runtime, before any other jax call; process 0 alone takes the lock
             distributed.start(a, distributed.timeout_of(a, a.set, a.config and configs.find(a.config), a.resume))
         a.workdir = workdir_of(a) if not a.resume else None
