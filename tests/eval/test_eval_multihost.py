@@ -46,3 +46,10 @@ def test_two_processes_answer_the_questions_of_one(run, tmp_path, capsys):
     alone, two = one_and_two([run, "--task", "choice", path], capsys)
     assert {k: two[k] for k in ("questions", "correct", "correct_norm", "acc", "acc_norm")} == \
         {k: alone[k] for k in ("questions", "correct", "correct_norm", "acc", "acc_norm")}
+
+
+def test_two_processes_answer_the_prompts_of_one(run, tmp_path, capsys):
+    rows = [{"prompt": p, "answer": a} for p, a in (("The cat", "sat"), ("Two", "three"), ("A", "b"))]
+    path = str(write_jsonl(tmp_path / "qa.jsonl", rows))
+    alone, two = one_and_two([run, "--task", "generate", path, "--max-new-tokens", "8"], capsys)
+    assert two == {**alone, "run": two["run"]} and two["items"] == 3

@@ -3,6 +3,7 @@
     zoo-eval runs/x --data builtin                      # every document of a source zoo reads
     zoo-eval runs/x --data notes.jsonl --text-column body --max-docs 100 --stride 256 --json
     zoo-eval runs/x --task choice questions.jsonl       # {"context", "choices", "answer"} per line
+    zoo-eval runs/chat --task generate qa.jsonl         # {"messages" | "prompt", "answer"} per line
 
 Run the same command on every process of a multi-host job (zoo.distributed: started by itself on SLURM, Open
 MPI and TPU pods, or by --coordinator/--num-processes/--process-id): each scores its share of the documents
@@ -12,7 +13,8 @@ RUN is a zoo run directory or a Hugging Face checkpoint directory (converted in 
 scores each document whole, its first token conditioned on the tokenizer's BOS (else its end-of-text
 token), with a sliding window of the run's context (`--stride`, default half of it) over longer
 documents: zoo.eval.perplexity. Multiple choice reports acc and acc_norm as lm-evaluation-harness
-defines them: zoo.eval.choice.
+defines them: zoo.eval.choice. Generation answers each row greedily and reports exact match and
+contains-answer, printing the worst rows: zoo.eval.generation.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ import numpy as np
 
 from zoo.cli import BAD_INPUT, error
 
-TASKS = ("perplexity", "choice")
+TASKS = ("perplexity", "choice", "generate")
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="zoo-eval", description=__doc__.split("\n")[0])
     ap.add_argument("workdir", metavar="RUN", help="a zoo run directory, or a Hugging Face checkpoint directory")
-    ap.add_argument("file", nargs="?", metavar="FILE.jsonl", help="--task choice: the questions")
+    ap.add_argument("file", nargs="?", metavar="FILE.jsonl", help="--task choice: the questions; --task generate: "
+                                                                  "the prompts and their answers")
     ap.add_argument("--task", choices=TASKS, default="perplexity", help="what to score (default: %(default)s)")
     ap.add_argument("--data", metavar="SOURCE",
                     help="perplexity: builtin, shakespeare, hub:NAME[/CONFIG], or a txt/json/jsonl/parquet/csv/tsv "
@@ -45,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
                                                      "(the harness's target_delimiter; default: a space)")
     ap.add_argument("--cache-dir", default="~/.cache/zoo",
                     help="where a local source's Arrow copy is kept (data.cache_dir; default: %(default)s)")
+    ap.add_argument("--max-new-tokens", type=int, default=64,
+                    help="generate: the longest answer, in tokens (default: %(default)s)")
+    ap.add_argument("--show", type=int, default=5, help="generate: the worst rows printed (default: %(default)s)")
     ap.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     from zoo import distributed
@@ -58,9 +64,11 @@ def _check_args(a) -> None:
         raise ZooDataError("give --data SOURCE to score (builtin, a file, a directory, hub:NAME)")
     if a.task == "perplexity" and a.file:
         raise ZooDataError(f"{a.file!r}: a questions file goes with --task choice; perplexity reads --data")
-    if a.task == "choice" and not (a.file or a.data):
-        raise ZooDataError("--task choice needs the questions: zoo-eval RUN --task choice FILE.jsonl")
-    for flag, v in (("--max-docs", a.max_docs), ("--stride", a.stride), ("--batch-size", a.batch_size)):
+    if a.task in ("choice", "generate") and not (a.file or a.data):
+        what = "the questions" if a.task == "choice" else "the prompts and answers"
+        raise ZooDataError(f"--task {a.task} needs {what}: zoo-eval RUN --task {a.task} FILE.jsonl")
+    for flag, v in (("--max-docs", a.max_docs), ("--stride", a.stride), ("--batch-size", a.batch_size),
+                    ("--max-new-tokens", a.max_new_tokens)):
         if v is not None and v < 1:
             raise ZooDataError(f"{flag} {v} must be >= 1")
     if not (os.path.isdir(os.path.join(a.workdir, "checkpoints"))
@@ -147,6 +155,27 @@ def choice(a) -> dict:
     return {"run": a.workdir, "data": path, "context": cfg.window, **out}
 
 
+def generate(a) -> dict:
+    from zoo.eval import generation as gen
+    path = a.file or a.data
+    items = [{**r, "index": i} for i, r in enumerate(gen.read_items(path)[:a.max_docs])]  # checked before loading
+    model, params, tok, cfg = _load(a.workdir)
+    mine = _share(items)
+    update, close = _progress(len(mine), "answer")
+    try:
+        out = gen.evaluate(model, params, tok, cfg.data.tokenizer, mine, run_dir=a.workdir, window=cfg.window,
+                           max_new_tokens=a.max_new_tokens, progress=update)
+    finally:
+        close()
+    parts = _gather("generate", out)
+    if parts is None:
+        return None
+    rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r["index"])
+    n, em, ct = len(rows), sum(p["exact"] for p in parts), sum(p["contained"] for p in parts)
+    return {"run": a.workdir, "data": path, "context": cfg.window, "items": n, "exact_match": em / n,
+            "contains": ct / n, "exact": em, "contained": ct, "worst": gen.worst(rows, a.show), "rows": rows}
+
+
 def _share(items: list) -> list:
     """This process's share of `items` (every process_count-th from its index; all of them with one process)."""
     import jax
@@ -174,6 +203,15 @@ def _check_vocab(seqs, tok, cfg, workdir: str) -> None:
 
 
 def _table(r: dict) -> str:
+    if "items" in r:
+        lines = [f"{r['run']} on {r['data']} (greedy answers, context {r['context']})",
+                 f"  {'items':<14}{r['items']:,}",
+                 f"  {'exact match':<14}{r['exact_match']:.4f}  ({r['exact']}/{r['items']})",
+                 f"  {'contains':<14}{r['contains']:.4f}  ({r['contained']}/{r['items']})"]
+        if r["worst"]:
+            lines.append("worst rows (no expected answer contained first):")
+            lines += [f"  #{w['index']}: expected {w['expected']!r}, got {w['answer'][:200]!r}" for w in r["worst"]]
+        return "\n".join(lines)
     if "questions" in r:
         rows = [("questions", f"{r['questions']:,}"), ("acc", f"{r['acc']:.4f}  ({r['correct']}/{r['questions']})"),
                 ("acc_norm", f"{r['acc_norm']:.4f}  ({r['correct_norm']}/{r['questions']})")]
@@ -195,13 +233,13 @@ def main(argv=None) -> int:
         _check_args(a)
         if distributed.wanted(a):  # several processes: jax.distributed before any other jax call
             distributed.start(a)
-        result = choice(a) if a.task == "choice" else perplexity(a)
+        result = {"choice": choice, "generate": generate, "perplexity": perplexity}[a.task](a)
     except (*BAD_INPUT, distributed.DistributedError, TrainError) as e:
         return error(e)
     if result is None:  # not process 0: it prints the sums
         return 0
     if a.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "logliks"}))
+        print(json.dumps({k: v for k, v in result.items() if k not in ("logliks", "rows")}))
     else:
         print(_table(result))
     return 0
