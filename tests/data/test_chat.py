@@ -231,3 +231,18 @@ def test_sample_refuses_a_bad_conversation_in_one_line(byte_run, tmp_path, capsy
     assert sample.main([byte_run, "--conversation", str(tmp_path / "robot.json"), "--prompt", "x"]) == 2
     assert "not both" in capsys.readouterr().err
     assert os.path.isfile(os.path.join(byte_run, "config.json"))
+
+
+def test_a_finished_conversation_and_every_special_token_render_as_transformers_renders_them(smollm2):
+    """zoo.infer.chat.render with add_generation_prompt False and True, and a template naming unk, pad and the
+    additional specials, equal transformers' apply_chat_template on the same tokenizer directory."""
+    from zoo.infer.chat import render
+    tok, zoo_tok, directory = smollm2
+    for add in (False, True):
+        assert render(directory, CONVERSATION, tokenizer=zoo_tok, add_generation_prompt=add) == \
+            tok.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=add)
+    template = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{{ unk_token }}{% endfor %}{{ pad_token }}"
+                "{{ additional_special_tokens | join(',') }}{{ eos_token }}")
+    ours = chat.render(template, CONVERSATION, add_generation_prompt=False, variables=chat.specials(zoo_tok, directory))
+    assert ours == tok.apply_chat_template(CONVERSATION, chat_template=template, tokenize=False)
+    assert "<|im_start|>" in ours  # SmolLM2 lists its chat markers among the additional specials

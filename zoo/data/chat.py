@@ -95,12 +95,18 @@ def template_for(tokenizer_name: str, run_dir: str | None = None) -> ChatTemplat
 
 
 def specials(tokenizer, tokenizer_name: str) -> dict:
-    """{bos_token, eos_token}: a Hugging Face directory's from its tokenizer_config.json (eos falling back to
-    the tokenizer's end-of-text), otherwise "" and the tokenizer's end-of-text text."""
+    """The special tokens a template may name, as transformers' apply_chat_template passes them (its
+    special_tokens_map): a Hugging Face directory's every `*_token` of tokenizer_config.json (bos, eos, unk, pad,
+    ...) and `additional_special_tokens` (eos falling back to the tokenizer's end-of-text); otherwise bos ""
+    and eos the tokenizer's end-of-text text."""
     directory = os.path.expanduser(tokenizer_name)
     conf = _tokenizer_config(directory) if os.path.isdir(directory) else {}
-    text = lambda v: v.get("content", "") if isinstance(v, dict) else (v or "")
-    return {"bos_token": text(conf.get("bos_token")), "eos_token": text(conf.get("eos_token")) or tokenizer.eot_text}
+    text = lambda v: v.get("content", "") if isinstance(v, dict) else (v or "")  # noqa: E731 (AddedToken or str)
+    out = {k: text(v) for k, v in conf.items() if k.endswith("_token") and isinstance(v, (str, dict)) and text(v)}
+    extra = conf.get("additional_special_tokens")
+    if isinstance(extra, list) and extra:
+        out["additional_special_tokens"] = [text(v) for v in extra]
+    return {**out, "bos_token": out.get("bos_token", ""), "eos_token": out.get("eos_token") or tokenizer.eot_text}
 
 
 def _show(value) -> str:
