@@ -186,6 +186,25 @@ def test_greedy_and_beam_search_equal_transformers_generate(hf_dirs):
     assert len(lengths) >= 3 and 10 in lengths  # rows that stop at EOS at different steps, and rows cut at 10
 
 
+def test_rows_past_the_tokenizer_count_in_the_scores_as_transformers_counts_them(hf_dirs):
+    """A model with more rows than its tokenizer has ids (t5-small: 32128 and 32100): beam scores are
+    log-probabilities over every row, as transformers computes them, and only ids the tokenizer can write are
+    chosen, as transformers' suppress_tokens does. Normalising over the tokenizer's ids alone changed which
+    beams won."""
+    src_dir, model = hf_dirs["v1.1"]
+    zmodel, params, _, _ = hf.from_pretrained(src_dir)
+    src, valid = padded_sources((12, 9, 5, 7), seed=4)
+    limit = V // 2
+    eos = eos_for_variety(decoding.greedy(params, jnp.asarray(src), jnp.asarray(valid), model=zmodel, max_len=10,
+                                          bos_id=0, eos_id=V, vocab_limit=limit))
+    for beam, alpha, early in SETTINGS:
+        theirs = hf_generate(model, src, valid, eos, max_new_tokens=10, num_beams=beam, length_penalty=alpha,
+                             early_stopping=early, suppress_tokens=list(range(limit, V)))
+        ours = decoding.generate(zmodel, params, src, valid, max_len=10, bos_id=0, eos_id=eos, vocab_limit=limit,
+                                 beam=beam, length_penalty=alpha, style="hf", early_stopping=early)
+        assert ours == theirs, (beam, alpha, early)
+
+
 def test_tokenizer_ids_and_framing_equal_transformers(hf_tok, hf_dirs, runs):
     from zoo.data.tokenizers import get_tokenizer
     tok_dir, theirs = hf_tok

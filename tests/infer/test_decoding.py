@@ -76,13 +76,14 @@ CANDS = [list(p) + [EOS3] for k in range(N3) for p in itertools.product(range(2)
 
 @pytest.fixture(scope="module")
 def exhaustive(setup):
-    """Per row, the log-probability of every candidate by teacher forcing (one batched forward per row)."""
+    """Per row, the log-probability of every candidate by teacher forcing (one batched forward per row),
+    normalised over every row of the model, the ones past V3 (never produced) included, as transformers does."""
     model, params, src, valid = setup
     tgt_in = jnp.asarray([[BOS] + c[:-1] + [0] * (N3 - len(c)) for c in CANDS])  # causal: the fill never matters
     forward, rows = jax.jit(model.apply), []
     for b in range(src.shape[0]):
         logp_CTV = jax.nn.log_softmax(forward({"params": params}, jnp.repeat(src[b:b + 1], len(CANDS), 0),
-                                              jnp.repeat(valid[b:b + 1], len(CANDS), 0), tgt_in)[:, :, :V3])
+                                              jnp.repeat(valid[b:b + 1], len(CANDS), 0), tgt_in))[:, :, :V3]
         rows.append([float(sum(logp_CTV[i, t, tok] for t, tok in enumerate(c))) for i, c in enumerate(CANDS)])
     return rows
 

@@ -12,7 +12,9 @@ EOS ranks among the step's top `beam` candidates finishes, scored log p / ((5 + 
 the worst finished one. With beam 1 and alpha 0 this is exactly greedy decoding. style="hf" ranks
 and stops as transformers' `generate` does instead (log p / length^alpha and its `early_stopping`
 rule; converted T5 / BART checkpoints decode this way), token for token. Token ids >= vocab_limit
-(BOS, PAD, unused embedding rows) are never produced.
+(BOS, PAD, unused embedding rows) are never produced, but their probability counts in every score: the
+log-probabilities are normalised over every row, as transformers' are (its suppress_tokens then rules the
+same ids out).
 """
 
 from __future__ import annotations
@@ -133,7 +135,9 @@ def _beam_search(params, src_BS, src_valid_BS, alpha, bos_id, eos_id, stop_when_
     def body(c):
         i, cache, alive_BKL, alive_logp_BK, fin_BKL, fin_score_BK, last_BK, open_B = c
         cache, logits_NV = _decode_call(model, params, cache, last_BK.reshape(B * K, 1), enc_BSD, src_valid_BS)
-        logp_BKV = jax.nn.log_softmax(logits_NV[:, :vocab_limit].astype(jnp.float32)).reshape(B, K, -1)
+        # Normalised over every row, as transformers does, then restricted to the ids the tokenizer writes (its
+        # suppress_tokens): over the restricted slice alone, rows with more mass past it would score higher.
+        logp_BKV = jax.nn.log_softmax(logits_NV.astype(jnp.float32))[:, :vocab_limit].reshape(B, K, -1)
         V = logp_BKV.shape[-1]
         # 2K candidates: enough that K of them do not end in EOS.
         cand_logp_BC, flat_BC = jax.lax.top_k((alive_logp_BK[..., None] + logp_BKV).reshape(B, K * V), 2 * K)
