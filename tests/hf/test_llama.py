@@ -18,8 +18,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
-from tests.helpers import tiny_configs  # noqa: E402
-from tests.helpers.hf_runs import convert_all, one_torch_thread  # noqa: F401,E402  (autouse fixture)
+from tests.helpers import hf_runs, tiny_configs  # noqa: E402
+from tests.helpers.hf_runs import convert_all  # noqa: E402
 from tests.helpers.runs import run  # noqa: E402
 from zoo import hf, tasks  # noqa: E402
 from zoo.config import Config, DataConfig  # noqa: E402
@@ -31,6 +31,7 @@ from zoo.infer.sample import generate  # noqa: E402
 from zoo.models.gpt import GptConfig  # noqa: E402
 from zoo.train import checkpoint  # noqa: E402
 
+one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
 V = 300  # the test tokenizer's vocabulary: 256 bytes, 2 specials, 42 merges
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"  # ids 0 and 1
 # initializer_range 0.2, not 0.02: attention then is far from uniform, so a rope or window applied wrongly
@@ -270,7 +271,7 @@ def test_the_older_rope_theta_and_rope_scaling_fields_convert_as_rope_parameters
     ("llama", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}),
      r"^Llama rope type 'yarn' is not supported; supported: default, llama3$"),
     ("llama", dict(hidden_act="gelu"), r"^Llama hidden_act='gelu' is not supported"),
-    ("mistral", dict(head_dim=16), r"^Mistral head_dim=16 is not supported: zoo's head width is hidden_size / "),
+    ("mistral", dict(partial_rotary_factor=0.5), r"^Mistral partial_rotary_factor=0.5 is not supported"),
     ("qwen2", dict(use_sliding_window=True, layer_types=None), r"^Qwen2 use_sliding_window=true is not supported")])
 def test_what_zoo_cannot_hold_is_refused_in_one_line(hf_dirs, tmp_path, name, fields, message):
     with pytest.raises(ConversionError, match=message) as e:

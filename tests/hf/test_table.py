@@ -12,7 +12,7 @@ import pytest
 
 from zoo import tasks
 from zoo.errors import ConversionError
-from zoo.hf import bart, base, bert, convert, gpt2, io, llama, mistral, qwen2, t5, table
+from zoo.hf import bart, base, bert, convert, distilbert, gpt2, io, llama, mistral, qwen2, qwen3, roberta, t5, table
 from zoo.models.bert import BERT_TINY
 from zoo.models.encdec import BART_BASE, T5_SMALL
 from zoo.models.gpt import GPT_TINY, LLAMA_TINY
@@ -20,6 +20,8 @@ from zoo.models.gpt import GPT_TINY, LLAMA_TINY
 GPT = dataclasses.replace(GPT_TINY, vocab_size=50, max_len=16, num_layers=2, d_model=32, num_heads=4, d_ff=64)
 BERT = dataclasses.replace(BERT_TINY, vocab_size=50, max_len=16, num_layers=2, d_model=32, num_heads=4, d_ff=64,
                            num_classes=3)
+ROBERTA = dataclasses.replace(BERT, position_offset=2, type_vocab_size=1, classifier="roberta")
+DISTILBERT = dataclasses.replace(BERT, type_vocab_size=0, classifier="distilbert")
 T5 = dataclasses.replace(T5_SMALL, vocab_size=40, max_len=16, num_encoder_layers=1, num_decoder_layers=2,
                          d_model=16, num_heads=2, d_kv=4, d_ff=32)  # N * H != D: the head reshapes are exercised
 BART = dataclasses.replace(BART_BASE, vocab_size=40, max_len=16, num_encoder_layers=2, num_decoder_layers=1,
@@ -32,8 +34,11 @@ CASES = {"gpt2": (gpt2, GPT, "gpt_lm"),
                                                           tie_embeddings=True), "gpt_lm"),
          "qwen2": (qwen2, dataclasses.replace(LLAMA, qkv_bias=True, tie_embeddings=True), "gpt_lm"),
          "mistral": (mistral, dataclasses.replace(LLAMA, sliding_window=4), "gpt_lm"),
+         "qwen3": (qwen3, dataclasses.replace(LLAMA, qk_norm=True, d_kv=24), "gpt_lm"),  # q/k norms; N * H != D
          "bert_mlm": (bert, BERT, "bert_mlm"), "bert_cls": (bert, BERT, "bert_cls"),
          "bert_encoder": (bert, BERT, "bert_encoder"), "t5_v1.0": (t5, T5, "seq2seq"),
+         **{f"roberta_{t}": (roberta, ROBERTA, t) for t in ("bert_mlm", "bert_cls", "bert_encoder")},
+         **{f"distilbert_{t}": (distilbert, DISTILBERT, t) for t in ("bert_mlm", "bert_cls")},
          "t5_v1.1": (t5, dataclasses.replace(T5, activation="gated_gelu", tie_output=False, output_scale=False),
                      "seq2seq"),
          "t5_untied": (t5, dataclasses.replace(T5, share_embeddings=False), "seq2seq"),
@@ -44,8 +49,9 @@ CASES = {"gpt2": (gpt2, GPT, "gpt_lm"),
 
 def test_every_converter_module_satisfies_the_protocol():
     mods = set(convert.converters().values())
-    assert {m.__name__ for m in mods} == {"zoo.hf.gpt2", "zoo.hf.llama", "zoo.hf.qwen2", "zoo.hf.mistral",
-                                          "zoo.hf.bert", "zoo.hf.t5", "zoo.hf.bart"}
+    assert {m.__name__ for m in mods} == {"zoo.hf.gpt2", "zoo.hf.llama", "zoo.hf.qwen2", "zoo.hf.qwen3",
+                                          "zoo.hf.mistral", "zoo.hf.bert", "zoo.hf.roberta", "zoo.hf.distilbert",
+                                          "zoo.hf.t5", "zoo.hf.bart"}
     assert {"task_for", "data_fields", "head_config", "seq2seq_framing", "run_fields"} <= set(base.MEMBERS)
     for mod in mods:
         assert base.check(mod) is mod
@@ -87,7 +93,7 @@ def _flat(tree) -> dict:
 @pytest.mark.parametrize("case", list(CASES))
 def test_import_inverts_export(case):
     conv, model_cfg, task = CASES[case]
-    rows = conv.key_table(model_cfg, task) if conv is bert else conv.key_table(model_cfg)
+    rows = conv.key_table(model_cfg, task) if conv in (bert, roberta, distilbert) else conv.key_table(model_cfg)
     assert len({r[0] for r in rows}) == len(rows), "two rows fill one zoo param"
     assert len({(r[1], r[2].part) for r in rows}) == len(rows), "two rows write one HF tensor"
     cfg = convert._run_config(model_cfg, task, None)

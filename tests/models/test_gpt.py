@@ -1,4 +1,4 @@
-"""GPT and the modern decoders (Llama, Qwen2, Mistral switches): published parameter counts, causality,
+"""GPT and the modern decoders (Llama, Qwen2, Qwen3, Mistral switches): published parameter counts, causality,
 cached decoding, rotary positions, the sliding window, scan/remat equivalence."""
 
 import dataclasses
@@ -15,10 +15,11 @@ from zoo.models.gpt import GPT_TINY, LLAMA_TINY, PRESETS, Gpt, GptConfig
 from zoo.nn.positions import Rope
 
 # Published counts (Hugging Face's models, a tied head counted once): GPT2LMHeadModel; SmolLM2-135M,
-# Llama-3.2-1B, Qwen2-0.5B and Mistral-7B-v0.1 as their model cards and num_parameters() give them.
+# Llama-3.2-1B, Qwen2-0.5B, Qwen3-0.6B and Mistral-7B-v0.1 as their model cards and num_parameters() give them.
 COUNTS = {"gpt2_small": 124_439_808, "gpt2_medium": 354_823_168, "gpt2_large": 774_030_080,
           "gpt2_xl": 1_557_611_200, "gpt_tiny": 875_264, "smollm2_135m": 134_515_008,
-          "llama3_1b": 1_235_814_400, "qwen2_0_5b": 494_032_768, "mistral_7b": 7_241_732_096}
+          "llama3_1b": 1_235_814_400, "qwen2_0_5b": 494_032_768, "qwen3_0_6b": 596_049_920,
+          "mistral_7b": 7_241_732_096}
 
 
 def n_params(cfg):
@@ -41,7 +42,8 @@ def _tiny(**kw):
 
 
 # Each decoder variant zoo builds: GPT-2; Llama (rope, RMSNorm, SwiGLU, GQA, untied); Qwen2's q/k/v
-# biases with multi-query attention; Mistral's sliding window; Llama 3's scaled rope.
+# biases with multi-query attention; Mistral's sliding window; Llama 3's scaled rope; Qwen3's q/k norms and
+# a head width of its own (4 heads of 24 over d_model 64).
 VARIANTS = {
     "gpt2": {},
     "llama": dict(positions="rope", norm="rmsnorm", mlp="swiglu", num_kv_heads=2, qkv_bias=False, out_bias=False,
@@ -52,6 +54,8 @@ VARIANTS = {
                     mlp_bias=False, sliding_window=4),
     "llama3": dict(positions="rope", norm="rmsnorm", mlp="swiglu", num_kv_heads=2, rope_scaling="llama3",
                    rope_factor=32.0, rope_original_max_len=16),
+    "qwen3": dict(positions="rope", norm="rmsnorm", mlp="swiglu", num_kv_heads=2, d_kv=24, qk_norm=True,
+                  qkv_bias=False, out_bias=False, mlp_bias=False),
 }
 
 

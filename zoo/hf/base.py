@@ -1,4 +1,4 @@
-"""The Converter protocol: what every converter module (gpt2, llama, qwen2, mistral, bert, t5, bart)
+"""The Converter protocol: what every converter module (gpt2, llama, qwen2, qwen3, mistral, bert, t5, bart)
 provides, so that zoo.hf.convert calls each member unconditionally. Converter modules are modules,
 not classes; a module satisfies the protocol by defining every member at module level (PEP 544:
 modules as implementations), with a trivial body where the architecture has nothing to say.

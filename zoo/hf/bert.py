@@ -12,7 +12,9 @@ Hugging Face keeps every projection as a torch Linear [out, in]; zoo keeps kerne
 heads split out: query/key/value [D, N, H], attention output [N, H, D], MLP [D, F] and [F, D]. The
 MLM decoder is tied to the word embedding (a checkpoint's decoder.weight, if saved, must equal it).
 Import and export are both derived from `key_table` (see zoo.hf.table). D width, N heads, H head
-dim, F MLP width.
+dim, F MLP width. RoBERTa / XLM-R (zoo.hf.roberta) and DistilBERT (zoo.hf.distilbert) are options of
+the same zoo model and share this module's helpers: the variant checks, the embedding and layer rows,
+the tied-decoder check, config.json and head fields.
 """
 
 from __future__ import annotations
@@ -45,25 +47,37 @@ def task_for(hf: dict, keys: Keys) -> str:
     return "bert_cls" if "classifier.weight" in keys else "bert_encoder"
 
 
-def config_from_hf(hf: dict, keys: Keys) -> BertConfig:
-    act = hf.get("hidden_act", "gelu")
+def check_encoder(hf: dict, name: str, act_key: str = "hidden_act") -> None:
+    """Refuse what zoo's BERT encoder cannot run (BERT, RoBERTa, DistilBERT say it with the same keys)."""
+    act = hf.get(act_key, "gelu")
     if act != "gelu":
-        raise ConversionError(f"BERT hidden_act={act!r} is not supported (zoo BERT uses exact erf GELU, \"gelu\")")
+        raise ConversionError(f"{name} {act_key}={act!r} is not supported (zoo BERT uses exact erf GELU, \"gelu\")")
     pos = hf.get("position_embedding_type", "absolute")
     if pos != "absolute":
-        raise ConversionError(f"BERT position_embedding_type={pos!r} is not supported (zoo BERT learns absolute "
+        raise ConversionError(f"{name} position_embedding_type={pos!r} is not supported (zoo BERT learns absolute "
                               f"positions)")
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
-        raise ConversionError("BERT as a decoder (is_decoder, add_cross_attention) is not supported")
+        raise ConversionError(f"{name} as a decoder (is_decoder, add_cross_attention) is not supported")
     if hf.get("problem_type") in ("regression", "multi_label_classification"):
-        raise ConversionError(f"BERT problem_type={hf['problem_type']!r} is not supported (zoo bert_cls is "
+        raise ConversionError(f"{name} problem_type={hf['problem_type']!r} is not supported (zoo bert_cls is "
                               f"single-label classification)")
-    num_classes = len(hf.get("id2label") or {}) or hf.get("num_labels") or 2
-    return BertConfig(vocab_size=hf["vocab_size"], max_len=hf["max_position_embeddings"],
-                      type_vocab_size=hf.get("type_vocab_size", 2), num_layers=hf["num_hidden_layers"],
-                      d_model=hf["hidden_size"], num_heads=hf["num_attention_heads"], d_ff=hf["intermediate_size"],
-                      dropout=hf.get("hidden_dropout_prob", 0.1), ln_eps=hf.get("layer_norm_eps", 1e-12),
-                      num_classes=num_classes)
+
+
+def num_classes(hf: dict) -> int:
+    return len(hf.get("id2label") or {}) or hf.get("num_labels") or 2
+
+
+def config_from_hf(hf: dict, keys: Keys) -> BertConfig:
+    check_encoder(hf, "BERT")
+    return BertConfig(**encoder_fields(hf), type_vocab_size=hf.get("type_vocab_size", 2))
+
+
+def encoder_fields(hf: dict) -> dict:
+    """BertConfig fields BERT's and RoBERTa's config.json give alike (all but positions and token types)."""
+    return dict(vocab_size=hf["vocab_size"], max_len=hf["max_position_embeddings"],
+                num_layers=hf["num_hidden_layers"], d_model=hf["hidden_size"], num_heads=hf["num_attention_heads"],
+                d_ff=hf["intermediate_size"], dropout=hf.get("hidden_dropout_prob", 0.1),
+                ln_eps=hf.get("layer_norm_eps", 1e-12), num_classes=num_classes(hf))
 
 
 def data_fields(hf: dict, task: str) -> dict:
@@ -75,10 +89,15 @@ def data_fields(hf: dict, task: str) -> dict:
 
 
 def config_to_hf(cfg: BertConfig) -> dict:
+    return encoder_to_hf(cfg, "BertModel", "bert", "BERT")
+
+
+def encoder_to_hf(cfg: BertConfig, architecture: str, model_type: str, name: str) -> dict:
+    """config.json of a BERT-like export (BERT, RoBERTa: the same keys)."""
     if cfg.pre_ln:
-        raise ConversionError("the run uses model.pre_ln=True; Hugging Face BERT is post-LN")
-    return {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": cfg.vocab_size,
-            "max_position_embeddings": cfg.max_len, "type_vocab_size": cfg.type_vocab_size,
+        raise ConversionError(f"the run uses model.pre_ln=True; Hugging Face {name} is post-LN")
+    return {"architectures": [architecture], "model_type": model_type, "vocab_size": cfg.vocab_size,
+            "max_position_embeddings": cfg.max_len + cfg.position_offset, "type_vocab_size": cfg.type_vocab_size,
             "num_hidden_layers": cfg.num_layers, "hidden_size": cfg.d_model, "num_attention_heads": cfg.num_heads,
             "intermediate_size": cfg.d_ff, "hidden_act": "gelu", "hidden_dropout_prob": cfg.dropout,
             "attention_probs_dropout_prob": 0.0, "layer_norm_eps": cfg.ln_eps, "position_embedding_type": "absolute",
@@ -86,9 +105,10 @@ def config_to_hf(cfg: BertConfig) -> dict:
             "num_labels": cfg.num_classes}  # model.num_classes travels with every head (a classifier's: id2label)
 
 
-def head_config(cfg, run_dir: str) -> dict:
-    """The architecture (from the run's task) and, for a classifier, its labels (labels.json, else data.label_names)."""
-    out = {"architectures": [EXPORT[cfg.task]]}
+def head_config(cfg, run_dir: str, export: dict = EXPORT) -> dict:
+    """The architecture (from the run's task: `export`) and, for a classifier, its labels (labels.json,
+    else data.label_names)."""
+    out = {"architectures": [export[cfg.task]]}
     if cfg.task == "bert_cls":
         C = cfg.model.num_classes
         path = os.path.join(run_dir, "labels.json")
@@ -114,29 +134,39 @@ HEADS = {"bert_mlm": [*table.linear("mlm_head/transform", "cls.predictions.trans
 OUTSIDE = ("cls.", "classifier.")  # head keys beside the "bert." wrapper, not under it
 
 
+def embed_rows(cfg: BertConfig, hf: str = "embeddings.") -> list:
+    """The embeddings' rows (token types only where the model has them)."""
+    return [("bert/embed/word/embedding", f"{hf}word_embeddings.weight", table.SAME),
+            ("bert/embed/position", f"{hf}position_embeddings.weight", table.SAME),
+            *([("bert/embed/segment", f"{hf}token_type_embeddings.weight", table.SAME)] if cfg.type_vocab_size else []),
+            *table.ln("bert/embed/ln", f"{hf}LayerNorm")]
+
+
 def key_table(cfg: BertConfig, task: str) -> list:
     """The two-way key table of the task's model (names without the "bert." wrapper): encoder rows,
     then the head the task picks (MLM transform + bias; pooler; pooler + classifier)."""
-    return [("bert/embed/word/embedding", "embeddings.word_embeddings.weight", table.SAME),
-            ("bert/embed/position", "embeddings.position_embeddings.weight", table.SAME),
-            ("bert/embed/segment", "embeddings.token_type_embeddings.weight", table.SAME),
-            *table.ln("bert/embed/ln", "embeddings.LayerNorm"),
-            *table.layers(cfg.num_layers, "bert/encoder/layer_{i}", "encoder.layer.{i}.", LAYER), *HEADS[task]]
+    return [*embed_rows(cfg), *table.layers(cfg.num_layers, "bert/encoder/layer_{i}", "encoder.layer.{i}.", LAYER),
+            *HEADS[task]]
+
+
+def check_tied(keys: Keys, params: dict, decoder: str, name: str) -> None:
+    """An MLM decoder is tied to the word embedding and the head's bias: a saved copy must equal them."""
+    for key, tied in ((f"{decoder}.weight", params["bert"]["embed"]["word"]["embedding"]),
+                      (f"{decoder}.bias", params["mlm_head"]["bias"])):
+        if key in keys and not np.array_equal(keys[key], tied):
+            raise ConversionError(f"{key} differs from the weight it is tied to: untied {name} MLM heads are not "
+                                  f"supported")
 
 
 def params_from_hf(keys: Keys, cfg: BertConfig, task: str) -> dict:
     params = table.from_hf(keys, key_table(cfg, task), cfg)
-    if task == "bert_mlm":  # explicit: the decoder is tied (a saved copy must equal what it is tied to)
-        p, head = "cls.predictions.", params["mlm_head"]
-        for name, tied in (("decoder.weight", params["bert"]["embed"]["word"]["embedding"]),
-                           ("decoder.bias", head["bias"])):
-            if p + name in keys and not np.array_equal(keys[p + name], tied):
-                raise ConversionError(f"{p}{name} differs from the weight it is tied to: untied BERT MLM heads "
-                                      f"are not supported")
+    if task == "bert_mlm":
+        check_tied(keys, params, "cls.predictions.decoder", "BERT")
     return params
 
 
-def _task_of(params: dict) -> str:
+def task_of(params: dict) -> str:
+    """The task a param tree is of, by its heads."""
     if "mlm_head" in params:
         return "bert_mlm"
     return "bert_cls" if "out" in params["cls_head"] else "bert_encoder"
@@ -146,7 +176,7 @@ def params_to_hf(params: dict, cfg: BertConfig) -> dict:
     """The Hugging Face state dict of the model the params are of: BertModel (bare encoder, no
     prefix), BertForMaskedLM or BertForSequenceClassification (both under "bert."). The MLM decoder
     is left out: transformers re-ties it to the word embedding on load."""
-    task = _task_of(params)
+    task = task_of(params)
     return table.to_hf(params, key_table(cfg, task), cfg, prefix="" if task == "bert_encoder" else "bert.",
                        outside=OUTSIDE)
 
@@ -165,5 +195,5 @@ def run_fields(cfg) -> dict:
 
 
 def exports(model_cfg) -> bool:
-    """BERT: every zoo BERT"""
-    return True
+    """BERT: position_offset=0, type_vocab_size >= 1, classifier=bert"""
+    return model_cfg.position_offset == 0 and model_cfg.type_vocab_size >= 1 and model_cfg.classifier == "bert"

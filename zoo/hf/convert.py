@@ -35,17 +35,18 @@ def converters() -> dict[str, Converter]:
 def export_converter(model_cfg) -> Converter:
     """The converter a zoo model exports with: the first of its family's that `exports` it (an
     encoder-decoder: relative positions -> T5, learned -> BART; a GPT: learned positions -> GPT-2, rotary
-    ones -> Qwen2, Mistral or Llama by its biases and window)."""
-    mods = [check(importlib.import_module(ref)) for ref in FAMILIES[model_cfg.family].hf.values()]
+    ones -> Qwen3 by its q/k norms, else Qwen2, Mistral or Llama by its biases and window). A converter
+    registered under several model types (t5: also mt5) is asked once, as its first."""
+    mods = [check(importlib.import_module(ref)) for ref in dict.fromkeys(FAMILIES[model_cfg.family].hf.values())]
     for mod in mods:
         if mod.exports(model_cfg):
             return mod
     raise ConversionError(f"this {model_cfg.family} model has no Hugging Face equivalent; it exports as "
-                          + " or as ".join(m.exports.__doc__ for m in mods))
+                          + " or as ".join(" ".join(m.exports.__doc__.split()) for m in mods))  # one line
 
 
 def supported() -> str:
-    return ", ".join(a for m in converters().values() for a in m.ARCHITECTURES)
+    return ", ".join(a for m in dict.fromkeys(converters().values()) for a in m.ARCHITECTURES)  # t5 serves mt5 too
 
 
 def _converter(hf_cfg: dict) -> Converter:

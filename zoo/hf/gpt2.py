@@ -91,7 +91,9 @@ def run_fields(cfg) -> dict:
 
 
 def exports(model_cfg) -> bool:
-    """GPT-2: positions=learned, norm=layernorm, mlp=gelu, num_kv_heads=0, all biases, tied, sliding_window=0"""
+    """GPT-2: positions=learned, norm=layernorm, mlp=gelu, num_kv_heads=0, d_kv=0, all biases, tied,
+    sliding_window=0, qk_norm off"""
     c = model_cfg
     return (c.positions, c.norm, c.mlp) == ("learned", "layernorm", "gelu") and c.kv_heads == c.num_heads and \
-        c.qkv_bias and c.out_bias and c.mlp_bias and c.tie_embeddings and c.sliding_window == 0
+        c.head_dim * c.num_heads == c.d_model and c.qkv_bias and c.out_bias and c.mlp_bias and c.tie_embeddings \
+        and c.sliding_window == 0 and not c.qk_norm

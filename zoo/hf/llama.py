@@ -1,7 +1,7 @@
 """Llama (`LlamaForCausalLM`, `LlamaModel`) <-> zoo GPT with its modern-decoder switches: config and
-weight mapping, and the helpers Qwen2 and Mistral (zoo.hf.qwen2, zoo.hf.mistral) share: the three are
-one decoder (rotary positions, RMSNorm, SwiGLU, grouped-query attention) that differ in biases, tying
-and the sliding window.
+weight mapping, and the helpers Qwen2, Qwen3 and Mistral (zoo.hf.qwen2, qwen3, mistral) share: the four
+are one decoder (rotary positions, RMSNorm, SwiGLU, grouped-query attention, config.json's `head_dim` as
+zoo's d_kv) that differ in biases, tying, the sliding window and Qwen3's q/k norms.
 
 HF keeps each projection a torch Linear: q_proj [N*H, D], k_proj and v_proj [K*H, D], o_proj [D, N*H];
 zoo keeps query [D, N, H], key/value [D, K, H], out [N, H, D]. Both apply rotary positions in the
@@ -60,20 +60,20 @@ def decoder_fields(hf: dict, keys: Keys, name: str) -> dict:
     if act != "silu":
         raise ConversionError(f"{name} hidden_act={act!r} is not supported (zoo's SwiGLU is silu-gated)")
     d, n = hf["hidden_size"], hf["num_attention_heads"]
-    if hf.get("head_dim") not in (None, d // n):
-        raise ConversionError(f"{name} head_dim={hf.get('head_dim')} is not supported: zoo's head width is "
-                              f"hidden_size / num_attention_heads = {d} / {n}")
+    h = hf.get("head_dim") or d // n  # transformers: head_dim, else hidden_size // num_attention_heads
     k = hf.get("num_key_value_heads") or n
     return dict(vocab_size=hf["vocab_size"], max_len=hf["max_position_embeddings"],
                 num_layers=hf["num_hidden_layers"], d_model=d, num_heads=n, num_kv_heads=0 if k == n else k,
+                d_kv=0 if h * n == d else h,
                 d_ff=hf["intermediate_size"], dropout=0.0, ln_eps=hf.get("rms_norm_eps", 1e-6), norm="rmsnorm",
                 mlp="swiglu", tie_embeddings=bool(hf.get("tie_word_embeddings", False)) or LM_HEAD not in keys,
                 **rope_fields(hf, name))
 
 
-def decoder(cfg) -> bool:
-    """The parts every Llama-like export needs: rotary positions, RMSNorm, SwiGLU."""
-    return cfg.positions == "rope" and cfg.norm == "rmsnorm" and cfg.mlp == "swiglu"
+def decoder(cfg, qk_norm: bool = False) -> bool:
+    """The parts every Llama-like export needs: rotary positions, RMSNorm, SwiGLU, and q/k norms exactly
+    where the architecture has them (Qwen3)."""
+    return cfg.positions == "rope" and cfg.norm == "rmsnorm" and cfg.mlp == "swiglu" and cfg.qk_norm == qk_norm
 
 
 def decoder_to_hf(cfg: GptConfig, architecture: str, model_type: str) -> dict:
@@ -102,6 +102,8 @@ def key_table(cfg: GptConfig) -> list:
         if bias:
             bias_t = {"query": table.HEADS_BIAS, "out": table.SAME}.get(zoo_name, table.KV_HEADS_BIAS)
             attn.append((f"attn/{zoo_name}/bias", f"self_attn.{hf_name}.bias", bias_t))
+    if cfg.qk_norm:  # Qwen3: RMSNorm weights [H], one per projection, shared by its heads
+        attn += [*table.rms("attn/q_norm", "self_attn.q_norm"), *table.rms("attn/k_norm", "self_attn.k_norm")]
     block = [*table.rms("ln_1", "input_layernorm"), *attn, *table.rms("ln_2", "post_attention_layernorm"),
              *table.linear("mlp/gate", "mlp.gate_proj", cfg.mlp_bias),
              *table.linear("mlp/fc", "mlp.up_proj", cfg.mlp_bias),
@@ -151,5 +153,5 @@ def config_to_hf(cfg: GptConfig) -> dict:
 
 
 def exports(model_cfg) -> bool:
-    """Llama: positions=rope, norm=rmsnorm, mlp=swiglu, qkv_bias == out_bias, sliding_window=0"""
+    """Llama: positions=rope, norm=rmsnorm, mlp=swiglu, qkv_bias == out_bias, sliding_window=0, qk_norm off"""
     return decoder(model_cfg) and model_cfg.qkv_bias == model_cfg.out_bias and model_cfg.sliding_window == 0

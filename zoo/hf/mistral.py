@@ -26,6 +26,6 @@ def config_to_hf(cfg: GptConfig) -> dict:
 
 
 def exports(model_cfg) -> bool:
-    """Mistral: positions=rope, norm=rmsnorm, mlp=swiglu, no biases, sliding_window > 0"""
+    """Mistral: positions=rope, norm=rmsnorm, mlp=swiglu, no biases, sliding_window > 0, qk_norm off"""
     return llama.decoder(model_cfg) and not (model_cfg.qkv_bias or model_cfg.out_bias or model_cfg.mlp_bias) \
         and model_cfg.sliding_window > 0

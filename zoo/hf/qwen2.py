@@ -31,6 +31,7 @@ def config_to_hf(cfg: GptConfig) -> dict:
 
 
 def exports(model_cfg) -> bool:
-    """Qwen2: positions=rope, norm=rmsnorm, mlp=swiglu, qkv_bias without out_bias or mlp_bias, sliding_window=0"""
+    """Qwen2: positions=rope, norm=rmsnorm, mlp=swiglu, qkv_bias without out_bias or mlp_bias, sliding_window=0,
+    qk_norm off"""
     return llama.decoder(model_cfg) and model_cfg.qkv_bias and not model_cfg.out_bias and \
         not model_cfg.mlp_bias and model_cfg.sliding_window == 0

@@ -1,11 +1,15 @@
-"""T5 (`T5ForConditionalGeneration`: T5 v1.0, v1.1, flan-t5) <-> zoo encoder-decoder: config and weight mapping.
+"""T5 (`T5ForConditionalGeneration`: T5 v1.0, v1.1, flan-t5; `MT5ForConditionalGeneration`, model_type
+mt5) <-> zoo encoder-decoder: config and weight mapping.
 
   v1.0:        feed_forward_proj "relu", lm_head tied to `shared`, decoder output scaled by d_model^-0.5
   v1.1 / flan: "gated-gelu" (tanh GELU gate, wi_0; linear, wi_1), its own lm_head, no output scale
+  mT5:         v1.1 with T5's key names; transformers 5 never scales its decoder output, and saves
+               tie_word_embeddings true whatever the weights (the released ones have their own lm_head)
 
 Which of the two a checkpoint is comes from its weights and config: an `lm_head.weight` that differs
 from `shared.weight` is untied; the output scale is config.json's `scale_decoder_outputs`
-(transformers 5), else `tie_word_embeddings` (transformers 4: False meant untied and unscaled).
+(transformers 5), else `tie_word_embeddings` (transformers 4: False meant untied and unscaled), never
+for mT5. An mT5 converts to the same zoo model a T5 v1.1 does, so a zoo model exports as T5.
 
 Hugging Face keeps the relative attention bias in layer 0 of each stack ([buckets, N]) and shares it
 with the other layers; zoo computes one per stack (encoder.relative_bias, decoder.relative_bias):
@@ -24,7 +28,7 @@ from zoo.hf import table
 from zoo.hf.io import Keys
 
 TASK = "seq2seq"  # the zoo task a converted checkpoint trains as
-ARCHITECTURES = ("T5ForConditionalGeneration",)
+ARCHITECTURES = ("T5ForConditionalGeneration", "MT5ForConditionalGeneration")
 PREFIXES = ()
 # Old checkpoints save a cross-attention relative bias that T5 never uses.
 IGNORED = ("EncDecAttention.relative_attention_bias",)
@@ -40,7 +44,8 @@ def config_from_hf(hf: dict, keys: Keys) -> EncDecConfig:
     if hf.get("is_decoder") or not hf.get("is_encoder_decoder", True):
         raise ConversionError("T5 as a bare decoder or encoder (is_decoder, is_encoder_decoder=False) is not supported")
     _, share, tie = seq2seq.embeddings_from_hf(Keys(keys.tensors))  # a scratch Keys: nothing marked used here
-    scale = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True) is not False)
+    scale = hf.get("model_type") != "mt5" and hf.get("scale_decoder_outputs",
+                                                    hf.get("tie_word_embeddings", True) is not False)
     return EncDecConfig(
         vocab_size=hf["vocab_size"], max_len=hf.get("n_positions", 512), num_encoder_layers=hf["num_layers"],
         num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"], d_model=hf["d_model"],

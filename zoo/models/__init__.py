@@ -6,13 +6,15 @@ from zoo.models.base import Family, ModelConfig
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gpt", gpt.GptConfig, gpt.PRESETS, tasks={"gpt_lm": "zoo.tasks.lm:LmTask", "sft": "zoo.tasks.sft:SftTask"},
-           hf={"gpt2": "zoo.hf.gpt2", "qwen2": "zoo.hf.qwen2", "mistral": "zoo.hf.mistral", "llama": "zoo.hf.llama"}),
+           hf={"gpt2": "zoo.hf.gpt2", "qwen2": "zoo.hf.qwen2", "qwen3": "zoo.hf.qwen3", "mistral": "zoo.hf.mistral",
+               "llama": "zoo.hf.llama"}),
     Family("bert", bert.BertConfig, bert.PRESETS,
            tasks={"bert_mlm": "zoo.tasks.mlm:MlmTask", "bert_cls": "zoo.tasks.classify:ClsTask",
                   "bert_encoder": "zoo.tasks.classify:EncoderTask"},
-           hf={"bert": "zoo.hf.bert"}),
+           hf={"bert": "zoo.hf.bert", "roberta": "zoo.hf.roberta", "xlm-roberta": "zoo.hf.roberta",
+               "distilbert": "zoo.hf.distilbert"}),
     Family("encdec", encdec.EncDecConfig, encdec.PRESETS, tasks={"seq2seq": "zoo.tasks.seq2seq:Seq2SeqTask"},
-           hf={"t5": "zoo.hf.t5", "bart": "zoo.hf.bart"}),
+           hf={"t5": "zoo.hf.t5", "mt5": "zoo.hf.t5", "bart": "zoo.hf.bart"}),  # mT5 is T5 v1.1; exports as t5
 )}
 # Every task name -> its family.
 TASK_FAMILY: dict[str, str] = {t: f.name for f in FAMILIES.values() for t in f.tasks}

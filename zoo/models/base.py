@@ -89,7 +89,8 @@ class Family:
     config: type  # the family's ModelConfig subclass
     presets: dict  # preset name -> config
     tasks: dict  # task name -> "module:builder" (cfg -> Task); the first is the family's default
-    hf: dict = dataclasses.field(default_factory=dict)  # HF model_type -> "module" (a converter, see zoo.hf)
+    hf: dict = dataclasses.field(default_factory=dict)  # HF model_type -> "module" (a converter, see zoo.hf;
+    #   model types of one architecture share it: roberta, xlm-roberta); export tries them in this order
 
     @property
     def default_task(self) -> str:

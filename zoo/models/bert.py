@@ -7,6 +7,7 @@ moves each LayerNorm in front of its sublayer and adds a final one); exact (erf)
 
   BertMlm:        bert -> mlm_head (dense -> GELU -> LayerNorm -> word embedding^T + bias) -> logits_BTV
   BertClassifier: bert -> cls_head (pooler: dense + tanh on [CLS] -> dropout -> dense, zero-init) -> logits_BC
+                  (`classifier`: RoBERTa's adds a dropout before the dense, DistilBERT's is ReLU'd)
   BertEncoder:    bert -> (x_BTD, pooled_BD), the pooler under `cls_head/pooler` (Hugging Face's bare
                   BertModel: a converted MiniLM); `init_from` it into a classifier carries the pooler too
 
@@ -15,6 +16,10 @@ Param names are stable and semantic for a Hugging Face converter, e.g. `bert/emb
 .attention.self.query (transposed, split by head), `attn_ln` = attention.output.LayerNorm, `mlp/fc`
 = intermediate.dense, `mlp/proj` = output.dense, `mlp_ln` = output.LayerNorm, `cls_head/pooler` =
 pooler.dense, `mlm_head/transform` = cls.predictions.transform.dense.
+RoBERTa / XLM-R and DistilBERT are options of the same model: `position_offset` (RoBERTa numbers real
+tokens from its pad id + 1), `type_vocab_size` 1 (one token type) or 0 (DistilBERT: none), and
+`classifier`, the [CLS] head's form (RoBERTa's classifier.dense / DistilBERT's pre_classifier are
+`cls_head/pooler`); zoo.hf.roberta and zoo.hf.distilbert hold their key tables.
 Attention-probability dropout (BERT's attention_probs_dropout_prob) is not applied:
 jax.nn.dot_product_attention has none, and its fused kernels are worth more than that regulariser.
 """
@@ -28,12 +33,14 @@ from typing import ClassVar
 import flax.linen as nn
 import jax.numpy as jnp
 
-from zoo.models.base import ModelConfig, check, check_positive
+from zoo.models.base import ModelConfig, check, check_choice, check_positive
 from zoo.nn import layers
 from zoo.nn.attention import padding_mask
 from zoo.nn.block import Block
 from zoo.nn.layers import gelu_exact as gelu
 from zoo.nn.stack import stack_blocks
+
+CLASSIFIERS = ("bert", "roberta", "distilbert")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +50,10 @@ class BertConfig(ModelConfig):
     family: ClassVar[str] = "bert"
     vocab_size: int = 30522  # rows of the word embedding; >= the tokenizer's vocabulary (+ 4 specials if it has none)
     max_len: int = 512  # learned positions; the longest sequence the model accepts
-    type_vocab_size: int = 2  # segment (token type) embeddings: sentence A / sentence B
+    type_vocab_size: int = 2  # segment (token type) embeddings: sentence A / B; 1: one row for every token, segment
+    #   ids ignored (RoBERTa); 0: none (DistilBERT)
+    position_offset: int = 0  # position-table rows before position 0; > 0 (RoBERTa: its pad id + 1) also numbers
+    #   real tokens only, padding taking row offset - 1 (RoBERTa's create_position_ids_from_input_ids)
     num_layers: int = 12  # encoder blocks (L)
     d_model: int = 768  # residual width (D)
     num_heads: int = 12  # attention heads (N); D must divide by N
@@ -51,11 +61,16 @@ class BertConfig(ModelConfig):
     dropout: float = 0.1  # on embeddings, residual branches and the pooled [CLS], training only
     ln_eps: float = 1e-12  # LayerNorm epsilon (BERT uses 1e-12)
     pre_ln: bool = False  # LayerNorm before each sublayer (+ a final one) instead of after (BERT)
+    classifier: str = "bert"  # the [CLS] head: bert (pooler dense+tanh -> dropout -> out) | roberta (dropout ->
+    #   dense+tanh -> dropout -> out_proj) | distilbert (pre_classifier dense+ReLU -> dropout -> classifier)
     num_classes: int = 2  # outputs of the classification head (C); 0: the label column's count (bert_cls); unused by MLM
 
     def __post_init__(self):
         super().__post_init__()
-        check_positive(self, "vocab_size", "max_len", "type_vocab_size", "num_layers", "d_model", "num_heads", "d_ff")
+        check_positive(self, "vocab_size", "max_len", "num_layers", "d_model", "num_heads", "d_ff")
+        check(self.type_vocab_size >= 0, f"model.type_vocab_size={self.type_vocab_size} must be >= 0 (0: none)")
+        check(self.position_offset >= 0, f"model.position_offset={self.position_offset} must be >= 0")
+        check_choice("classifier", self.classifier, CLASSIFIERS)
         check(self.num_classes >= 0, f"model.num_classes={self.num_classes} must be >= 0 (0: from the labels)")
         check(self.d_model % self.num_heads == 0,
               f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}")
@@ -84,26 +99,33 @@ def _dtypes(cfg: BertConfig) -> dict:
 
 
 class Embeddings(nn.Module):
-    """(ids_BT, segment_ids_BT) -> x_BTD: word + position + segment, LayerNorm, dropout. `attend` ties."""
+    """(ids_BT, segment_ids_BT, valid_BT) -> x_BTD: word + position + segment, LayerNorm, dropout. `attend` ties."""
 
     cfg: BertConfig
 
     def setup(self):
         cfg, kw = self.cfg, _dtypes(self.cfg)
         self.word = layers.Embed(cfg.vocab_size, cfg.d_model, std=STD, name="word", **kw)
-        self.position = self.param("position", layers.normal(STD, (None, "embed")), (cfg.max_len, cfg.d_model),
-                                   kw["param_dtype"])
-        self.segment = self.param("segment", layers.normal(STD, (None, "embed")),
-                                  (cfg.type_vocab_size, cfg.d_model), kw["param_dtype"])
+        self.position = self.param("position", layers.normal(STD, (None, "embed")),
+                                   (cfg.max_len + cfg.position_offset, cfg.d_model), kw["param_dtype"])
+        self.segment = self.param("segment", layers.normal(STD, (None, "embed")), (cfg.type_vocab_size, cfg.d_model),
+                                  kw["param_dtype"]) if cfg.type_vocab_size else None
         # Pre-LN stacks normalise inside every block, so their embeddings go in raw (as Megatron-BERT).
         self.ln = None if cfg.pre_ln else layers.layer_norm(cfg.ln_eps, name="ln", **kw)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def __call__(self, ids_BT, segment_ids_BT, deterministic: bool):
-        dtype = jnp.dtype(self.cfg.dtype)
-        T = ids_BT.shape[1]
-        x_BTD = (self.word(ids_BT) + self.position[:T].astype(dtype)[None]
-                 + jnp.take(self.segment, segment_ids_BT, axis=0).astype(dtype))
+    def __call__(self, ids_BT, segment_ids_BT, valid_BT, deterministic: bool):
+        cfg, dtype = self.cfg, jnp.dtype(self.cfg.dtype)
+        T, offset = ids_BT.shape[1], cfg.position_offset
+        if offset:  # RoBERTa: real tokens numbered from the offset in order, padding at the row below it
+            pos_BT = jnp.where(valid_BT, jnp.cumsum(valid_BT, axis=1) - 1 + offset, offset - 1)
+            x_BTD = self.word(ids_BT) + jnp.take(self.position, pos_BT, axis=0).astype(dtype)
+        else:
+            x_BTD = self.word(ids_BT) + self.position[:T].astype(dtype)[None]
+        if cfg.type_vocab_size == 1:  # one token type: every token gets it, whatever its segment
+            x_BTD = x_BTD + self.segment[0].astype(dtype)
+        elif cfg.type_vocab_size:
+            x_BTD = x_BTD + jnp.take(self.segment, segment_ids_BT, axis=0).astype(dtype)
         if self.ln is not None:
             x_BTD = self.ln(x_BTD)
         x_BTD = self.drop(x_BTD, deterministic=deterministic)
@@ -146,7 +168,7 @@ class Bert(nn.Module):
         # Only keys are masked: a padded query still attends the real keys, so no softmax row is
         # empty (an all-masked row is NaN on some backends) and padding never reaches a real position.
         mask_B1TS = padding_mask(valid_BT, jnp.ones_like(valid_BT))
-        return self.encoder(self.embed(ids_BT, segment_ids_BT, deterministic), mask_B1TS, deterministic)
+        return self.encoder(self.embed(ids_BT, segment_ids_BT, valid_BT, deterministic), mask_B1TS, deterministic)
 
     def attend(self, x_BTD):
         return self.embed.attend(x_BTD)
@@ -172,9 +194,10 @@ class MlmHead(nn.Module):
         return h_BTD if hidden else attend(h_BTD) + bias_V.astype(jnp.float32)
 
 
-def pool(cfg: BertConfig, x_BTD):
-    """pooled_BD: dense + tanh on [CLS], as a `pooler` submodule of the calling module."""
-    return jnp.tanh(_dense(cfg, "pooler", "BD,DE->BE")(x_BTD[:, 0]))
+def pool(cfg: BertConfig, x_BD):
+    """pooled_BD: dense + tanh (DistilBERT: ReLU) on [CLS] x_BD, as a `pooler` submodule of the calling module."""
+    act = nn.relu if cfg.classifier == "distilbert" else jnp.tanh
+    return act(_dense(cfg, "pooler", "BD,DE->BE")(x_BD))
 
 
 class Pooler(nn.Module):
@@ -184,19 +207,23 @@ class Pooler(nn.Module):
 
     @nn.compact
     def __call__(self, x_BTD):
-        return pool(self.cfg, x_BTD)
+        return pool(self.cfg, x_BTD[:, 0])
 
 
 class ClsHead(nn.Module):
-    """x_BTD -> logits_BC (float32): pooler (dense + tanh on [CLS]) -> dropout -> dense, zero-initialised."""
+    """x_BTD -> logits_BC (float32): pooler (dense + tanh on [CLS]) -> dropout -> dense, zero-initialised;
+    RoBERTa's drops [CLS] out before its dense too, DistilBERT's dense is ReLU'd (`pool`)."""
 
     cfg: BertConfig
 
     @nn.compact
     def __call__(self, x_BTD, deterministic: bool):
         cfg, kw = self.cfg, _dtypes(self.cfg)
-        pooled_BD = pool(cfg, x_BTD)
-        pooled_BD = nn.Dropout(cfg.dropout)(pooled_BD, deterministic=deterministic)
+        drop = nn.Dropout(cfg.dropout)
+        x_BD = x_BTD[:, 0]
+        if cfg.classifier == "roberta":
+            x_BD = drop(x_BD, deterministic=deterministic)
+        pooled_BD = drop(pool(cfg, x_BD), deterministic=deterministic)
         # std 0: a fresh head predicts the uniform distribution, so fine-tuning starts at loss ln C
         # and the first gradients reach the encoder through a head that has not yet learnt noise.
         logits_BC = layers.Einsum((cfg.d_model, cfg.num_classes), ("embed", None), "BD,DC->BC", std=0.0,

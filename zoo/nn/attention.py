@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from zoo.nn.layers import Dtype, Einsum, einsum_f32
+from zoo.nn.layers import Dtype, Einsum, einsum_f32, rms_norm
 from zoo.nn.positions import Rope
 
 # model.attention_impl: einsum is zoo's own softmax attention, what `auto` runs on CPU; xla and cudnn are
@@ -301,7 +301,8 @@ class Attention(nn.Module):
 
     Self-attention when `kv_BSD` is None, cross-attention otherwise. With `decode=True` keys and
     values are written into a cache (collection "cache", length fixed when the cache is created)
-    at `positions_T`, and queries attend the cache; a cross-attention's keys and values of `kv_BSD`
+    at `positions_T` (or per row at `positions_BT`, a negative position marking left padding, not cached),
+    and queries attend the cache; a cross-attention's keys and values of `kv_BSD`
     are cached whole by the call that creates the cache. `bias_BNTS` (broadcastable) is added to the
     logits, e.g. T5's relative position bias.
 
@@ -320,6 +321,8 @@ class Attention(nn.Module):
     rope: Rope | None = None  # rotary positions applied to queries and keys (self-attention)
     sliding_window: int = 0  # > 0: a query sees only the last `sliding_window` keys (Mistral)
     scale: float | None = None  # logits scale; None: 1/sqrt(H) (T5 folds it into the init: 1.0)
+    qk_norm_eps: float | None = None  # RMSNorm of this eps (`q_norm`, `k_norm`, weight [H]) on each query and
+    #   key head before rope (Qwen3); None: none
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     implementation: str | None = None  # model.attention_impl: auto (or None) | xla | cudnn | einsum
@@ -341,16 +344,23 @@ class Attention(nn.Module):
             src_BSD = x_BTD if kv_BSD is None else kv_BSD
             k_BSKH = self._proj("key", src_BSD.shape[-1], K, src_BSD)
             v_BSKH = self._proj("value", src_BSD.shape[-1], K, src_BSD)
+        if self.qk_norm_eps is not None:  # over H, per head and position: the same weight for every head
+            kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, axis="kv")
+            q_BTNH = rms_norm(self.qk_norm_eps, name="q_norm", **kw)(q_BTNH)
+            k_BSKH = rms_norm(self.qk_norm_eps, name="k_norm", **kw)(k_BSKH)
         if self.rope is not None:
             positions_T = jnp.arange(x_BTD.shape[1]) if positions_T is None else positions_T
             q_BTNH, k_BSKH = self.rope(q_BTNH, positions_T), self.rope(k_BSKH, positions_T)
         if decode and kv_BSD is None:
             k_BSKH, v_BSKH, mask_B1TS = self._update_cache(k_BSKH, v_BSKH, positions_T, mask_B1TS)
             is_causal = False
-        if self.sliding_window:  # per-row positions (packed) restart per example: within one, index distances
-            q_T = positions_T if positions_T is not None and positions_T.ndim == 1 else jnp.arange(x_BTD.shape[1])
-            window_11TS = (q_T[:, None] - jnp.arange(k_BSKH.shape[1])[None, :] < self.sliding_window)[None, None]
-            mask_B1TS = window_11TS if mask_B1TS is None else mask_B1TS & window_11TS
+        if self.sliding_window:  # per-row positions (packed) restart per example: within one, index distances;
+            # decoding caches each row at its own positions (slots), so those are the distances there
+            q_xT = positions_T if positions_T is not None and (positions_T.ndim == 1 or decode) else \
+                jnp.arange(x_BTD.shape[1])
+            q_x1T1 = q_xT[None, None, :, None] if q_xT.ndim == 1 else q_xT[:, None, :, None]
+            window_x1TS = q_x1T1 - jnp.arange(k_BSKH.shape[1]) < self.sliding_window
+            mask_B1TS = window_x1TS if mask_B1TS is None else mask_B1TS & window_x1TS
         if self.is_mutable_collection("intermediates"):  # asked for the weights: decided while tracing
             if segment_ids_BT is not None:
                 same_B1TT = segment_mask(segment_ids_BT)
@@ -384,11 +394,26 @@ class Attention(nn.Module):
         value = self.variable("cache", "cached_value", jnp.zeros, v_BTKH.shape, v_BTKH.dtype)
         if initialising:  # the cache's length is the length of the input it was created with
             return k_BTKH, v_BTKH, mask_B1TS
+        S = key.value.shape[1]
+        if positions_T.ndim == 2:  # per row (left-padded batches): a token goes to the slot of its position
+            cmask_B1TS = _write_rows(key, value, k_BTKH, v_BTKH, positions_T)
+            return key.value, value.value, cmask_B1TS if mask_B1TS is None else mask_B1TS & cmask_B1TS
         start = (0, positions_T[0], 0, 0)
         key.value = jax.lax.dynamic_update_slice(key.value, k_BTKH.astype(key.value.dtype), start)
         value.value = jax.lax.dynamic_update_slice(value.value, v_BTKH.astype(value.value.dtype), start)
-        S = key.value.shape[1]
         cmask_11TS = causal_mask(positions_T, S)
         mask_B1TS = cmask_11TS if mask_B1TS is None else mask_B1TS & cmask_11TS
         return key.value, value.value, mask_B1TS
+
+
+def _write_rows(key, value, k_BTKH, v_BTKH, positions_BT):
+    """Cache each row's keys and values at the slots of its own positions; a negative position (left padding)
+    is written nowhere. Returns mask_B1TS: a query sees the slots at or before its position (a padding
+    query sees none; its output, uniform over the cache, is finite and unused)."""
+    S = key.value.shape[1]
+    slots_BT = jnp.where(positions_BT >= 0, positions_BT, S)  # S is out of range: dropped
+    rows_B1 = jnp.arange(positions_BT.shape[0])[:, None]
+    key.value = key.value.at[rows_B1, slots_BT].set(k_BTKH.astype(key.value.dtype), mode="drop")
+    value.value = value.value.at[rows_B1, slots_BT].set(v_BTKH.astype(value.value.dtype), mode="drop")
+    return (jnp.arange(S)[None, None, :] <= positions_BT[:, :, None])[:, None]
 

@@ -1,6 +1,7 @@
 """The transformer block GPT and BERT share: self-attention then MLP, each a residual sublayer with its
 norm before (pre-LN, GPT-2, Llama) or after (post-LN, BERT) it; the modern decoders' parts (RMSNorm,
-SwiGLU, grouped-query attention, rotary positions, a sliding window) are switches of the same block. The encoder-decoder's blocks add
+SwiGLU, grouped-query attention, rotary positions, a sliding window, a head width apart from D / N, RMSNorm
+on each query and key head) are switches of the same block. The encoder-decoder's blocks add
 cross-attention and relative position bias and build on the same `layers.sublayer`.
 
 Parameter names are the families' own checkpoint keys: the two norms are named by `norm_names`
@@ -47,6 +48,8 @@ class Block(nn.Module):
     mlp_bias: bool = True
     rope: Rope | None = None
     sliding_window: int = 0
+    head_dim: int | None = None  # H; None: D // num_heads
+    qk_norm: bool = False  # RMSNorm (eps ln_eps) on each query and key head before rope (Qwen3)
 
     @nn.compact
     def __call__(self, x_BTD, mask_B1TS, deterministic: bool, decode: bool = False, positions_T=None,
@@ -55,9 +58,10 @@ class Block(nn.Module):
         D = x_BTD.shape[-1]
         make_norm = rms_norm if self.norm == "rmsnorm" else layer_norm
         attn_norm, mlp_norm = (make_norm(self.ln_eps, name=n, **kw) for n in self.norm_names)
-        attn = Attention(self.num_heads, D // self.num_heads, num_kv_heads=self.num_kv_heads, out_std=self.out_std,
-                         use_bias=self.qkv_bias, out_bias=self.out_bias, rope=self.rope,
-                         sliding_window=self.sliding_window, implementation=self.implementation, name="attn", **kw)
+        attn = Attention(self.num_heads, self.head_dim or D // self.num_heads, num_kv_heads=self.num_kv_heads,
+                         out_std=self.out_std, use_bias=self.qkv_bias, out_bias=self.out_bias, rope=self.rope,
+                         sliding_window=self.sliding_window, qk_norm_eps=self.ln_eps if self.qk_norm else None,
+                         implementation=self.implementation, name="attn", **kw)
         mlp_cls = GatedMlp if self.gated else Mlp
         mlp = mlp_cls(self.d_ff, self.activation, out_std=self.out_std, use_bias=self.mlp_bias, name="mlp", **kw)
         res = dict(pre_ln=self.pre_ln, dropout=self.dropout, deterministic=deterministic)

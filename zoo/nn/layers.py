@@ -103,9 +103,9 @@ def layer_norm(eps: float, dtype, param_dtype, name: str) -> nn.LayerNorm:
                         scale_init=ones(("embed",)), bias_init=zeros(("embed",)))
 
 
-def rms_norm(eps: float, dtype, param_dtype, name: str) -> nn.RMSNorm:
-    """Scale-only norm without mean subtraction or bias (T5)."""
-    return nn.RMSNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name, scale_init=ones(("embed",)))
+def rms_norm(eps: float, dtype, param_dtype, name: str, axis: str = "embed") -> nn.RMSNorm:
+    """Scale-only norm without mean subtraction or bias (T5), over the last axis (logical name `axis`)."""
+    return nn.RMSNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name, scale_init=ones((axis,)))
 
 
 class Mlp(nn.Module):
