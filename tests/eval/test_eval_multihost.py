@@ -12,17 +12,12 @@ from tests.eval.test_choice import QUESTIONS  # noqa: E402
 from tests.helpers import tiny_lms  # noqa: E402
 from tests.helpers.processes import finish, start  # noqa: E402
 from tests.helpers.runs import write_jsonl  # noqa: E402
-from zoo import hf  # noqa: E402
 from zoo.cli import eval as zoo_eval  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    src = tmp_path_factory.mktemp("gpt2") / "hf"
-    tiny_lms.gpt2(src)
-    out = str(tmp_path_factory.mktemp("gpt2") / "run")
-    hf.from_hf(str(src), out, verbose=False)
-    return out
+    return tiny_lms.gpt2_run(tmp_path_factory)
 
 
 def one_and_two(args, capsys):

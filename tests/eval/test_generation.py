@@ -20,11 +20,7 @@ CHAT = [{"role": "user", "content": "Name a colour."}]
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    src = tmp_path_factory.mktemp("gpt2") / "hf"
-    tiny_lms.gpt2(src)
-    out = str(tmp_path_factory.mktemp("gpt2") / "run")
-    hf.from_hf(str(src), out, verbose=False)
-    return out
+    return tiny_lms.gpt2_run(tmp_path_factory)
 
 
 def greedy(run, prompt=None, messages=None):

@@ -31,3 +31,13 @@ def _save(model, path):
 
 
 BUILDERS = {"gpt2": gpt2, "llama": llama}
+
+
+def gpt2_run(tmp_path_factory) -> str:
+    """A zoo run converted from the tiny GPT-2 (byte tokenizer), for tests that only need a run to score."""
+    from zoo import hf
+    src = tmp_path_factory.mktemp("gpt2") / "hf"
+    gpt2(src)
+    out = str(tmp_path_factory.mktemp("gpt2") / "run")
+    hf.from_hf(str(src), out, verbose=False)
+    return out
