@@ -156,7 +156,9 @@ def check_tokenizer(cfg, hf_tok):
     else:
         assert hf_tok.eos_token_id == zoo_tok.eot_token
     assert hf_tok.model_max_length == cfg.data.seq_len
-    for text in TEXTS:
+    # every special's text inside a document stays text on both sides (zoo's rule, split_special_tokens there)
+    specials = "a <|endoftext|> b [CLS] c [SEP][MASK] [PAD] <s>d</s> <pad> <|im_start|>"
+    for text in TEXTS + [specials]:
         ids = zoo_tok.encode(text)
         framed = [sp.cls, *ids, sp.sep] if family == "bert" else ids
         assert hf_tok(text).input_ids == framed

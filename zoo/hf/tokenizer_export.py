@@ -14,8 +14,9 @@ Both of zoo's own tokenizers are byte-level BPEs, which a `tokenizers` tokenizer
 The specials a task appends after the vocabulary come along with their ids: BERT's [CLS] [SEP]
 [MASK] [PAD] (zoo.tasks.mlm, with "[CLS] a [SEP] (b [SEP])" as the post-processor, as zoo frames a
 text or a pair), the encoder-decoder's BOS and PAD (zoo.tasks.seq2seq_data; zoo's sources carry no
-specials). transformers' AutoTokenizer loads the files and gives zoo's ids. As in every Hugging Face
-tokenizer, a special token's text inside a document is that special (zoo encodes it as plain text).
+specials). transformers' AutoTokenizer loads the files and gives zoo's ids, for any text: tokenizer_config.json sets
+`split_special_tokens`, so a special token's text inside a document ("<|endoftext|>", "[MASK]") is plain
+text there too, as zoo encodes it (by default a Hugging Face tokenizer would read it as the special).
 """
 
 from __future__ import annotations
@@ -137,8 +138,10 @@ def build(cfg, tokenizer):
     if template is not None:
         used = [(t, i) for t, i in specials.items() if t in template[0] + template[1]]
         tok.post_processor = processors.TemplateProcessing(single=template[0], pair=template[1], special_tokens=used)
+    # split_special_tokens: a special's text inside a document stays text, as zoo encodes it, so both give the
+    # same ids for any text (the specials' ids come only from framing: the post-processor, the task)
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
-              "model_max_length": cfg.data.seq_len, **roles}
+              "model_max_length": cfg.data.seq_len, "split_special_tokens": True, **roles}
     return tok, config
 
 
