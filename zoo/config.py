@@ -105,6 +105,9 @@ class OptimConfig:
         return int(self.warmup) if self.warmup >= 1 else int(round(self.warmup * total_steps))
 
 
+EVAL_SET_KINDS = ("choice", "generate")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Loop length, batch, cadence of logging, evaluation and checkpoints."""
@@ -132,8 +135,16 @@ class TrainConfig:
     # Several processes (zoo.distributed): seconds every peer has to arrive at the start, and after which a
     # peer that stopped answering (killed, its host down) ends the run on the others with one error line.
     distributed_timeout: int = 300
+    # Scored at every evaluation (GPT family), comma-separated KIND:FILE.jsonl, named by the file's stem:
+    # choice (zoo-eval --task choice rows: eval_STEM_acc, eval_STEM_acc_norm) or generate (zoo-eval --task
+    # generate rows, greedy: eval_STEM_exact_match, eval_STEM_contains). "": none.
+    eval_sets: str = ""
 
     def __post_init__(self):
+        for item in filter(None, (x.strip() for x in self.eval_sets.split(","))):
+            kind, _, path = item.partition(":")
+            _check(kind in EVAL_SET_KINDS and path.strip(), f"train.eval_sets entry {item!r} must be KIND:FILE.jsonl "
+                   f"with KIND one of {', '.join(EVAL_SET_KINDS)}")
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_batches", "save_every", "keep"):
             _check(getattr(self, name) > 0, f"train.{name}={getattr(self, name)} must be positive")
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches", "save_every",

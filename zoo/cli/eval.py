@@ -189,9 +189,8 @@ def _gather(name: str, value: dict) -> list[dict] | None:
 
 
 def _prefix(tok) -> int:
-    """The token a document (or an empty context) starts from: BOS where the tokenizer has one, else end-of-text."""
-    bos = getattr(tok, "bos_token", None)
-    return tok.eot_token if bos is None else bos
+    from zoo.eval.loglik import prefix_token
+    return prefix_token(tok)
 
 
 def _check_vocab(seqs, tok, cfg, workdir: str) -> None:

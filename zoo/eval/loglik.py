@@ -24,6 +24,13 @@ from zoo.models.gpt import output_embedding
 from zoo.nn.losses import linear_cross_entropy
 
 
+def prefix_token(tokenizer) -> int:
+    """The token a document (or an empty context) starts from: BOS where the tokenizer has one, else
+    end-of-text (as lm-evaluation-harness does)."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return tokenizer.eot_token if bos is None else bos
+
+
 @dataclass(frozen=True)
 class Row:
     ids: tuple[int, ...]  # the window: the model reads ids[:-1]

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from zoo import tasks
 from zoo.config import Config
 from zoo.errors import ConfigError, TrainError
+from zoo.eval import during
 from zoo.train import checkpoint, flops, freeze, memory, optim, orbax_errors, peers, sharding
 from zoo.train.guard import Guard
 from zoo.train.metrics import MetricsWriter
@@ -335,6 +336,10 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
     step_fn = s.jit_train_step()
     eval_fn = jax.jit(make_eval_step(s.task))
     perplexity = getattr(s.task, "PERPLEXITY", True)
+    if cfg.train.eval_sets and jax.process_count() > 1:
+        raise ConfigError("train.eval_sets runs on one process for now; score the checkpoints with zoo-eval, which "
+                          "runs on several")
+    eval_sets = during.load(cfg)  # read and checked before the first step
     start = int(jax.device_get(state.step))
     # Records after `start` belong to a run that got further than its last checkpoint: dropped.
     writer = MetricsWriter(workdir, enabled=main, start_step=start)
@@ -395,6 +400,9 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                     eval_metrics = evaluate(eval_fn, s.full_params(state), data.eval, s.mesh, s.task.eval_metrics,
                                             perplexity=perplexity)
                     eval_metrics.update(s.task.evaluate_extra(s.full_params(state), data))
+                    if eval_sets:
+                        eval_metrics.update(during.score(eval_sets, s.task.model, s.full_params(state), data.tokenizer,
+                                                         cfg))
                     record.update(eval_metrics)
                 writer.write(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
