@@ -229,6 +229,24 @@ def finished() -> None:
         pass
 
 
+def linger(timeout: float = 60.0) -> None:
+    """Process 0, ending early (a refused run): wait until every other process has ended too (its `finished`
+    mark), at most `timeout` seconds. Process 0 holds the coordination service; leaving first, a peer still
+    on its way out (its own one error line said) would be aborted by jax with a C++ stack trace."""
+    try:
+        import jax
+        from jax._src import distributed
+        client, n = distributed.global_state.client, jax.process_count()
+        end = time.monotonic() + timeout
+        while client is not None and time.monotonic() < end:
+            done = {k for k, _ in client.key_value_dir_get("zoo/done/")}
+            if all(f"zoo/done/{p}" in done for p in range(1, n)):
+                return
+            time.sleep(0.1)
+    except Exception:  # the service is gone already: nothing to wait for
+        pass
+
+
 def settle() -> None:
     """After an unexpected error with several processes (a collective that failed because a peer is gone):
     give the watchdog time to name the lost process and exit; return if none is lost."""

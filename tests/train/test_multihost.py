@@ -111,7 +111,7 @@ def test_a_workdir_refused_on_process_0_ends_every_process_in_one_line(two, tmp_
     finally:
         holder.kill()
     errs = [err.strip().splitlines() for _, err in outs]
-    assert [p.returncode for p in procs] == [2, 2]
+    assert [p.returncode for p in procs] == [2, 2], outs
     assert errs[0] == [f"error: workdir {work!r} is in use by another training run (pid {holder.pid}); wait for it to "
                        f"end or pick another --workdir"], errs
     assert errs[1] == [f"error: process 0 stopped on the workdir {work!r}: TrainError: workdir {work!r} is in use by "

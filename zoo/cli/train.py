@@ -219,7 +219,10 @@ def train_main(argv=None) -> int:
         if fresh:  # a run that failed before its first step leaves nothing: the corrected retry starts clean
             _remove_unstarted(a.workdir)
         if isinstance(e, (TrainError, *BAD_INPUT)):
-            return error(e)
+            code = error(e)
+            if several and main:  # its peers end on the same refusal: they need its coordination service meanwhile
+                distributed.linger()
+            return code
         if several:  # a collective that failed because a peer is gone: the watchdog names it and exits
             distributed.settle()
         raise
