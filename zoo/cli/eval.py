@@ -4,6 +4,7 @@
     zoo-eval runs/x --data notes.jsonl --text-column body --max-docs 100 --stride 256 --json
     zoo-eval runs/x --task choice questions.jsonl       # {"context", "choices", "answer"} per line
     zoo-eval runs/chat --task generate qa.jsonl         # {"messages" | "prompt", "answer"} per line
+    zoo-eval runs/cls --data test.jsonl                 # a [CLS] classifier: accuracy, macro-F1, confusion
 
 Run the same command on every process of a multi-host job (zoo.distributed: started by itself on SLURM, Open
 MPI and TPU pods, or by --coordinator/--num-processes/--process-id): each scores its share of the documents
@@ -14,7 +15,8 @@ scores each document whole, its first token conditioned on the tokenizer's BOS (
 token), with a sliding window of the run's context (`--stride`, default half of it) over longer
 documents: zoo.eval.perplexity. Multiple choice reports acc and acc_norm as lm-evaluation-harness
 defines them: zoo.eval.choice. Generation answers each row greedily and reports exact match and
-contains-answer, printing the worst rows: zoo.eval.generation.
+contains-answer, printing the worst rows: zoo.eval.generation. A BERT classification run (task bert_cls)
+is scored on a labelled source (--text-column, --pair-column, --label-column): zoo.eval.classification.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 
 from zoo.cli import BAD_INPUT, error
 
-TASKS = ("perplexity", "choice", "generate")
+TASKS = ("perplexity", "choice", "generate", "classify")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="perplexity: builtin, shakespeare, hub:NAME[/CONFIG], or a txt/json/jsonl/parquet/csv/tsv "
                          "file, directory or glob")
     ap.add_argument("--text-column", default="text", help="the column of text (default: %(default)s)")
+    ap.add_argument("--pair-column", default="", help="classify: a second text column (sentence pairs)")
+    ap.add_argument("--label-column", default="label", help="classify: the column of labels (default: %(default)s)")
     ap.add_argument("--split", default="train", help="the split of a hub or local dataset (default: %(default)s)")
     ap.add_argument("--max-docs", type=int, help="score the first N documents (questions with --task choice)")
     ap.add_argument("--stride", type=int, help="tokens between window starts (default: half the context)")
@@ -60,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_args(a) -> None:
     from zoo.errors import ZooDataError
+    if a.task == "perplexity" and _run_task(a.workdir) == "bert_cls":  # a classifier has no perplexity
+        a.task = "classify"
+    if a.task == "classify" and not a.data:
+        raise ZooDataError("give --data SOURCE: a labelled file, directory or hub:NAME to classify")
     if a.task == "perplexity" and not a.data:
         raise ZooDataError("give --data SOURCE to score (builtin, a file, a directory, hub:NAME)")
     if a.task == "perplexity" and a.file:
@@ -77,12 +85,42 @@ def _check_args(a) -> None:
                            f"directory (no config.json)")
 
 
-def _load(workdir: str):
+def _run_task(workdir: str) -> str | None:
+    """The task in a zoo run's config.json (read without jax), None for anything else."""
+    try:
+        with open(os.path.join(workdir, "config.json")) as f:
+            return json.load(f).get("task")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _load(workdir: str, task: str = "gpt"):
     from zoo import hf
     model, params, tok, cfg = hf.from_pretrained(workdir)
-    if cfg.model.family != "gpt":
-        raise ValueError(f"zoo-eval scores GPT-family runs; {workdir} is a {cfg.model.family} run")
+    if task == "bert_cls" and cfg.task != "bert_cls":
+        raise ValueError(f"--task classify scores BERT classification runs (task bert_cls); {workdir} is a {cfg.task} "
+                         f"run")
+    if task == "gpt" and cfg.model.family != "gpt":
+        hint = "; a classifier (task bert_cls) is scored with --task classify" if cfg.task == "bert_cls" else ""
+        raise ValueError(f"zoo-eval scores GPT-family runs; {workdir} is a {cfg.model.family} run{hint}")
     return model, params, tok, cfg
+
+
+def classify(a) -> dict:
+    from zoo.cli.classify import class_names
+    from zoo.config import DataConfig
+    from zoo.eval import classification
+    if not sys.stderr.isatty():
+        import datasets
+        datasets.disable_progress_bars()  # its bars are noise in a log
+    model, params, tok, cfg = _load(a.workdir, "bert_cls")
+    data = DataConfig(source=a.data, text_column=a.text_column, text_pair_column=a.pair_column,
+                      label_column=a.label_column, split=a.split, cache_dir=a.cache_dir)
+    out = classification.evaluate(model, params, tok, cfg, class_names(a.workdir, cfg), data,
+                                  batch_size=a.batch_size, max_rows=a.max_docs)
+    if _gather("classify", {}) is None:  # several processes: each scored every row; process 0 prints
+        return None
+    return {"run": a.workdir, "data": a.data, **out}
 
 
 def _progress(total: int, what: str):
@@ -202,6 +240,14 @@ def _check_vocab(seqs, tok, cfg, workdir: str) -> None:
 
 
 def _table(r: dict) -> str:
+    if "confusion" in r:
+        width = max(len(c) for c in r["classes"]) + 2
+        lines = [f"{r['run']} on {r['data']} (classification, {r['examples']:,} examples, {r['truncated']} truncated)",
+                 f"  {'accuracy':<10}{r['accuracy']:.4f}", f"  {'macro-F1':<10}{r['macro_f1']:.4f}",
+                 "confusion (rows: true, columns: predicted):",
+                 " " * width + "".join(f"{c:>{width}}" for c in r["classes"])]
+        lines += [f"{c:>{width}}" + "".join(f"{n:>{width}}" for n in row) for c, row in zip(r["classes"], r["confusion"])]
+        return "\n".join(lines)
     if "items" in r:
         lines = [f"{r['run']} on {r['data']} (greedy answers, context {r['context']})",
                  f"  {'items':<14}{r['items']:,}",
@@ -230,17 +276,20 @@ def main(argv=None) -> int:
     a = _parser().parse_intermixed_args(argv)  # RUN --task choice FILE: a positional after options
     try:  # arguments and paths are checked before jax is imported
         _check_args(a)
-        if distributed.wanted(a):  # several processes: jax.distributed before any other jax call
+        several = distributed.wanted(a)
+        if several:  # several processes: jax.distributed before any other jax call
             distributed.start(a)
-        result = {"choice": choice, "generate": generate, "perplexity": perplexity}[a.task](a)
+        result = {"choice": choice, "generate": generate, "perplexity": perplexity, "classify": classify}[a.task](a)
     except (*BAD_INPUT, distributed.DistributedError, TrainError) as e:
         return error(e)
     if result is None:  # not process 0: it prints the sums
         return 0
     if a.json:
-        print(json.dumps({k: v for k, v in result.items() if k not in ("logliks", "rows")}))
+        print(json.dumps({k: v for k, v in result.items() if k not in ("logliks", "rows")}), flush=True)
     else:
-        print(_table(result))
+        print(_table(result), flush=True)
+    if several:  # process 0 holds the coordination service: the others end first
+        distributed.linger()
     return 0
 
 
