@@ -2,7 +2,8 @@
 zoo.cli.sample).
 
 The prompt is processed in one call (prefill); then one token per step against the KV cache, all
-inside one jitted while-loop, so a (prompt length, max tokens) shape compiles once.
+inside one jitted while-loop, so a (prompt length, max tokens) shape compiles once. `generate_batch` runs
+prompts of different lengths in one batch, left-padded to a bucket of lengths that shares that compilation.
 """
 
 from __future__ import annotations
@@ -36,19 +37,26 @@ def sample_logits(logits_BV, rng, temperature: float, top_k: int, top_p: float):
 
 @functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "temperature", "top_k", "top_p",
                                              "vocab_limit", "eos_id"))
-def _generate(params, prompt_BP, rng, *, model, max_new_tokens, temperature, top_k, top_p, vocab_limit, eos_id):
+def _generate(params, prompt_BP, rng, pad_B=None, *, model, max_new_tokens, temperature, top_k, top_p, vocab_limit,
+              eos_id):
+    """New tokens out_BN. `pad_B`: how many padding ids each row's prompt starts with (left padding), then the
+    positions go per row (the first real token at 0, the padding below 0: never cached nor attended)."""
     B, P = prompt_BP.shape
     total = P + max_new_tokens
     cache = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((B, total), jnp.int32),
                                               decode=True))["cache"]
     cache = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), nn.unbox(cache))
 
-    def step(cache, ids_BT):
-        logits_BTV, upd = model.apply({"params": params, "cache": cache}, ids_BT, decode=True, mutable=["cache"])
+    def step(cache, ids_BT, positions_BT=None):
+        logits_BTV, upd = model.apply({"params": params, "cache": cache}, ids_BT, decode=True,
+                                      positions_BT=positions_BT, mutable=["cache"])
         logits_BV = logits_BTV[:, -1, :vocab_limit]
         return upd["cache"], logits_BV
 
-    cache, logits_BV = step(cache, prompt_BP)
+    def positions(start):  # [B, T] per row, or None: the cache's own index
+        return None if pad_B is None else start - pad_B[:, None]
+
+    cache, logits_BV = step(cache, prompt_BP, positions(jnp.arange(P)[None]))
     out_BN = jnp.full((B, max_new_tokens), eos_id if eos_id is not None else 0, jnp.int32)
 
     def cond(c):
@@ -62,7 +70,7 @@ def _generate(params, prompt_BP, rng, *, model, max_new_tokens, temperature, top
             tok_B = jnp.where(done_B, eos_id, tok_B)
             done_B = done_B | (tok_B == eos_id)
         out_BN = out_BN.at[:, i].set(tok_B)
-        cache, logits_BV = step(cache, tok_B[:, None])
+        cache, logits_BV = step(cache, tok_B[:, None], positions(P + i))
         return i + 1, cache, logits_BV, out_BN, done_B
 
     init = (jnp.int32(0), cache, logits_BV, out_BN, jnp.zeros((B,), bool))
@@ -79,15 +87,7 @@ def generate(model, params, prompt_ids, max_new_tokens: int, *, temperature: flo
     size: a longer prompt keeps its last window - 1 tokens, and once the window is full generation goes
     on from the last window // 2 tokens, prefilled again, in segments of window - window // 2 tokens.
     """
-    window = min(window or model.cfg.max_len, model.cfg.max_len)
-    if not prompt_ids:
-        raise ValueError("the prompt is empty; give at least one token (e.g. --prompt 'The')")
-    if max_new_tokens < 1 or num_samples < 1:
-        raise ValueError(f"max-new-tokens={max_new_tokens} and num-samples={num_samples} must be >= 1")
-    if top_k < 0 or not 0 < top_p <= 1 or not temperature >= 0:  # `not >=` also refuses NaN
-        raise ValueError(f"need top_k >= 0, 0 < top_p <= 1, temperature >= 0; got {top_k}, {top_p}, {temperature}")
-    if window < 2:
-        raise ValueError(f"a context window of {window} token(s) leaves no room to generate")
+    window = _check(model, [prompt_ids], max_new_tokens, num_samples, temperature, top_k, top_p, window)
     kw = dict(model=model, temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
               vocab_limit=vocab_limit or model.cfg.vocab_size, eos_id=eos_id)
     context = np.asarray([list(prompt_ids)[-(window - 1):]] * num_samples, np.int32)
@@ -102,8 +102,52 @@ def generate(model, params, prompt_ids, max_new_tokens: int, *, temperature: flo
         if out.shape[1] >= max_new_tokens or done:
             break
         context = np.concatenate([context, new], 1)[:, -keep:]
+    return _cut(out, eos_id)
+
+
+def generate_batch(model, params, prompts: list[list[int]], max_new_tokens: int, *, temperature: float = 1.0,
+                   top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_id: int | None = None,
+                   vocab_limit: int | None = None, window: int | None = None) -> list[list[int]]:
+    """One continuation per prompt, as `generate` (greedy: each row token for token its own `generate`), in one
+    batch: the prompts left-padded to a length bucket (the next power of two, capped so the new tokens fit the
+    window), so prompts of other lengths in one bucket reuse one compilation. A batch does not crop: a prompt
+    plus max_new_tokens beyond `window` is refused (`generate` crops one prompt)."""
+    window = _check(model, prompts, max_new_tokens, 1, temperature, top_k, top_p, window)
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > window:
+        raise ValueError(f"a batch of prompts is not cropped to the {window}-token window: the longest prompt "
+                         f"({longest} tokens) + max-new-tokens ({max_new_tokens}) exceed it; sample it alone "
+                         f"(one prompt is cropped)")
+    P = min(1 << (longest - 1).bit_length(), window - max_new_tokens)  # the bucket: >= longest
+    pad_B = np.asarray([P - len(p) for p in prompts], np.int32)
+    # Left padding: token 0 (any id will do, nothing attends it).
+    prompt_BP = np.asarray([[0] * n + list(p) for n, p in zip(pad_B, prompts)], np.int32)
+    out = _generate(params, jnp.asarray(prompt_BP), jax.random.PRNGKey(seed), jnp.asarray(pad_B),
+                    model=model, max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
+                    top_p=float(top_p), vocab_limit=vocab_limit or model.cfg.vocab_size, eos_id=eos_id)
+    return _cut(np.asarray(out), eos_id)
+
+
+def _check(model, prompts, max_new_tokens, num_samples, temperature, top_k, top_p, window) -> int:
+    """The arguments of `generate` and `generate_batch`, checked; returns the window."""
+    window = min(window or model.cfg.max_len, model.cfg.max_len)
+    if not prompts:
+        raise ValueError("no prompts given; give at least one")
+    if not all(len(p) for p in prompts):
+        raise ValueError("the prompt is empty; give at least one token (e.g. --prompt 'The')")
+    if max_new_tokens < 1 or num_samples < 1:
+        raise ValueError(f"max-new-tokens={max_new_tokens} and num-samples={num_samples} must be >= 1")
+    if top_k < 0 or not 0 < top_p <= 1 or not temperature >= 0:  # `not >=` also refuses NaN
+        raise ValueError(f"need top_k >= 0, 0 < top_p <= 1, temperature >= 0; got {top_k}, {top_p}, {temperature}")
+    if window < 2:
+        raise ValueError(f"a context window of {window} token(s) leaves no room to generate")
+    return window
+
+
+def _cut(out_BN, eos_id) -> list[list[int]]:
+    """Each row's new tokens up to (without) the first end-of-text."""
     result = []
-    for row in out.tolist():
+    for row in out_BN.tolist():
         if eos_id is not None and eos_id in row:
             row = row[:row.index(eos_id)]
         result.append(row)
