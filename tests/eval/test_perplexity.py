@@ -17,6 +17,7 @@ from tests.helpers.runs import write_jsonl  # noqa: E402
 from zoo import hf  # noqa: E402
 from zoo.cli import eval as zoo_eval  # noqa: E402
 from zoo.eval import perplexity  # noqa: E402
+from zoo.eval.loglik import prefix_token  # noqa: E402
 
 CONTEXT, EOT = tiny_lms.CONTEXT, tiny_lms.EOT
 # A short document, one of exactly the context, and two of several windows (one not ASCII: bytes != characters).
@@ -156,7 +157,7 @@ def test_documents_start_from_bos_where_the_tokenizer_has_one_else_end_of_text()
     class Gpt2:
         eot_token = 50256
 
-    assert (zoo_eval._prefix(Llama()), zoo_eval._prefix(Gpt2())) == (0, 50256)
+    assert (prefix_token(Llama()), prefix_token(Gpt2())) == (0, 50256)
 
 
 def test_documents_of_many_lengths_compile_a_few_bucketed_shapes(models):

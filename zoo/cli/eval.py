@@ -146,13 +146,14 @@ def _documents(a) -> list[str]:
 
 def perplexity(a) -> dict:
     from zoo.eval import perplexity as ppl
+    from zoo.eval.loglik import prefix_token
     texts = _documents(a)  # a bad source is refused before the model loads
     model, params, tok, cfg = _load(a.workdir)
     context = cfg.window
     stride = a.stride or max(1, context // 2)
     ppl.check_window(context, stride)
     all_docs = tok.encode_batch(texts)
-    prefix = _prefix(tok)
+    prefix = prefix_token(tok)
     _check_vocab(all_docs + [[prefix]], tok, cfg, a.workdir)
     docs = _share(all_docs)
     update, close = _progress(sum(len(ppl.windows(len(d) + 1, context, stride)) for d in docs), "window")
@@ -171,15 +172,17 @@ def perplexity(a) -> dict:
 
 def choice(a) -> dict:
     from zoo.eval import choice as mc
+    from zoo.eval.loglik import prefix_token
     path = a.file or a.data
     questions = mc.read_questions(path)[:a.max_docs]  # checked before the model loads
     model, params, tok, cfg = _load(a.workdir)
-    _check_vocab([tok.encode(q["context"] + "".join(q["choices"])) for q in questions] + [[_prefix(tok)]], tok, cfg,
+    prefix = prefix_token(tok)
+    _check_vocab([tok.encode(q["context"] + "".join(q["choices"])) for q in questions] + [[prefix]], tok, cfg,
                  a.workdir)
     mine = _share(questions)
     update, close = _progress(sum(len(q["choices"]) for q in mine), "choice")
     try:
-        out = mc.evaluate(model, params, tok, mine, prefix=_prefix(tok), context=cfg.window,
+        out = mc.evaluate(model, params, tok, mine, prefix=prefix, context=cfg.window,
                           delimiter=a.delimiter, batch_size=a.batch_size, progress=update) if mine else \
             {"questions": 0, "correct": 0, "correct_norm": 0, "logliks": []}
     finally:
@@ -226,11 +229,6 @@ def _gather(name: str, value: dict) -> list[dict] | None:
     return peers.gather(name, value)
 
 
-def _prefix(tok) -> int:
-    from zoo.eval.loglik import prefix_token
-    return prefix_token(tok)
-
-
 def _check_vocab(seqs, tok, cfg, workdir: str) -> None:
     """Ids the model has no row for would be read as some other token: refused."""
     top = max((max(s) for s in seqs if s), default=0)
@@ -246,7 +244,8 @@ def _table(r: dict) -> str:
                  f"  {'accuracy':<10}{r['accuracy']:.4f}", f"  {'macro-F1':<10}{r['macro_f1']:.4f}",
                  "confusion (rows: true, columns: predicted):",
                  " " * width + "".join(f"{c:>{width}}" for c in r["classes"])]
-        lines += [f"{c:>{width}}" + "".join(f"{n:>{width}}" for n in row) for c, row in zip(r["classes"], r["confusion"])]
+        lines += [f"{c:>{width}}" + "".join(f"{n:>{width}}" for n in row)
+                  for c, row in zip(r["classes"], r["confusion"])]
         return "\n".join(lines)
     if "items" in r:
         lines = [f"{r['run']} on {r['data']} (greedy answers, context {r['context']})",

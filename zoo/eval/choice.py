@@ -21,36 +21,13 @@ import json
 import numpy as np
 
 from zoo.errors import ZooDataError
+from zoo.eval.jsonl import read_jsonl
 from zoo.eval.loglik import Row, score_rows
 
 
 def read_questions(path: str) -> list[dict]:
     """The questions of a JSONL file, each checked; a bad one is refused naming the file, line and key."""
     return read_jsonl(path, check_question, '{"context": "...", "choices": ["...", ...], "answer": index}')
-
-
-def read_jsonl(path: str, check, shape: str) -> list[dict]:
-    """The rows of a JSONL file, each through `check(row, "PATH:LINE")`; ZooDataError naming the file (and
-    line) for an unreadable file, a line that is not JSON, or no rows (`shape`: what a row looks like)."""
-    out = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = list(f)
-    except OSError as e:
-        raise ZooDataError(f"{path}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise ZooDataError(f"{path} is not UTF-8 text ({e.reason})") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise ZooDataError(f"{path}:{n} is not JSON ({e})") from None
-        out.append(check(row, f"{path}:{n}"))
-    if not out:
-        raise ZooDataError(f"{path} holds no {'questions' if 'choices' in shape else 'rows'}; each line is {shape}")
-    return out
 
 
 def check_question(q, where: str) -> dict:

@@ -14,7 +14,7 @@ import re
 
 from zoo.data.chat import check_messages
 from zoo.errors import ZooDataError
-from zoo.eval.choice import read_jsonl
+from zoo.eval.jsonl import read_jsonl
 
 SHAPE = '{"messages": [{"role": "user", "content": "..."}], "answer": "..."} or {"prompt": "...", "answer": "..."}'
 
