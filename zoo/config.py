@@ -50,6 +50,10 @@ class DataConfig:
     val_fraction: float = 0.05  # fraction of documents held out for validation (split by document)
     cache_dir: str = "~/.cache/zoo"  # token stores live here, keyed by source and tokenizer
     num_proc: int = 2  # processes for the one-time tokenization
+    # gpt_lm: read the source as a stream (hub: or local), never stored whole: each process tokenizes its own
+    # shard of the documents as it trains; exact resume on the same process count (zoo.data.stream)
+    streaming: bool = False
+    shuffle_rows: int = 1024  # streaming: rows shuffled together, one pool after another (1: stream order)
     # Chat / instruction fine-tuning (task=sft): conversations, or prompt + completion pairs.
     messages_column: str = "messages"  # sft: column of conversations, lists of {role, content}
     prompt_column: str = "prompt"  # sft: without a messages column, the prompt (text or messages) ...
@@ -65,6 +69,7 @@ class DataConfig:
                f"data.truncation={self.truncation!r} is unknown; choose one of {', '.join(TRUNCATIONS)}")
         _check(0.0 < self.val_fraction < 1.0, f"data.val_fraction={self.val_fraction} must be in (0, 1)")
         _check(self.num_proc > 0, f"data.num_proc={self.num_proc} must be positive")
+        _check(self.shuffle_rows > 0, f"data.shuffle_rows={self.shuffle_rows} must be positive (1: stream order)")
 
 
 SCHEDULES = ("cosine", "linear", "noam", "constant", "wsd")
@@ -203,6 +208,9 @@ class Config:
                f"task={self.task!r} trains a {family.name} model but model is a {self.model.family} config; "
                f"tasks of {self.model.family}: {', '.join(FAMILIES[self.model.family].tasks)}")
         _check(self.context_len >= 0, f"context_len={self.context_len} must be >= 0 (0: data.seq_len)")
+        _check(not self.data.streaming or self.task == "gpt_lm",
+               f"data.streaming=true streams text for task=gpt_lm (causal LM pretraining); task={self.task!r} reads "
+               f"its source whole (set data.streaming=false)")
         max_len = getattr(self.model, "max_len", None)
         if max_len is not None:
             _check(self.data.seq_len <= max_len,

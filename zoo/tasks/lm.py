@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from zoo.data import batches, corpus, store
+from zoo.data import batches, corpus, store, stream
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ZooDataError
 from zoo.infer.sample import generate
@@ -52,13 +52,21 @@ class LmTask(BaseTask):
     def check_data(cls, cfg, vocab: bool = True):
         if vocab:
             check_vocab(cfg, get_tokenizer(cfg.data.tokenizer))
-        if cfg.data.source not in corpus.NAMED:  # the file or dataset opens and holds text in its column
+        if cfg.data.streaming:  # its first row, not the whole source
+            stream.check_stream(cfg.data)
+        elif cfg.data.source not in corpus.NAMED:  # the file or dataset opens and holds text in its column
             corpus.load_documents(cfg.data)
         return cfg
 
     def make_data(self, cfg, process_index: int, process_count: int) -> Data:
         tokenizer = get_tokenizer(cfg.data.tokenizer)
         check_vocab(cfg, tokenizer)  # before the corpus is tokenized
+        if cfg.data.streaming:
+            d, t = cfg.data, cfg.train
+            train = stream.StreamBatches(stream.Cursor(d, tokenizer, process_index, process_count), d.seq_len,
+                                         t.batch_size, t.seed, d.shuffle_rows, process_index, process_count)
+            evals = stream.eval_batches(d, tokenizer, t.batch_size, t.eval_batches, process_index, process_count)
+            return Data(train=train, eval=evals, tokenizer=tokenizer)
         tokenizer, tokens = store.prepare(cfg.data, tokenizer)
         train = batches.Batches(tokens.train, cfg.data.seq_len, cfg.train.batch_size, cfg.train.seed,
                                 process_index, process_count)

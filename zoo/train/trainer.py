@@ -35,7 +35,7 @@ from zoo import tasks
 from zoo.config import Config
 from zoo.errors import ConfigError, TrainError
 from zoo.eval import during
-from zoo.train import checkpoint, flops, freeze, memory, optim, orbax_errors, peers, sharding
+from zoo.train import checkpoint, data_state, flops, freeze, memory, optim, orbax_errors, peers, sharding
 from zoo.train.guard import Guard
 from zoo.train.metrics import MetricsWriter
 from zoo.train.prefetch import Prefetcher
@@ -361,6 +361,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
     buffered, eval_metrics, t0, t0_step, compile_s = [], {}, time.perf_counter(), start, None
     pending = None  # metrics of the newest step, which may still be running
     guard = Guard(cfg.train.spike_guard)
+    data_state.restore(data.train, workdir, start)
     prefetch = Prefetcher(lambda i: to_device(data.train(i), s.mesh), start, last)
     with prefetch as batches, _Stopper() as stopper:
         step = start
@@ -410,20 +411,21 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                 if do_eval:
                     say(eval_line(record))
                 if do_save:
-                    _save(mngr, state, cfg, workdir)
+                    _save(mngr, state, cfg, workdir, data, step)
         if pending is not None:
             jax.block_until_ready(pending)
             bar.update(1)
         if stopper.stopped or step < cfg.train.steps:
             jax.block_until_ready(state)
             if mngr.latest_step() != step:
-                _save(mngr, state, cfg, workdir, force=True)
+                _save(mngr, state, cfg, workdir, data, step, force=True)
             if main and stopper.stopped:
                 bar.close()
                 print(f"stopped by {f'signal {stopper.signal}' if stopper.signal else 'a signal to another process'} "
                       f"at step {step}; checkpoint saved. Continue with: "
                       f"python train.py --resume {workdir}", flush=True)
     checkpoint.finish(mngr)
+    data_state.prune(workdir, mngr.all_steps())
     bar.close()
     writer.plot()
     writer.close()
@@ -431,7 +433,8 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
             "records": writer.records, "interrupted": stopper.stopped}
 
 
-def _save(mngr, state, cfg: Config, workdir: str, force: bool = False) -> None:
+def _save(mngr, state, cfg: Config, workdir: str, data, step: int, force: bool = False) -> None:
+    data_state.save(data.train, workdir, step, mngr.all_steps())  # before the checkpoint it belongs to
     try:
         checkpoint.save(mngr, state, cfg, force=force)
     except checkpoint.NonFiniteState:
