@@ -187,3 +187,25 @@ def test_bad_flags_are_one_line_before_anything_starts(capsys, args, fragment):
     assert train_main(["gpt_tiny", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and fragment in err[0], err
+
+
+@pytest.mark.slow
+def test_two_processes_stream_their_own_documents_and_resume_bit_for_bit(cache_dir, tmp_path):
+    """data.streaming=true on two processes: each reads and tokenizes its half of the documents and keeps its
+    position beside each checkpoint; both resumed from step 2 (--resume --step) retrain steps 3-4 exactly."""
+    from tests.helpers import tiny_configs
+    cfg = replace(tiny_configs.gpt_lm(cache_dir), data=dict(streaming=True, shuffle_rows=4),
+                  train=dict(steps=4, save_every=2, keep=5, eval_every=0, sample_tokens=0))
+    path, work = config_file(cfg, tmp_path), str(tmp_path / "run")
+    outs = finish(start([path, "--workdir", work]))
+    assert all("Traceback" not in err for _, err in outs), outs
+    states = sorted(os.listdir(os.path.join(work, "data_state")))
+    assert states == ["2.p0.json", "2.p1.json", "4.p0.json", "4.p1.json"]
+    full = losses(work)
+    again = str(tmp_path / "again")
+    shutil.copytree(work, again)
+    outs = finish(start(["--resume", again, "--step", "2"]))
+    assert all("Traceback" not in err for _, err in outs), outs
+    assert losses(again) == full
+    for a, b in zip(jax.tree.leaves(checkpoint.load_params(again)), jax.tree.leaves(checkpoint.load_params(work))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
