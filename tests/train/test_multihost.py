@@ -4,6 +4,7 @@
 0 prints and writes, a workdir refused on process 0 ends both, a peer that never comes or dies is named in
 one line within the timeout, and the checkpoint resumes on one process with 8 devices."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -73,7 +74,7 @@ def test_the_checkpoint_of_two_processes_resumes_on_one_process_and_goes_on_as_o
     other = str(tmp_path / "other_mesh")
     shutil.copytree(work, other)
     fsdp = run(replace(cfg, mesh=dict(data=2, fsdp=4), train=dict(steps=5)), other, resume=True)
-    assert fsdp["setup"].mesh.shape == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert fsdp["setup"].mesh.shape == {"data": 2, "fsdp": 4, "tensor": 1, "expert": 1}
     for a, b in zip(jax.tree.leaves(fsdp["params"]), jax.tree.leaves(straight["params"])):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
@@ -209,3 +210,21 @@ def test_two_processes_stream_their_own_documents_and_resume_bit_for_bit(cache_d
     assert losses(again) == full
     for a, b in zip(jax.tree.leaves(checkpoint.load_params(again)), jax.tree.leaves(checkpoint.load_params(work))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_two_bench_processes_step_over_both_hosts_devices_and_process_0_reports(tmp_path):
+    """zoo-bench with the multi-host flags: each host's zoo worker joins jax.distributed, the train step runs over
+    all 8 devices, and process 0 alone prints the row (the whole job's tokens/s); peers are refused in one line."""
+    small = ["model.num_layers=1", "model.d_model=32", "model.num_heads=2", "model.d_ff=64", "model.vocab_size=384",
+             "data.seq_len=16", "train.batch_size=8"]
+    args = ["--workload", "gpt_train", "--shapes", "cpu", "--rounds", "1", *[f"--set={o}" for o in small]]
+    procs = start(args, command=("-m", "zoo.cli.bench"))
+    (out0, err0), (out1, err1) = finish(procs)
+    assert [p.returncode for p in procs] == [0, 0], (err0[-2000:], err1[-2000:])
+    rows = [json.loads(line) for line in out0.splitlines() if line.startswith("{")]
+    assert len(rows) == 1 and rows[0]["device_count"] == 8 and rows[0]["process_count"] == 2
+    assert rows[0]["tokens_per_s"] > 0 and "process_index" not in rows[0]
+    assert out1 == ""
+    [(_, err)] = finish(start(args + ["--peer", "hf-torch"], only=[0], command=("-m", "zoo.cli.bench")), timeout=60)
+    assert err.strip().splitlines() == ["error: --peer hf-torch runs transformers on one host; on several processes "
+                                        "zoo-bench measures zoo alone (leave out --peer)"]

@@ -87,15 +87,16 @@ def _timed_rounds(workers: dict, rounds: int) -> dict:
     return times
 
 
-def run_spec(spec: dict, peers, rounds: int, profile: str | None = None) -> dict:
+def run_spec(spec: dict, peers, rounds: int, profile: str | None = None, env: dict | None = None) -> dict:
     """One shape: zoo beside each peer in turn (peers: a list of names, one name, or None); a summarised row.
-    With `profile`, a jax.profiler trace of a few zoo steps goes to PROFILE/WORKLOAD-SHAPE."""
+    With `profile`, a jax.profiler trace of a few zoo steps goes to PROFILE/WORKLOAD-SHAPE. `env`: more of
+    zoo's worker's environment (a multi-process run's, zoo.cli.bench.several_processes)."""
     peers = [peers] if isinstance(peers, str) else list(peers or [])
     peers = peers if spec["workload"] in bench_shapes.PEER_WORKLOADS else []
     gpu = accel.gpu_target()
     early = {p: Worker(p, spec, hold=True) for p in peers} if gpu else {}  # imports overlap zoo's compile
-    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")}
-    zoo = Worker("zoo", spec, env=env if gpu and peers else None)  # jax leaves the peers GPU memory
+    shared = {"XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")}
+    zoo = Worker("zoo", spec, env={**(shared if gpu and peers else {}), **(env or {})})  # jax leaves the peers GPU memory
     zoo_rounds, pairs = [], {}
     try:
         for name in peers:
@@ -132,7 +133,8 @@ def summarise(spec: dict, zoo: tuple, peers: dict | None = None) -> dict:
     zoo's final over the rounds alternated with that peer)}. Each peer's ratios are zoo / peer over the
     rounds they alternated; with a single peer they are also top-level `ratio_*` keys."""
     ready, rounds, final = zoo
-    kept = ("device_kind", "device_count", "compile_s", "peak_flops", "settings", "trainable_params")
+    kept = ("device_kind", "device_count", "process_count", "process_index", "compile_s", "peak_flops", "settings",
+            "trainable_params")
     row = {"workload": spec["workload"], "shape": spec["name"], **{k: ready[k] for k in kept if k in ready}}
     row["card"] = ready.get("device_kind")
     row["dtype"] = ready.get("settings", {}).get("dtype")

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
+import types
 
 from zoo.bench.common import calibrate, hbm_bandwidth, median
 from zoo.train.memory import peak_memory_mb
@@ -44,10 +46,15 @@ class ZooTrain:
             if cfg.init_from:  # the frozen half (and any matching params) from the base, as train() does
                 self.state = trainer.init_from(s, self.state, cfg.init_from)
         self.step = s.jit_train_step()
-        make = synthetic_batches(spec, cfg) if spec.get("synthetic") else s.task.make_data(cfg, 0, 1).train
+        here, processes = jax.process_index(), jax.process_count()  # several: each feeds its rows of the batch
+        make = synthetic_batches(spec, cfg, here, processes) if spec.get("synthetic") else \
+            s.task.make_data(cfg, here, processes).train
         self.prefetch = Prefetcher(lambda i: trainer.to_device(make(i), s.mesh), 0, 10**9)
         self.i, self.wait, self.times, self.real, self.real_fracs = 0, 0.0, [], [], []
         self.compile_s, self.k = calibrate(self._steps)
+        if processes > 1:  # every process must run as many steps a round: process 0's count
+            from jax.experimental import multihost_utils
+            self.k = int(multihost_utils.broadcast_one_to_all(self.k))
         self.tokens = float(self.m["tokens"])
         if s.trainable is None:
             lengths = {"target_len": spec["target_len"]} if spec.get("target_len") else {}  # seq2seq: S != T
@@ -58,6 +65,7 @@ class ZooTrain:
         self.step_memory_mb = step_memory_mb(self.step, self.state, self.prefetch.get(self.i))
         self.i += 1
         self.devices = s.mesh.devices.flatten().tolist()
+        self.local = [d for d in self.devices if d.process_index == here]  # the ones whose memory this process reads
         self.peak = flops.total_peak(self.devices)
         self.batch = cfg.train.batch_size
         self.settings = settings(cfg.model)
@@ -76,6 +84,7 @@ class ZooTrain:
     def ready(self):
         d = self.devices[0]
         return {"device_kind": d.device_kind, "device_count": len(self.devices), "compile_s": self.compile_s,
+                "process_count": self.jax.process_count(), "process_index": self.jax.process_index(),
                 "peak_flops": self.peak, "settings": self.settings, "trainable_params": self.n_trainable,
                 **_versions_and_fallbacks()}
 
@@ -98,7 +107,7 @@ class ZooTrain:
         tps = self.tokens / step
         out = {"tokens_per_s": tps, "sequences_per_s": self.batch / step,
                "tokens_per_s_per_device": tps / len(self.devices), "mfu": tps * self.flops_per_token / self.peak,
-               "peak_memory_mb": _peak_memory_mb(self.devices[0]), "step_memory_mb": self.step_memory_mb}
+               "peak_memory_mb": _peak_memory_mb(self.local[0]), "step_memory_mb": self.step_memory_mb}
         if self.real_fracs[since:]:  # tokens_per_s counts every position; these, the ones holding a token
             frac = sum(self.real_fracs[since:]) / len(self.real_fracs[since:])
             out.update(real_token_frac=frac, real_tokens_per_s=tps * frac)
@@ -158,17 +167,19 @@ def compute_dtype(spec, jax) -> str:
     return spec.get("dtype") or ("float32" if jax.devices()[0].platform == "cpu" else "bfloat16")
 
 
-def synthetic_batches(spec, cfg):
+def synthetic_batches(spec, cfg, process_index: int = 0, process_count: int = 1):
     """Exact-shape seq2seq batches (source S, target T, no padding): the offline task's phrases are
-    short, and the benchmark shapes are fixed."""
+    short, and the benchmark shapes are fixed. Each process keeps its rows of the global batch."""
     import numpy as np
+    from zoo.data.batches import process_rows
     B, S, T, V = spec["batch"], spec["seq_len"], spec["target_len"], cfg.model.vocab_size
+    rows = process_rows(B, process_index, process_count)
 
     def make(step):
         rng = np.random.default_rng(step)
-        tgt = rng.integers(3, V, (B, T + 1), dtype=np.int32)
-        return {"src": rng.integers(3, V, (B, S), dtype=np.int32), "src_valid": np.ones((B, S), bool),
-                "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:], "weights": np.ones((B, T), np.float32)}
+        tgt = rng.integers(3, V, (B, T + 1), dtype=np.int32)[rows]
+        return {"src": rng.integers(3, V, (B, S), dtype=np.int32)[rows], "src_valid": np.ones((B, S), bool)[rows],
+                "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:], "weights": np.ones((B, T), np.float32)[rows]}
     return make
 
 
@@ -363,6 +374,9 @@ def main() -> int:
         if framework == "zoo":
             from zoo import accel
             accel.configure()  # XLA's GPU flags, before jax's backend starts
+            if os.environ.get("ZOO_BENCH_DISTRIBUTED"):  # one of several processes (zoo.cli.bench): before any jax call
+                from zoo import distributed
+                distributed.start(types.SimpleNamespace())
             if hold:
                 sys.stdin.readline()
             bench = ZOO[spec["workload"]](spec)
@@ -375,6 +389,10 @@ def main() -> int:
         print(json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}), flush=True)
         return 1
     serve(bench)
+    if os.environ.get("ZOO_BENCH_DISTRIBUTED"):  # process 0 holds the coordination service: it leaves last
+        from zoo import distributed
+        distributed.finished()
+        distributed.linger()
     return 0
 
 

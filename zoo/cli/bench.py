@@ -18,6 +18,12 @@ versions and each peer's transformers/torch versions. lora_train writes a random
 init_from) and trains rank-16 adapters on it; sft_train reports real_tokens_per_s (the positions that
 hold a token) beside tokens_per_s (every position). `--profile DIR` writes a jax.profiler trace of
 a few zoo steps per shape (view with TensorBoard's profile plugin or Perfetto).
+
+Several hosts: run the same command on every host, with `--coordinator HOST:PORT --num-processes N
+--process-id I` (or the JAX_* variables, or on a cluster jax detects), as train.py takes them. zoo's worker on
+each host then starts jax.distributed and the train workloads step over every host's devices: tokens/s and
+MFU are the whole job's; process 0 prints the rows and writes --out. Peers and the generation and input
+workloads run on one host only.
 """
 
 from __future__ import annotations
@@ -27,10 +33,33 @@ import json
 import sys
 import time
 
+from zoo import distributed
 from zoo.bench import shapes as bench_shapes
 from zoo.bench.run import ROUNDS, WARMUP, run_spec, table
 from zoo.bench.shapes import PEER_NAMES
 from zoo.cli import error
+from zoo.errors import ConfigError
+
+# The workloads that step over a mesh of several processes' devices (zoo.bench.worker.ZooTrain).
+SEVERAL = ("gpt_train", "llama_train", "lora_train", "sft_train", "bert_mlm", "encdec_train")
+
+
+def several_processes(a, peers, workloads) -> dict | None:
+    """The zoo worker's environment for a multi-process run (None: one process); refusals -> ConfigError."""
+    if not distributed.wanted(a):
+        return None
+    if peers:
+        raise ConfigError(f"--peer {','.join(peers)} runs transformers on one host; on several processes zoo-bench "
+                          f"measures zoo alone (leave out --peer)")
+    alone = [w for w in workloads if w not in SEVERAL]
+    if alone:
+        raise ConfigError(f"--workload {alone[0]} runs on one process; on several: {', '.join(SEVERAL)}")
+    env = {"ZOO_BENCH_DISTRIBUTED": "1"}
+    explicit = distributed._explicit(a)
+    if explicit:  # the flags reach the worker as jax's variables
+        env.update({"JAX_COORDINATOR_ADDRESS": explicit["coordinator_address"],
+                    "JAX_NUM_PROCESSES": str(explicit["num_processes"]), "JAX_PROCESS_ID": str(explicit["process_id"])})
+    return env
 
 
 def main(argv=None) -> int:
@@ -70,6 +99,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for zoo's side, repeatable (e.g. model.attention_impl=xla, "
                          "model.remat=true); default: none")
+    distributed.add_arguments(ap)
     a = ap.parse_args(argv)
     peers = list(dict.fromkeys(p.strip() for arg in a.peer for p in arg.split(",") if p.strip()))
     for p in peers:
@@ -79,24 +109,28 @@ def main(argv=None) -> int:
         specs = bench_shapes.specs(a.workload or bench_shapes.workloads_with(a.shapes), a.shapes, preset=a.preset,
                                    seq_len=a.seq_len, batch=a.batch, dtype=a.dtype,
                                    names=a.shape)
-    except ValueError as e:
+        env = several_processes(a, peers, list(dict.fromkeys(spec["workload"] for spec in specs)))
+    except (ValueError, ConfigError) as e:
         return error(e)
     rows = []
     for spec in specs:
         spec["overrides"] = spec.get("overrides", []) + a.set
         t = time.perf_counter()
         try:
-            row = run_spec(spec, peers, a.rounds, profile=a.profile)
+            row = run_spec(spec, peers, a.rounds, profile=a.profile, env=env)
         except RuntimeError as e:  # zoo's worker refused the spec (bad --set) or died: one line, no traceback
             print(f"error: {spec['workload']} {spec['name']}: {e}", file=sys.stderr)
             return 2
         row["bench_wall_s"] = time.perf_counter() - t
+        if row.pop("process_index", 0):  # one row per shape for the whole job: process 0's
+            continue
         rows.append(row)
         print(json.dumps(row), flush=True)
         if a.out:
             with open(a.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
-    print(table(rows))
+    if rows or env is None:
+        print(table(rows))
     return 0
 
 
