@@ -190,7 +190,8 @@ class MeshConfig:
 class Config:
     """Everything a run needs. `task` picks the model family and loss (see zoo.tasks)."""
 
-    task: str = "gpt_lm"  # gpt_lm | sft | bert_mlm | bert_cls | bert_encoder (converted, not trainable) | seq2seq
+    task: str = "gpt_lm"  # gpt_lm | sft | bert_mlm | bert_cls | bert_tokens | bert_encoder (converted, not trainable)
+    #   | seq2seq
     model: typing.Any = field(default_factory=GptConfig)  # the family's model config
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

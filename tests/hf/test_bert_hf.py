@@ -124,8 +124,8 @@ def test_unsupported_architecture_and_variants_are_refused(tmp_path, hf_dirs):
             ("falcon", {"model_type": "falcon", "architectures": ["FalconForCausalLM"]},
              r"unsupported architecture FalconForCausalLM .*supported: GPT2LMHeadModel, GPT2Model, .*LlamaForCausalLM, "
              r"LlamaModel, BertModel, BertForMaskedLM, BertForSequenceClassification"),
-            ("tokcls", {"model_type": "bert", "architectures": ["BertForTokenClassification"]},
-             r"unsupported architecture BertForTokenClassification \(model_type='bert'\); supported: .*BertModel"),
+            ("qa", {"model_type": "bert", "architectures": ["BertForQuestionAnswering"]},
+             r"unsupported architecture BertForQuestionAnswering \(model_type='bert'\); supported: .*BertModel"),
             ("act", {**json.load(open(os.path.join(hf_dirs["BertModel"][0], "config.json"))), "hidden_act": "relu"},
              r"hidden_act='relu' is not supported")]:
         (tmp_path / name).mkdir()

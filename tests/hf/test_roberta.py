@@ -122,9 +122,10 @@ def test_variants_are_refused_in_one_line(hf_dirs, tmp_path):
              r"^RoBERTa position_embedding_type='relative_key' is not supported \(zoo BERT learns absolute positions\)$"),
             ("act", {**base, "hidden_act": "gelu_new"}, r"^RoBERTa hidden_act='gelu_new' is not supported"),
             ("decoder", {**base, "is_decoder": True}, r"^RoBERTa as a decoder .* is not supported$"),
-            ("tokcls", {**base, "architectures": ["RobertaForTokenClassification"]},
-             r"^unsupported architecture RobertaForTokenClassification \(model_type='roberta'\); supported: .*"
-             r"RobertaModel, RobertaForMaskedLM, RobertaForSequenceClassification, XLMRobertaModel, .*DistilBert")]:
+            ("qa", {**base, "architectures": ["RobertaForQuestionAnswering"]},
+             r"^unsupported architecture RobertaForQuestionAnswering \(model_type='roberta'\); supported: .*"
+             r"RobertaModel, RobertaForMaskedLM, RobertaForSequenceClassification, RobertaForTokenClassification, "
+             r"XLMRobertaModel, .*DistilBert")]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(cfg))
         shutil.copy(os.path.join(src, "model.safetensors"), tmp_path / name)

@@ -5,6 +5,7 @@
     zoo-eval runs/x --task choice questions.jsonl       # {"context", "choices", "answer"} per line
     zoo-eval runs/chat --task generate qa.jsonl         # {"messages" | "prompt", "answer"} per line
     zoo-eval runs/cls --data test.jsonl                 # a [CLS] classifier: accuracy, macro-F1, confusion
+    zoo-eval runs/ner --data test.jsonl --text-column tokens --label-column ner_tags  # entity P/R/F1 per type
 
 Run the same command on every process of a multi-host job (zoo.distributed: started by itself on SLURM, Open
 MPI and TPU pods, or by --coordinator/--num-processes/--process-id): each scores its share of the documents
@@ -16,7 +17,10 @@ token), with a sliding window of the run's context (`--stride`, default half of 
 documents: zoo.eval.perplexity. Multiple choice reports acc and acc_norm as lm-evaluation-harness
 defines them: zoo.eval.choice. Generation answers each row greedily and reports exact match and
 contains-answer, printing the worst rows: zoo.eval.generation. A BERT classification run (task bert_cls)
-is scored on a labelled source (--text-column, --pair-column, --label-column): zoo.eval.classification.
+is scored on a labelled source (--text-column, --pair-column, --label-column): zoo.eval.classification. A
+token-classification run (task bert_tokens) is scored on a word-tagged source (--text-column of word lists,
+--label-column of tag lists): entity precision, recall and F1 over IOB2 spans, per type too, and word
+accuracy: zoo.tasks.token_classify.evaluate_source, zoo.eval.entities.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ import numpy as np
 
 from zoo.cli import BAD_INPUT, error
 
-TASKS = ("perplexity", "choice", "generate", "classify")
+TASKS = ("perplexity", "choice", "generate", "classify", "tokens")
+RUN_TASKS = {"bert_cls": "classify", "bert_tokens": "tokens"}  # a run of these tasks is scored by its own
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
                          "file, directory or glob")
     ap.add_argument("--text-column", default="text", help="the column of text (default: %(default)s)")
     ap.add_argument("--pair-column", default="", help="classify: a second text column (sentence pairs)")
-    ap.add_argument("--label-column", default="label", help="classify: the column of labels (default: %(default)s)")
+    ap.add_argument("--label-column", default="label", help="classify: the column of labels; tokens: of tag lists "
+                                                            "(default: %(default)s)")
     ap.add_argument("--split", default="train", help="the split of a hub or local dataset (default: %(default)s)")
     ap.add_argument("--max-docs", type=int, help="score the first N documents (questions with --task choice)")
     ap.add_argument("--stride", type=int, help="tokens between window starts (default: half the context)")
@@ -64,10 +70,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_args(a) -> None:
     from zoo.errors import ZooDataError
-    if a.task == "perplexity" and _run_task(a.workdir) == "bert_cls":  # a classifier has no perplexity
-        a.task = "classify"
-    if a.task == "classify" and not a.data:
-        raise ZooDataError("give --data SOURCE: a labelled file, directory or hub:NAME to classify")
+    if a.task == "perplexity" and _run_task(a.workdir) in RUN_TASKS:  # a classifier has no perplexity
+        a.task = RUN_TASKS[_run_task(a.workdir)]
+    if a.task in ("classify", "tokens") and not a.data:
+        raise ZooDataError(f"give --data SOURCE: a labelled file, directory or hub:NAME to "
+                           f"{'classify' if a.task == 'classify' else 'tag'}")
     if a.task == "perplexity" and not a.data:
         raise ZooDataError("give --data SOURCE to score (builtin, a file, a directory, hub:NAME)")
     if a.task == "perplexity" and a.file:
@@ -100,8 +107,13 @@ def _load(workdir: str, task: str = "gpt"):
     if task == "bert_cls" and cfg.task != "bert_cls":
         raise ValueError(f"--task classify scores BERT classification runs (task bert_cls); {workdir} is a {cfg.task} "
                          f"run")
+    if task == "bert_tokens" and cfg.task != "bert_tokens":
+        raise ValueError(f"--task tokens scores BERT token-classification runs (task bert_tokens); {workdir} is a "
+                         f"{cfg.task} run")
     if task == "gpt" and cfg.model.family != "gpt":
-        hint = "; a classifier (task bert_cls) is scored with --task classify" if cfg.task == "bert_cls" else ""
+        kinds = {"bert_cls": "a classifier", "bert_tokens": "a token classifier"}
+        hint = f"; {kinds[cfg.task]} (task {cfg.task}) is scored with --task {RUN_TASKS[cfg.task]}" \
+            if cfg.task in RUN_TASKS else ""
         raise ValueError(f"zoo-eval scores GPT-family runs; {workdir} is a {cfg.model.family} run{hint}")
     return model, params, tok, cfg
 
@@ -119,6 +131,23 @@ def classify(a) -> dict:
     out = classification.evaluate(model, params, tok, cfg, class_names(a.workdir, cfg), data,
                                   batch_size=a.batch_size, max_rows=a.max_docs)
     if _gather("classify", {}) is None:  # several processes: each scored every row; process 0 prints
+        return None
+    return {"run": a.workdir, "data": a.data, **out}
+
+
+def tokens(a) -> dict:
+    from zoo.cli.classify import class_names
+    from zoo.config import DataConfig
+    from zoo.tasks import token_classify
+    if not sys.stderr.isatty():
+        import datasets
+        datasets.disable_progress_bars()  # its bars are noise in a log
+    model, params, tok, cfg = _load(a.workdir, "bert_tokens")
+    data = DataConfig(source=a.data, text_column=a.text_column, label_column=a.label_column, split=a.split,
+                      cache_dir=a.cache_dir)
+    out = token_classify.evaluate_source(model, params, tok, class_names(a.workdir, cfg), data,
+                                         batch_size=a.batch_size, max_rows=a.max_docs)
+    if _gather("tokens", {}) is None:  # several processes: each scored every row; process 0 prints
         return None
     return {"run": a.workdir, "data": a.data, **out}
 
@@ -238,6 +267,16 @@ def _check_vocab(seqs, tok, cfg, workdir: str) -> None:
 
 
 def _table(r: dict) -> str:
+    if "per_type" in r:
+        lines = [f"{r['run']} on {r['data']} (token classification, {r['examples']:,} examples, {r['words']:,} "
+                 f"words, {r['truncated']} truncated)",
+                 f"  {'entity':<10}{'precision':>10}{'recall':>10}{'F1':>10}{'support':>10}",
+                 *(f"  {t:<10}{s['precision']:>10.4f}{s['recall']:>10.4f}{s['f1']:>10.4f}{s['support']:>10,}"
+                   for t, s in r["per_type"].items()),
+                 f"  {'all':<10}{r['precision']:>10.4f}{r['recall']:>10.4f}{r['f1']:>10.4f}"
+                 f"{sum(s['support'] for s in r['per_type'].values()):>10,}",
+                 f"  word accuracy {r['accuracy']:.4f}"]
+        return "\n".join(lines)
     if "confusion" in r:
         width = max(len(c) for c in r["classes"]) + 2
         lines = [f"{r['run']} on {r['data']} (classification, {r['examples']:,} examples, {r['truncated']} truncated)",
@@ -278,7 +317,8 @@ def main(argv=None) -> int:
         several = distributed.wanted(a)
         if several:  # several processes: jax.distributed before any other jax call
             distributed.start(a)
-        result = {"choice": choice, "generate": generate, "perplexity": perplexity, "classify": classify}[a.task](a)
+        result = {"choice": choice, "generate": generate, "perplexity": perplexity, "classify": classify,
+                  "tokens": tokens}[a.task](a)
     except (*BAD_INPUT, distributed.DistributedError, TrainError) as e:
         return error(e)
     if result is None:  # not process 0: it prints the sums

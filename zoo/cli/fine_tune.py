@@ -110,7 +110,7 @@ def _source_task(src: str) -> str | None:
 
 def _task(theirs_task: str, sets) -> str:
     task = "bert_mlm" if theirs_task == "bert_encoder" else theirs_task
-    if theirs_task.startswith("bert_") and _set_keys(sets) & set(CLS_FIELDS):
+    if theirs_task.startswith("bert_") and theirs_task != "bert_tokens" and _set_keys(sets) & set(CLS_FIELDS):
         task = "bert_cls"
     return task
 

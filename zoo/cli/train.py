@@ -231,8 +231,8 @@ def train_main(argv=None) -> int:
     last = out["records"][-1] if out["records"] else {}
     # What the run's records hold: eval_ppl is absent for classification, eval_bleu/eval_exact_match seq2seq's.
     summary = ", ".join(f"{k}={last[k]:.4g}" for k in ("loss", "eval_loss", "eval_ppl", "eval_accuracy",
-                                                      "eval_macro_f1", "eval_bleu", "eval_exact_match",
-                                                      "tokens_per_s", "mfu")
+                                                      "eval_macro_f1", "eval_entity_f1", "eval_bleu",
+                                                      "eval_exact_match", "tokens_per_s", "mfu")
                         if last.get(k) is not None)
     print(f"done: step {int(out['state'].step)} ({summary}); checkpoints and metrics.jsonl in {workdir}")
     if cfg.train.sample_tokens and not out["interrupted"]:

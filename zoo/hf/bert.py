@@ -1,10 +1,12 @@
-"""BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`, `BertForPreTraining`, and
-BERT-architecture checkpoints such as MiniLM) <-> zoo BERT: config and weight mapping.
+"""BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`, `BertForTokenClassification`,
+`BertForPreTraining`, and BERT-architecture checkpoints such as MiniLM) <-> zoo BERT: config and weight mapping.
 
 The Hugging Face head picks the zoo task, and with it the zoo model:
 
   BertForMaskedLM, BertForPreTraining  -> bert_mlm      (BertMlm; the NSP head is reported unused)
   BertForSequenceClassification       -> bert_cls      (BertClassifier; id2label -> data.label_names)
+  BertForTokenClassification          -> bert_tokens   (BertTokenClassifier: `classifier` at every position,
+                                                         no pooler; id2label -> data.label_names)
   BertModel (MiniLM, ...)              -> bert_encoder  (BertEncoder: encoder + pooler, fine-tuned
                                                          through init_from into bert_cls / bert_mlm)
 
@@ -29,10 +31,13 @@ from zoo.errors import ConversionError
 from zoo.hf import table
 from zoo.hf.io import Keys
 
-ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "BertForPreTraining")
+ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
+                 "BertForPreTraining")
 TASKS = {"BertModel": "bert_encoder", "BertForMaskedLM": "bert_mlm", "BertForPreTraining": "bert_mlm",
-         "BertForSequenceClassification": "bert_cls"}
-EXPORT = {"bert_encoder": "BertModel", "bert_mlm": "BertForMaskedLM", "bert_cls": "BertForSequenceClassification"}
+         "BertForSequenceClassification": "bert_cls", "BertForTokenClassification": "bert_tokens"}
+EXPORT = {"bert_encoder": "BertModel", "bert_mlm": "BertForMaskedLM", "bert_cls": "BertForSequenceClassification",
+          "bert_tokens": "BertForTokenClassification"}
+LABELLED = ("bert_cls", "bert_tokens")  # the tasks whose classes have names (id2label, labels.json)
 PREFIXES = ("bert.",)
 IGNORED = ("position_ids",)  # the position-index buffer older checkpoints save
 
@@ -44,7 +49,9 @@ def task_for(hf: dict, keys: Keys) -> str:
             return TASKS[arch]
     if any(k.startswith("cls.predictions.") for k in keys.tensors):
         return "bert_mlm"
-    return "bert_cls" if "classifier.weight" in keys else "bert_encoder"
+    if "classifier.weight" in keys:  # the sequence classifier has a pooler, the token classifier none
+        return "bert_cls" if "pooler.dense.weight" in keys else "bert_tokens"
+    return "bert_encoder"
 
 
 def check_encoder(hf: dict, name: str, act_key: str = "hidden_act") -> None:
@@ -83,7 +90,7 @@ def encoder_fields(hf: dict) -> dict:
 def data_fields(hf: dict, task: str) -> dict:
     """DataConfig fields of the converted run: a classifier's class names, for zoo-classify."""
     names = [str(v) for _, v in sorted((hf.get("id2label") or {}).items(), key=lambda kv: int(kv[0]))]
-    if task == "bert_cls" and names and not any("," in n for n in names):
+    if task in LABELLED and names and not any("," in n for n in names):
         return {"label_names": ",".join(names)}
     return {}
 
@@ -109,7 +116,7 @@ def head_config(cfg, run_dir: str, export: dict = EXPORT) -> dict:
     """The architecture (from the run's task: `export`) and, for a classifier, its labels (labels.json,
     else data.label_names)."""
     out = {"architectures": [export[cfg.task]]}
-    if cfg.task == "bert_cls":
+    if cfg.task in LABELLED:
         C = cfg.model.num_classes
         path = os.path.join(run_dir, "labels.json")
         if os.path.isfile(path):
@@ -130,6 +137,7 @@ HEADS = {"bert_mlm": [*table.linear("mlm_head/transform", "cls.predictions.trans
                       *table.ln("mlm_head/ln", "cls.predictions.transform.LayerNorm"),
                       ("mlm_head/bias", "cls.predictions.bias", table.SAME)],
          "bert_cls": [*table.linear("cls_head/pooler", "pooler.dense"), *table.linear("cls_head/out", "classifier")],
+         "bert_tokens": table.linear("token_head/out", "classifier"),
          "bert_encoder": table.linear("cls_head/pooler", "pooler.dense")}
 OUTSIDE = ("cls.", "classifier.")  # head keys beside the "bert." wrapper, not under it
 
@@ -144,7 +152,7 @@ def embed_rows(cfg: BertConfig, hf: str = "embeddings.") -> list:
 
 def key_table(cfg: BertConfig, task: str) -> list:
     """The two-way key table of the task's model (names without the "bert." wrapper): encoder rows,
-    then the head the task picks (MLM transform + bias; pooler; pooler + classifier)."""
+    then the head the task picks (MLM transform + bias; pooler; pooler + classifier; the token classifier)."""
     return [*embed_rows(cfg), *table.layers(cfg.num_layers, "bert/encoder/layer_{i}", "encoder.layer.{i}.", LAYER),
             *HEADS[task]]
 
@@ -169,13 +177,15 @@ def task_of(params: dict) -> str:
     """The task a param tree is of, by its heads."""
     if "mlm_head" in params:
         return "bert_mlm"
+    if "token_head" in params:
+        return "bert_tokens"
     return "bert_cls" if "out" in params["cls_head"] else "bert_encoder"
 
 
 def params_to_hf(params: dict, cfg: BertConfig) -> dict:
     """The Hugging Face state dict of the model the params are of: BertModel (bare encoder, no
-    prefix), BertForMaskedLM or BertForSequenceClassification (both under "bert."). The MLM decoder
-    is left out: transformers re-ties it to the word embedding on load."""
+    prefix), BertForMaskedLM, BertForSequenceClassification or BertForTokenClassification (under
+    "bert."). The MLM decoder is left out: transformers re-ties it to the word embedding on load."""
     task = task_of(params)
     return table.to_hf(params, key_table(cfg, task), cfg, prefix="" if task == "bert_encoder" else "bert.",
                        outside=OUTSIDE)

@@ -53,7 +53,7 @@ def _converter(hf_cfg: dict) -> Converter:
     """The converter of a checkpoint's config.json."""
     model_type, archs = hf_cfg.get("model_type"), hf_cfg.get("architectures") or []
     convs = converters()
-    # A known model_type with an unknown head (BertForTokenClassification) is refused too.
+    # A known model_type with an unknown head (BertForQuestionAnswering) is refused too.
     if model_type not in convs or (archs and not set(archs) & set(convs[model_type].ARCHITECTURES)):
         raise ConversionError(f"unsupported architecture {', '.join(archs or ['?'])} (model_type={model_type!r}); "
                               f"supported: {supported()}")

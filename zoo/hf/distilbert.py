@@ -1,4 +1,5 @@
-"""DistilBERT (`DistilBertForMaskedLM`, `DistilBertForSequenceClassification`) <-> zoo BERT with
+"""DistilBERT (`DistilBertForMaskedLM`, `DistilBertForSequenceClassification`, `DistilBertForTokenClassification`)
+<-> zoo BERT with
 DistilBERT's options: config and weight mapping.
 
 DistilBERT is BERT's post-LN encoder with no token types (zoo's type_vocab_size=0), its LayerNorms at
@@ -9,6 +10,7 @@ ffn.lin1 / lin2, output_layer_norm under transformer.layer.{i}. Its heads:
                                          vocab_projector tied to the word embedding, + its bias)
   DistilBertForSequenceClassification -> bert_cls (pre_classifier + ReLU -> dropout -> classifier on
                                          the first token: zoo's ClsHead with classifier="distilbert")
+  DistilBertForTokenClassification    -> bert_tokens (dropout -> classifier at every position: token_head)
 
 The bare DistilBertModel has no pooler, which zoo's bert_encoder keeps: it is not served.
 """
@@ -20,8 +22,9 @@ from zoo.hf import bert, table
 from zoo.hf.io import Keys
 from zoo.models.bert import BertConfig
 
-ARCHITECTURES = ("DistilBertForMaskedLM", "DistilBertForSequenceClassification")
-TASKS = {"DistilBertForMaskedLM": "bert_mlm", "DistilBertForSequenceClassification": "bert_cls"}
+ARCHITECTURES = ("DistilBertForMaskedLM", "DistilBertForSequenceClassification", "DistilBertForTokenClassification")
+TASKS = {"DistilBertForMaskedLM": "bert_mlm", "DistilBertForSequenceClassification": "bert_cls",
+         "DistilBertForTokenClassification": "bert_tokens"}
 EXPORT = {t: a for a, t in TASKS.items()}
 PREFIXES = ("distilbert.",)
 IGNORED = bert.IGNORED
@@ -34,7 +37,8 @@ LAYER = [*table.attention("attn", "", ATTN, bias=True), *table.ln("attn_ln", "sa
          *table.ln("mlp_ln", "output_layer_norm")]
 HEADS = {"bert_mlm": [*table.linear("mlm_head/transform", "vocab_transform"),
                       *table.ln("mlm_head/ln", "vocab_layer_norm"), ("mlm_head/bias", "vocab_projector.bias", table.SAME)],
-         "bert_cls": [*table.linear("cls_head/pooler", "pre_classifier"), *table.linear("cls_head/out", "classifier")]}
+         "bert_cls": [*table.linear("cls_head/pooler", "pre_classifier"), *table.linear("cls_head/out", "classifier")],
+         "bert_tokens": table.linear("token_head/out", "classifier")}
 OUTSIDE = ("vocab_", "pre_classifier.", "classifier.")  # head keys beside the "distilbert." wrapper
 
 
@@ -47,6 +51,8 @@ def task_for(hf: dict, keys: Keys) -> str:
         return "bert_mlm"
     if "pre_classifier.weight" in keys:
         return "bert_cls"
+    if "classifier.weight" in keys:
+        return "bert_tokens"
     raise ConversionError(f"a DistilBERT checkpoint without an MLM or classification head (DistilBertModel) is not "
                           f"supported; supported: {', '.join(ARCHITECTURES)}")
 
@@ -94,8 +100,9 @@ def params_from_hf(keys: Keys, cfg: BertConfig, task: str) -> dict:
 
 
 def params_to_hf(params: dict, cfg: BertConfig) -> dict:
-    """The state dict of DistilBertForMaskedLM or DistilBertForSequenceClassification (under
-    "distilbert."); the tied vocab_projector.weight is left out (transformers re-ties it on load)."""
+    """The state dict of DistilBertForMaskedLM, DistilBertForSequenceClassification or
+    DistilBertForTokenClassification (under "distilbert."); the tied vocab_projector.weight is left out
+    (transformers re-ties it on load)."""
     return table.to_hf(params, key_table(cfg, bert.task_of(params)), cfg, prefix="distilbert.", outside=OUTSIDE)
 
 

@@ -1,5 +1,6 @@
-"""RoBERTa and XLM-R (`RobertaModel`, `RobertaForMaskedLM`, `RobertaForSequenceClassification` and their
-`XLMRoberta*` twins, one architecture) <-> zoo BERT with RoBERTa's options: config and weight mapping.
+"""RoBERTa and XLM-R (`RobertaModel`, `RobertaForMaskedLM`, `RobertaForSequenceClassification`,
+`RobertaForTokenClassification` and their `XLMRoberta*` twins, one architecture) <-> zoo BERT with RoBERTa's
+options: config and weight mapping.
 
 RoBERTa is BERT's encoder (zoo.hf.bert, whose layer rows and helpers this module shares) with:
   - positions numbered from pad_token_id + 1 over real tokens only: zoo's `position_offset`, the table
@@ -7,7 +8,8 @@ RoBERTa is BERT's encoder (zoo.hf.bert, whose layer rows and helpers this module
   - usually one token type (type_vocab_size 1: every token gets it);
   - its own heads: `lm_head` (dense -> GELU -> layer_norm -> decoder tied to the word embedding, + bias:
     zoo's MlmHead) and `classifier` (dropout -> dense + tanh -> dropout -> out_proj on <s>: zoo's
-    ClsHead with classifier="roberta"; no pooler). The bare RobertaModel keeps BERT's pooler.
+    ClsHead with classifier="roberta"; no pooler). The bare RobertaModel keeps BERT's pooler; the token
+    classifier is BERT's (dropout -> `classifier` at every position: zoo's token_head).
 
 XLM-R converts the same way and exports as RoBERTa (transformers runs either class on the same
 weights alike).
@@ -21,9 +23,10 @@ from zoo.hf.io import Keys
 from zoo.models.bert import BertConfig
 
 ARCHITECTURES = ("RobertaModel", "RobertaForMaskedLM", "RobertaForSequenceClassification",
-                 "XLMRobertaModel", "XLMRobertaForMaskedLM", "XLMRobertaForSequenceClassification")
-TASKS = {a: t for a, t in zip(ARCHITECTURES, ("bert_encoder", "bert_mlm", "bert_cls") * 2)}
-EXPORT = {"bert_encoder": "RobertaModel", "bert_mlm": "RobertaForMaskedLM", "bert_cls": "RobertaForSequenceClassification"}
+                 "RobertaForTokenClassification", "XLMRobertaModel", "XLMRobertaForMaskedLM",
+                 "XLMRobertaForSequenceClassification", "XLMRobertaForTokenClassification")
+TASKS = {a: t for a, t in zip(ARCHITECTURES, ("bert_encoder", "bert_mlm", "bert_cls", "bert_tokens") * 2)}
+EXPORT = {t: a for a, t in TASKS.items() if not a.startswith("XLM")}  # XLM-R exports as RoBERTa
 PREFIXES = ("roberta.",)
 IGNORED = bert.IGNORED
 data_fields, seq2seq_framing = bert.data_fields, bert.seq2seq_framing
@@ -32,6 +35,7 @@ HEADS = {"bert_mlm": [*table.linear("mlm_head/transform", "lm_head.dense"), *tab
                       ("mlm_head/bias", "lm_head.bias", table.SAME)],
          "bert_cls": [*table.linear("cls_head/pooler", "classifier.dense"),
                       *table.linear("cls_head/out", "classifier.out_proj")],
+         "bert_tokens": table.linear("token_head/out", "classifier"),
          "bert_encoder": table.linear("cls_head/pooler", "pooler.dense")}
 OUTSIDE = ("lm_head.", "classifier.")  # head keys beside the "roberta." wrapper
 
@@ -43,7 +47,9 @@ def task_for(hf: dict, keys: Keys) -> str:
             return TASKS[arch]
     if any(k.startswith("lm_head.") for k in keys.tensors):
         return "bert_mlm"
-    return "bert_cls" if "classifier.out_proj.weight" in keys else "bert_encoder"
+    if "classifier.out_proj.weight" in keys:
+        return "bert_cls"
+    return "bert_tokens" if "classifier.weight" in keys else "bert_encoder"
 
 
 def config_from_hf(hf: dict, keys: Keys) -> BertConfig:
@@ -86,8 +92,8 @@ def params_from_hf(keys: Keys, cfg: BertConfig, task: str) -> dict:
 
 
 def params_to_hf(params: dict, cfg: BertConfig) -> dict:
-    """The state dict of RobertaModel (no prefix), RobertaForMaskedLM or RobertaForSequenceClassification
-    (under "roberta."); the tied decoder is left out (transformers re-ties it on load)."""
+    """The state dict of RobertaModel (no prefix), RobertaForMaskedLM, RobertaForSequenceClassification or
+    RobertaForTokenClassification (under "roberta."); the tied decoder is left out (transformers re-ties it on load)."""
     task = bert.task_of(params)
     return table.to_hf(params, key_table(cfg, task), cfg, prefix="" if task == "bert_encoder" else "roberta.",
                        outside=OUTSIDE)

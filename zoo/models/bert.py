@@ -1,13 +1,15 @@
-"""BERT (Devlin et al. 2019): its config, presets, the encoder, and its masked-LM and classification models.
+"""BERT (Devlin et al. 2019): its config, presets, the encoder, and its masked-LM, classification and token-
+classification models.
 
 Word + position + segment embeddings summed and LayerNorm'd; post-LN encoder blocks (`pre_ln=True`
 moves each LayerNorm in front of its sublayer and adds a final one); exact (erf) GELU as BERT's
-"gelu"; non-causal attention under a padding mask built once at the top. Two heads over the same
+"gelu"; non-causal attention under a padding mask built once at the top. Heads over the same
 `bert` submodule, so `init_from` an MLM run copies the whole encoder into a classifier:
 
   BertMlm:        bert -> mlm_head (dense -> GELU -> LayerNorm -> word embedding^T + bias) -> logits_BTV
   BertClassifier: bert -> cls_head (pooler: dense + tanh on [CLS] -> dropout -> dense, zero-init) -> logits_BC
                   (`classifier`: RoBERTa's adds a dropout before the dense, DistilBERT's is ReLU'd)
+  BertTokenClassifier: bert -> token_head (dropout -> dense at every position, zero-init) -> logits_BTC
   BertEncoder:    bert -> (x_BTD, pooled_BD), the pooler under `cls_head/pooler` (Hugging Face's bare
                   BertModel: a converted MiniLM); `init_from` it into a classifier carries the pooler too
 
@@ -15,7 +17,8 @@ Param names are stable and semantic for a Hugging Face converter, e.g. `bert/emb
 = embeddings.word_embeddings, `bert/encoder/layer_3/attn/query/kernel` [D, N, H] = encoder.layer.3
 .attention.self.query (transposed, split by head), `attn_ln` = attention.output.LayerNorm, `mlp/fc`
 = intermediate.dense, `mlp/proj` = output.dense, `mlp_ln` = output.LayerNorm, `cls_head/pooler` =
-pooler.dense, `mlm_head/transform` = cls.predictions.transform.dense.
+pooler.dense, `mlm_head/transform` = cls.predictions.transform.dense, `token_head/out` = classifier (of
+BertForTokenClassification).
 RoBERTa / XLM-R and DistilBERT are options of the same model: `position_offset` (RoBERTa numbers real
 tokens from its pad id + 1), `type_vocab_size` 1 (one token type) or 0 (DistilBERT: none), and
 `classifier`, the [CLS] head's form (RoBERTa's classifier.dense / DistilBERT's pre_classifier are
@@ -63,7 +66,8 @@ class BertConfig(ModelConfig):
     pre_ln: bool = False  # LayerNorm before each sublayer (+ a final one) instead of after (BERT)
     classifier: str = "bert"  # the [CLS] head: bert (pooler dense+tanh -> dropout -> out) | roberta (dropout ->
     #   dense+tanh -> dropout -> out_proj) | distilbert (pre_classifier dense+ReLU -> dropout -> classifier)
-    num_classes: int = 2  # outputs of the classification head (C); 0: the label column's count (bert_cls); unused by MLM
+    num_classes: int = 2  # outputs of the classification head (C; bert_tokens: tags); 0: the label column's count
+    #   (bert_cls, bert_tokens); unused by MLM
 
     def __post_init__(self):
         super().__post_init__()
@@ -260,6 +264,33 @@ class BertClassifier(nn.Module):
     def __call__(self, ids_BT, segment_ids_BT, valid_BT, *, deterministic: bool = True):
         x_BTD = Bert(self.cfg, name="bert")(ids_BT, segment_ids_BT, valid_BT, deterministic)
         return ClsHead(self.cfg, name="cls_head")(x_BTD, deterministic)
+
+
+class TokenHead(nn.Module):
+    """x_BTD -> logits_BTC (float32) at every position: dropout -> dense, zero-initialised (Hugging Face's
+    *ForTokenClassification: dropout + `classifier`; no pooler)."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BTD, deterministic: bool):
+        cfg = self.cfg
+        x_BTD = nn.Dropout(cfg.dropout)(x_BTD, deterministic=deterministic)
+        # std 0 as ClsHead's: a fresh head predicts every tag alike, the loss starts at ln C.
+        logits_BTC = layers.Einsum((cfg.d_model, cfg.num_classes), ("embed", None), "BTD,DC->BTC", std=0.0,
+                                   bias_axes=(None,), name="out", **_dtypes(cfg))(x_BTD)
+        return logits_BTC.astype(jnp.float32)
+
+
+class BertTokenClassifier(nn.Module):
+    """Token classification (NER, ...): (ids_BT, segment_ids_BT, valid_BT) -> logits_BTC (float32)."""
+
+    cfg: BertConfig
+
+    @nn.compact
+    def __call__(self, ids_BT, segment_ids_BT, valid_BT, *, deterministic: bool = True):
+        x_BTD = Bert(self.cfg, name="bert")(ids_BT, segment_ids_BT, valid_BT, deterministic)
+        return TokenHead(self.cfg, name="token_head")(x_BTD, deterministic)
 
 
 class BertEncoder(nn.Module):

@@ -1,4 +1,5 @@
-"""Tasks: model + loss + data pipeline + metrics, one module per objective (lm, sft, mlm, classify, seq2seq).
+"""Tasks: model + loss + data pipeline + metrics, one module per objective (lm, sft, mlm, classify,
+token_classify, seq2seq).
 `build(cfg)` finds the task through the FAMILIES registry (zoo.models), wrapped with LoRA adapters when the
 model config asks for them (`adapted`); `base` holds the protocol."""
 
