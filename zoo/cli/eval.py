@@ -6,6 +6,8 @@
     zoo-eval runs/chat --task generate qa.jsonl         # {"messages" | "prompt", "answer"} per line
     zoo-eval runs/cls --data test.jsonl                 # a [CLS] classifier: accuracy, macro-F1, confusion
     zoo-eval runs/ner --data test.jsonl --text-column tokens --label-column ner_tags  # entity P/R/F1 per type
+    zoo-eval runs/mlm --data held_out.txt               # a masked-LM run: pseudo-accuracy on masked tokens
+    zoo-eval runs/s2s --data pairs.jsonl --beam 4       # an encoder-decoder run: BLEU and exact match
 
 Run the same command on every process of a multi-host job (zoo.distributed: started by itself on SLURM, Open
 MPI and TPU pods, or by --coordinator/--num-processes/--process-id): each scores its share of the documents
@@ -20,7 +22,10 @@ contains-answer, printing the worst rows: zoo.eval.generation. A BERT classifica
 is scored on a labelled source (--text-column, --pair-column, --label-column): zoo.eval.classification. A
 token-classification run (task bert_tokens) is scored on a word-tagged source (--text-column of word lists,
 --label-column of tag lists): entity precision, recall and F1 over IOB2 spans, per type too, and word
-accuracy: zoo.tasks.token_classify.evaluate_source, zoo.eval.entities.
+accuracy: zoo.tasks.token_classify.evaluate_source, zoo.eval.entities. A masked-LM run (bert_mlm) reports
+its pseudo-accuracy, loss and perplexity on masked tokens of a held-out source: zoo.eval.mlm. An encoder-decoder
+run (seq2seq) decodes a source/target file (--source-column, --target-column; greedy or --beam N) and reports
+corpus BLEU and exact match, printing the worst rows: zoo.eval.seq2seq.
 """
 
 from __future__ import annotations
@@ -34,8 +39,14 @@ import numpy as np
 
 from zoo.cli import BAD_INPUT, error
 
-TASKS = ("perplexity", "choice", "generate", "classify", "tokens")
-RUN_TASKS = {"bert_cls": "classify", "bert_tokens": "tokens"}  # a run of these tasks is scored by its own
+TASKS = ("perplexity", "choice", "generate", "classify", "tokens", "mlm", "translate")
+# A run of these tasks is scored by its own kind of evaluation.
+RUN_TASKS = {"bert_cls": "classify", "bert_tokens": "tokens", "bert_mlm": "mlm", "seq2seq": "translate"}
+NEEDS_DATA = {"classify": "a labelled file, directory or hub:NAME to classify",
+              "tokens": "a labelled file, directory or hub:NAME to tag",
+              "mlm": "a held-out text source (builtin, a file, a directory, hub:NAME) to mask and predict",
+              "translate": "a source/target file, directory or hub:NAME to translate",
+              "perplexity": "a text source to score (builtin, a file, a directory, hub:NAME)"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--pair-column", default="", help="classify: a second text column (sentence pairs)")
     ap.add_argument("--label-column", default="label", help="classify: the column of labels; tokens: of tag lists "
                                                             "(default: %(default)s)")
+    ap.add_argument("--source-column", default="source", help="translate: the column of inputs ('a.b': key b of "
+                                                              "dict column a; default: %(default)s)")
+    ap.add_argument("--target-column", default="target", help="translate: the column of expected outputs "
+                                                              "(default: %(default)s)")
+    ap.add_argument("--beam", type=int, default=1, help="translate: beam size; 1 is greedy (default: %(default)s)")
     ap.add_argument("--split", default="train", help="the split of a hub or local dataset (default: %(default)s)")
     ap.add_argument("--max-docs", type=int, help="score the first N documents (questions with --task choice)")
     ap.add_argument("--stride", type=int, help="tokens between window starts (default: half the context)")
@@ -72,18 +88,15 @@ def _check_args(a) -> None:
     from zoo.errors import ZooDataError
     if a.task == "perplexity" and _run_task(a.workdir) in RUN_TASKS:  # a classifier has no perplexity
         a.task = RUN_TASKS[_run_task(a.workdir)]
-    if a.task in ("classify", "tokens") and not a.data:
-        raise ZooDataError(f"give --data SOURCE: a labelled file, directory or hub:NAME to "
-                           f"{'classify' if a.task == 'classify' else 'tag'}")
-    if a.task == "perplexity" and not a.data:
-        raise ZooDataError("give --data SOURCE to score (builtin, a file, a directory, hub:NAME)")
+    if a.task in NEEDS_DATA and not a.data:
+        raise ZooDataError(f"give --data SOURCE: {NEEDS_DATA[a.task]}")
     if a.task == "perplexity" and a.file:
         raise ZooDataError(f"{a.file!r}: a questions file goes with --task choice; perplexity reads --data")
     if a.task in ("choice", "generate") and not (a.file or a.data):
         what = "the questions" if a.task == "choice" else "the prompts and answers"
         raise ZooDataError(f"--task {a.task} needs {what}: zoo-eval RUN --task {a.task} FILE.jsonl")
     for flag, v in (("--max-docs", a.max_docs), ("--stride", a.stride), ("--batch-size", a.batch_size),
-                    ("--max-new-tokens", a.max_new_tokens)):
+                    ("--max-new-tokens", a.max_new_tokens), ("--beam", a.beam)):
         if v is not None and v < 1:
             raise ZooDataError(f"{flag} {v} must be >= 1")
     if not (os.path.isdir(os.path.join(a.workdir, "checkpoints"))
@@ -110,6 +123,8 @@ def _load(workdir: str, task: str = "gpt"):
     if task == "bert_tokens" and cfg.task != "bert_tokens":
         raise ValueError(f"--task tokens scores BERT token-classification runs (task bert_tokens); {workdir} is a "
                          f"{cfg.task} run")
+    if task in RUN_TASKS and cfg.task != task:
+        raise ValueError(f"--task {RUN_TASKS[task]} scores {task} runs; {workdir} is a {cfg.task} run")
     if task == "gpt" and cfg.model.family != "gpt":
         kinds = {"bert_cls": "a classifier", "bert_tokens": "a token classifier"}
         hint = f"; {kinds[cfg.task]} (task {cfg.task}) is scored with --task {RUN_TASKS[cfg.task]}" \
@@ -148,6 +163,31 @@ def tokens(a) -> dict:
     out = token_classify.evaluate_source(model, params, tok, class_names(a.workdir, cfg), data,
                                          batch_size=a.batch_size, max_rows=a.max_docs)
     if _gather("tokens", {}) is None:  # several processes: each scored every row; process 0 prints
+        return None
+    return {"run": a.workdir, "data": a.data, **out}
+
+
+def mlm(a) -> dict:
+    from zoo.config import DataConfig
+    from zoo.eval import mlm as mlm_eval
+    from zoo.tasks import build
+    _, params, tok, cfg = _load(a.workdir, "bert_mlm")
+    data = DataConfig(source=a.data, text_column=a.text_column, split=a.split, cache_dir=a.cache_dir)
+    out = mlm_eval.evaluate(build(cfg), params, tok, data, batch_size=a.batch_size, max_docs=a.max_docs)
+    if _gather("mlm", {}) is None:  # several processes: each scored every row; process 0 prints
+        return None
+    return {"run": a.workdir, "data": a.data, **out}
+
+
+def translate(a) -> dict:
+    from zoo.config import DataConfig
+    from zoo.eval import seq2seq
+    model, params, tok, cfg = _load(a.workdir, "seq2seq")
+    data = DataConfig(source=a.data, source_column=a.source_column, target_column=a.target_column, split=a.split,
+                      cache_dir=a.cache_dir)
+    out = seq2seq.evaluate(model, params, tok, cfg, data, beam=a.beam, batch_size=a.batch_size, max_rows=a.max_docs,
+                           worst=a.show)
+    if _gather("translate", {}) is None:
         return None
     return {"run": a.workdir, "data": a.data, **out}
 
@@ -277,6 +317,21 @@ def _table(r: dict) -> str:
                  f"{sum(s['support'] for s in r['per_type'].values()):>10,}",
                  f"  word accuracy {r['accuracy']:.4f}"]
         return "\n".join(lines)
+    if "mlm_accuracy" in r:
+        rows = [("documents", f"{r['documents']:,}"), ("tokens", f"{r['tokens']:,}"), ("masked", f"{r['masked']:,}"),
+                ("accuracy", f"{r['mlm_accuracy']:.4f}"), ("loss", f"{r['mlm_loss']:.4f}"),
+                ("perplexity", f"{r['perplexity']:.4f}")]
+        return "\n".join([f"{r['run']} on {r['data']} (masked tokens, pseudo-accuracy)",
+                          *(f"  {k:<11}{v}" for k, v in rows)])
+    if "bleu" in r:
+        how = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+        lines = [f"{r['run']} on {r['data']} ({how}, {r['examples']:,} pairs, {r['truncated']} sources truncated)",
+                 f"  {'BLEU':<12}{r['bleu']:.2f}", f"  {'exact match':<12}{r['exact_match']:.4f}"]
+        if r["worst"]:
+            lines.append("worst rows (lowest chrF first):")
+            lines += [f"  {w['source'][:80]!r}: expected {w['target'][:80]!r}, got {w['output'][:80]!r}"
+                      for w in r["worst"]]
+        return "\n".join(lines)
     if "confusion" in r:
         width = max(len(c) for c in r["classes"]) + 2
         lines = [f"{r['run']} on {r['data']} (classification, {r['examples']:,} examples, {r['truncated']} truncated)",
@@ -318,7 +373,7 @@ def main(argv=None) -> int:
         if several:  # several processes: jax.distributed before any other jax call
             distributed.start(a)
         result = {"choice": choice, "generate": generate, "perplexity": perplexity, "classify": classify,
-                  "tokens": tokens}[a.task](a)
+                  "tokens": tokens, "mlm": mlm, "translate": translate}[a.task](a)
     except (*BAD_INPUT, distributed.DistributedError, TrainError) as e:
         return error(e)
     if result is None:  # not process 0: it prints the sums
