@@ -179,9 +179,10 @@ class MeshConfig:
     data: int = -1  # data parallel (batch split, params replicated)
     fsdp: int = 1  # fully sharded data parallel (batch and params split)
     tensor: int = 1  # tensor parallel (heads / MLP width split)
+    expert: int = 1  # expert parallel: a mixture of experts' experts split (zoo.nn.moe), and the batch too
 
     def __post_init__(self):
-        sizes = (self.data, self.fsdp, self.tensor)
+        sizes = (self.data, self.fsdp, self.tensor, self.expert)
         _check(sum(s == -1 for s in sizes) <= 1, f"mesh: at most one axis may be -1, got {sizes}")
         _check(all(s == -1 or s > 0 for s in sizes), f"mesh: sizes must be positive or -1, got {sizes}")
 

@@ -12,10 +12,11 @@ import pytest
 
 from zoo import tasks
 from zoo.errors import ConversionError
-from zoo.hf import bart, base, bert, convert, distilbert, gpt2, io, llama, mistral, qwen2, qwen3, roberta, t5, table
+from zoo.hf import (bart, base, bert, convert, distilbert, gpt2, gpt_neox, io, llama, mistral, phi3, qwen2, qwen3,
+                    roberta, t5, table)
 from zoo.models.bert import BERT_TINY
 from zoo.models.encdec import BART_BASE, T5_SMALL
-from zoo.models.gpt import GPT_TINY, LLAMA_TINY
+from zoo.models.gpt import GPT_TINY, LLAMA_TINY, PYTHIA_160M
 
 GPT = dataclasses.replace(GPT_TINY, vocab_size=50, max_len=16, num_layers=2, d_model=32, num_heads=4, d_ff=64)
 BERT = dataclasses.replace(BERT_TINY, vocab_size=50, max_len=16, num_layers=2, d_model=32, num_heads=4, d_ff=64,
@@ -28,6 +29,7 @@ BART = dataclasses.replace(BART_BASE, vocab_size=40, max_len=16, num_encoder_lay
                            d_model=16, num_heads=2, d_ff=32)
 # Llama-like: 4 query heads over 2 key/value heads, untied; Qwen2's q/k/v biases; Mistral's window.
 LLAMA = dataclasses.replace(LLAMA_TINY, vocab_size=50, max_len=16, num_layers=2, d_model=32, d_ff=48)
+NEOX = dataclasses.replace(PYTHIA_160M, vocab_size=50, max_len=16, num_layers=2, d_model=32, num_heads=4, d_ff=48)
 CASES = {"gpt2": (gpt2, GPT, "gpt_lm"),
          "llama": (llama, LLAMA, "gpt_lm"),
          "llama_biases_tied": (llama, dataclasses.replace(LLAMA, qkv_bias=True, out_bias=True, mlp_bias=True,
@@ -35,6 +37,10 @@ CASES = {"gpt2": (gpt2, GPT, "gpt_lm"),
          "qwen2": (qwen2, dataclasses.replace(LLAMA, qkv_bias=True, tie_embeddings=True), "gpt_lm"),
          "mistral": (mistral, dataclasses.replace(LLAMA, sliding_window=4), "gpt_lm"),
          "qwen3": (qwen3, dataclasses.replace(LLAMA, qk_norm=True, d_kv=24), "gpt_lm"),  # q/k norms; N * H != D
+         "phi3": (phi3, dataclasses.replace(LLAMA, rotary_fraction=0.5, sliding_window=4), "gpt_lm"),
+         "gpt_neox": (gpt_neox, NEOX, "gpt_lm"),
+         "gpt_neox_tied_no_bias": (gpt_neox, dataclasses.replace(NEOX, tie_embeddings=True, qkv_bias=False,
+                                                                 out_bias=False, parallel_residual=False), "gpt_lm"),
          "bert_mlm": (bert, BERT, "bert_mlm"), "bert_cls": (bert, BERT, "bert_cls"),
          "bert_encoder": (bert, BERT, "bert_encoder"), "bert_tokens": (bert, BERT, "bert_tokens"),
          "t5_v1.0": (t5, T5, "seq2seq"),
@@ -52,7 +58,9 @@ def test_every_converter_module_satisfies_the_protocol():
     mods = set(convert.converters().values())
     assert {m.__name__ for m in mods} == {"zoo.hf.gpt2", "zoo.hf.llama", "zoo.hf.qwen2", "zoo.hf.qwen3",
                                           "zoo.hf.mistral", "zoo.hf.bert", "zoo.hf.roberta", "zoo.hf.distilbert",
-                                          "zoo.hf.t5", "zoo.hf.bart"}
+                                          "zoo.hf.t5", "zoo.hf.bart", "zoo.hf.mixtral", "zoo.hf.qwen3_moe",
+                                          "zoo.hf.phi3", "zoo.hf.gpt_neox", "zoo.hf.gemma", "zoo.hf.gemma2",
+                                          "zoo.hf.gemma3"}
     assert {"task_for", "data_fields", "head_config", "seq2seq_framing", "run_fields"} <= set(base.MEMBERS)
     for mod in mods:
         assert base.check(mod) is mod

@@ -19,7 +19,9 @@ from zoo.nn.positions import Rope
 COUNTS = {"gpt2_small": 124_439_808, "gpt2_medium": 354_823_168, "gpt2_large": 774_030_080,
           "gpt2_xl": 1_557_611_200, "gpt_tiny": 875_264, "smollm2_135m": 134_515_008,
           "llama3_1b": 1_235_814_400, "qwen2_0_5b": 494_032_768, "qwen3_0_6b": 596_049_920,
-          "mistral_7b": 7_241_732_096}
+          "mistral_7b": 7_241_732_096, "phi3_mini": 3_821_079_552, "pythia_160m": 162_322_944,
+          "gemma2_2b": 2_614_341_888, "gemma3_1b": 999_885_952, "mixtral_8x7b": 46_702_792_704,
+          "qwen3_30b_a3b": 30_532_122_624}
 
 
 def n_params(cfg):
@@ -56,6 +58,8 @@ VARIANTS = {
                    rope_factor=32.0, rope_original_max_len=16),
     "qwen3": dict(positions="rope", norm="rmsnorm", mlp="swiglu", num_kv_heads=2, d_kv=24, qk_norm=True,
                   qkv_bias=False, out_bias=False, mlp_bias=False),
+    "neox": dict(positions="rope", rotary_fraction=0.25, mlp="gelu_exact", parallel_residual=True,
+                 tie_embeddings=False, dropout=0.0),
 }
 
 
@@ -130,7 +134,7 @@ def test_the_sliding_window_hides_older_tokens():
 @pytest.mark.parametrize("bad, fragment", [
     (dict(positions="alibi"), "model.positions='alibi' is unknown; choose one of learned, rope"),
     (dict(num_kv_heads=3), "model.num_kv_heads=3 must divide model.num_heads=4"),
-    (dict(mlp="geglu"), "model.mlp='geglu' is unknown; choose one of gelu, swiglu"),
+    (dict(mlp="reglu"), "model.mlp='reglu' is unknown; choose one of gelu, swiglu"),
     (dict(norm="batchnorm"), "model.norm='batchnorm' is unknown"),
     (dict(sliding_window=-1), "model.sliding_window=-1 must be >= 0"),
     (dict(positions="rope", d_model=60, num_heads=4), "needs an even head dimension"),

@@ -59,7 +59,7 @@ def _row_loglik(params, inputs_BT, targets_BT, weights_BT, *, model):
     w_VD = output_embedding(model.cfg, params)
 
     def one(h_TD, t_T, w_T):  # the fused loss sums over its batch; one row at a time keeps the rows apart
-        return linear_cross_entropy(h_TD[None], w_VD, t_T[None], w_T[None])[0]
+        return linear_cross_entropy(h_TD[None], w_VD, t_T[None], w_T[None], logit_cap=model.cfg.final_softcap)[0]
     return -jax.vmap(one)(h_BTD, targets_BT, weights_BT)
 
 

@@ -96,4 +96,4 @@ def exports(model_cfg) -> bool:
     c = model_cfg
     return (c.positions, c.norm, c.mlp) == ("learned", "layernorm", "gelu") and c.kv_heads == c.num_heads and \
         c.head_dim * c.num_heads == c.d_model and c.qkv_bias and c.out_bias and c.mlp_bias and c.tie_embeddings \
-        and c.sliding_window == 0 and not c.qk_norm
+        and c.sliding_window == 0 and not c.qk_norm and not c.parallel_residual and not c.gemma_parts

@@ -26,10 +26,11 @@ LM_HEAD = "lm_head.weight"
 
 
 # ---- shared with qwen2 and mistral -----------------------------------------------------------------
-def rope_fields(hf: dict, name: str) -> dict:
+def rope_fields(hf: dict, name: str, partial_ok: bool = False) -> dict:
     """GptConfig's rope fields from config.json: transformers 5's `rope_parameters` (rope_type,
     rope_theta, llama3's factors), or the older top-level `rope_theta` + `rope_scaling` (`type` or
-    `rope_type`); `rope_scaling` wins where both are given, as in transformers."""
+    `rope_type`); `rope_scaling` wins where both are given, as in transformers. `partial_ok`: the architecture
+    rotates the first partial_rotary_factor of each head (Phi-3: zoo's rotary_fraction), else refused."""
     params = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     if any(isinstance(v, dict) for v in params.values()):
         raise ConversionError(f"{name} rope parameters per layer type ({', '.join(params)}) are not supported")
@@ -37,9 +38,11 @@ def rope_fields(hf: dict, name: str) -> dict:
     if kind not in ROPE_TYPES:
         raise ConversionError(f"{name} rope type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
     partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor")) or 1.0
-    if partial != 1.0:
+    if partial != 1.0 and not partial_ok:
         raise ConversionError(f"{name} partial_rotary_factor={partial} is not supported (zoo rotates whole heads)")
     out = dict(positions="rope", rope_theta=float(params.get("rope_theta", hf.get("rope_theta", 10000.0))))
+    if partial != 1.0:
+        out["rotary_fraction"] = float(partial)
     if kind == "llama3":
         missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in params]
         if missing:
@@ -53,7 +56,7 @@ def rope_fields(hf: dict, name: str) -> dict:
     return out
 
 
-def decoder_fields(hf: dict, keys: Keys, name: str) -> dict:
+def decoder_fields(hf: dict, keys: Keys, name: str, partial_ok: bool = False) -> dict:
     """GptConfig fields every Llama-like config.json gives (all but biases and the window). The head
     is tied when `tie_word_embeddings` says so or the checkpoint has no lm_head (a bare model)."""
     act = hf.get("hidden_act", "silu")
@@ -67,13 +70,15 @@ def decoder_fields(hf: dict, keys: Keys, name: str) -> dict:
                 d_kv=0 if h * n == d else h,
                 d_ff=hf["intermediate_size"], dropout=0.0, ln_eps=hf.get("rms_norm_eps", 1e-6), norm="rmsnorm",
                 mlp="swiglu", tie_embeddings=bool(hf.get("tie_word_embeddings", False)) or LM_HEAD not in keys,
-                **rope_fields(hf, name))
+                **rope_fields(hf, name, partial_ok))
 
 
 def decoder(cfg, qk_norm: bool = False) -> bool:
     """The parts every Llama-like export needs: rotary positions, RMSNorm, SwiGLU, and q/k norms exactly
-    where the architecture has them (Qwen3)."""
-    return cfg.positions == "rope" and cfg.norm == "rmsnorm" and cfg.mlp == "swiglu" and cfg.qk_norm == qk_norm
+    where the architecture has them (Qwen3); whole heads rotated, one residual after the other."""
+    return cfg.positions == "rope" and cfg.norm == "rmsnorm" and cfg.mlp == "swiglu" and cfg.qk_norm == qk_norm \
+        and cfg.rotary_fraction == 1.0 and not cfg.parallel_residual and cfg.rope_scaling != "linear" \
+        and not cfg.gemma_parts and not cfg.num_experts  # Gemma's parts: zoo.hf.gemma; experts: zoo.hf.mixtral
 
 
 def decoder_to_hf(cfg: GptConfig, architecture: str, model_type: str) -> dict:

@@ -10,7 +10,9 @@ zoo param tree ("h_0/attn/query/kernel"), the name is the HF key with the wrappe
 Transforms take the head count N and head dim H from the model config (D width, N heads, K key/value
 heads, H head dim, F MLP width, V vocab); grouped-query key/value transforms read K off the tensor.
 A `fused` transform maps one zoo param to part j of n equal slices of one HF tensor's last axis
-(GPT-2's c_attn: query | key | value); export concatenates the parts back.
+(GPT-2's c_attn: query | key | value); export concatenates the parts back. A `Fusion` says otherwise how
+the n parts share the tensor: Phi-3's qkv_proj stacks q | k | v of unequal sizes along the output rows,
+GPT-NeoX's query_key_value interleaves them per head (N, 3, H).
 
 Rows for a stack of layers are written once and templated by layer index (`layers`); `linear`, `conv`,
 `ln`, `rms` and `attention` build the rows of the common sub-modules.
@@ -28,12 +30,38 @@ from zoo.hf.io import Keys
 
 
 @dataclasses.dataclass(frozen=True)
+class Fusion:
+    """How n zoo params share one HF tensor: `split(x, n, N, H)` -> its n parts, `join(parts, N, H)` the
+    tensor back (N heads of width H)."""
+    name: str
+    split: Callable[[np.ndarray, int, int, int], list]
+    join: Callable[[list, int, int], np.ndarray]
+
+
+# the default: n equal slices of the last axis (GPT-2's Conv1D c_attn: [D, 3D])
+LAST_AXIS = Fusion("last_axis", lambda x, n, N, H: np.split(x, n, axis=-1),
+                   lambda parts, N, H: np.concatenate(parts, axis=-1))
+# a torch Linear's output rows: n equal slices (Phi-3's gate_up_proj [2F, D]: gate | up)
+ROWS = Fusion("rows", lambda x, n, N, H: np.split(x, n, axis=0), lambda parts, N, H: np.concatenate(parts, axis=0))
+# query | key | value rows of N, K and K heads (Phi-3's qkv_proj [(N + 2K) * H, D]; K read off the tensor)
+QKV_ROWS = Fusion("qkv_rows", lambda x, n, N, H: [x[:N * H], *np.split(x[N * H:], 2, axis=0)],
+                  lambda parts, N, H: np.concatenate(parts, axis=0))
+# query, key and value interleaved per head: rows (N, 3, H) (GPT-NeoX's query_key_value, weight and bias)
+PER_HEAD_QKV = Fusion("per_head_qkv",
+                      lambda x, n, N, H: list(np.moveaxis(x.reshape(N, n, H, *x.shape[1:]), 1, 0).reshape(
+                          n, N * H, *x.shape[1:])),
+                      lambda parts, N, H: np.stack([p.reshape(N, H, *p.shape[1:]) for p in parts], axis=1).reshape(
+                          -1, *parts[0].shape[1:]))
+
+
+@dataclasses.dataclass(frozen=True)
 class Transform:
     """HF layout <-> zoo layout: `zoo(x, N, H)` on import, `hf(x, N, H)` its inverse on export."""
     name: str
     zoo: Callable[[np.ndarray, int, int], np.ndarray]
     hf: Callable[[np.ndarray, int, int], np.ndarray]
-    part: tuple[int, int] | None = None  # (j, n): this param is slice j of n of the HF tensor's last axis
+    part: tuple[int, int] | None = None  # (j, n): this param is part j of n of the HF tensor, as `fusion` splits it
+    fusion: Fusion = LAST_AXIS
 
 
 SAME = Transform("same", lambda x, N, H: x, lambda x, N, H: x)
@@ -59,9 +87,10 @@ KV_HEADS_IN = Transform("kv_heads_in", lambda x, N, H: x.T.reshape(x.shape[1], -
 KV_HEADS_BIAS = Transform("kv_heads_bias", lambda x, N, H: x.reshape(-1, H), lambda x, N, H: x.reshape(-1))
 
 
-def fused(t: Transform, j: int, n: int) -> Transform:
-    """`t` applied to slice j of n of a fused HF tensor (split along its last axis)."""
-    return dataclasses.replace(t, name=f"{t.name}[{j}/{n}]", part=(j, n))
+def fused(t: Transform, j: int, n: int, fusion: Fusion = LAST_AXIS) -> Transform:
+    """`t` applied to part j of n of a fused HF tensor (`fusion`: n equal slices of its last axis by default)."""
+    tag = "" if fusion is LAST_AXIS else f"{fusion.name}:"
+    return dataclasses.replace(t, name=f"{t.name}[{tag}{j}/{n}]", part=(j, n), fusion=fusion)
 
 
 Row = tuple[str, str, Transform]
@@ -120,7 +149,7 @@ def from_hf(keys: Keys, rows: Iterable[Row], cfg) -> dict:
         try:
             if t.part is not None:
                 j, n = t.part
-                x = np.split(x, n, axis=-1)[j]
+                x = t.fusion.split(x, n, N, H)[j]
             y = t.zoo(x, N, H)
         except ValueError:  # a reshape or split the config's sizes do not fit
             raise ConversionError(f"checkpoint key {name!r} has shape {tuple(keys[name].shape)}, which does not fit "
@@ -148,8 +177,8 @@ def to_hf(params: dict, rows: Iterable[Row], cfg, prefix: str = "", outside: tup
         if t.part is None:
             out[name] = y
         else:
-            parts.setdefault(name, {})[t.part[0]] = (y, t.part[1])
+            parts.setdefault(name, {})[t.part[0]] = (y, t.part[1], t.fusion)
     for name, got in parts.items():
-        n = next(iter(got.values()))[1]
-        out[name] = np.concatenate([got[j][0] for j in range(n)], axis=-1)
+        _, n, fusion = next(iter(got.values()))
+        out[name] = fusion.join([got[j][0] for j in range(n)], N, H)
     return out

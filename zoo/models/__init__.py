@@ -7,7 +7,9 @@ from zoo.models.base import Family, ModelConfig
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gpt", gpt.GptConfig, gpt.PRESETS, tasks={"gpt_lm": "zoo.tasks.lm:LmTask", "sft": "zoo.tasks.sft:SftTask"},
            hf={"gpt2": "zoo.hf.gpt2", "qwen2": "zoo.hf.qwen2", "qwen3": "zoo.hf.qwen3", "mistral": "zoo.hf.mistral",
-               "llama": "zoo.hf.llama"}),
+               "mixtral": "zoo.hf.mixtral", "qwen3_moe": "zoo.hf.qwen3_moe", "phi3": "zoo.hf.phi3",
+               "gpt_neox": "zoo.hf.gpt_neox", "gemma": "zoo.hf.gemma", "gemma2": "zoo.hf.gemma2",
+               "gemma3_text": "zoo.hf.gemma3", "llama": "zoo.hf.llama"}),
     Family("bert", bert.BertConfig, bert.PRESETS,
            tasks={"bert_mlm": "zoo.tasks.mlm:MlmTask", "bert_cls": "zoo.tasks.classify:ClsTask",
                   "bert_encoder": "zoo.tasks.classify:EncoderTask",

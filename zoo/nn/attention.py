@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from zoo.nn.layers import Dtype, Einsum, einsum_f32, rms_norm
+from zoo.nn.layers import Dtype, Einsum, einsum_f32, rms_norm, rms_norm_plus1, softcap as soft_cap
 from zoo.nn.positions import Rope
 
 # model.attention_impl: einsum is zoo's own softmax attention, what `auto` runs on CPU; xla and cudnn are
@@ -45,7 +45,7 @@ NEG_LARGE = -1e30  # a masked logit: finite, so a row with every key masked stay
 
 
 def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None, is_causal=False,
-                     weights=False):
+                     weights=False, softcap: float = 0.0):
     """softmax(q k^T * scale + bias, masked) v, as plain einsums: zoo's attention on CPU.
 
     Cheaper than jax.nn.dot_product_attention's XLA path on CPU: the scale goes on q ([B, T, N, H])
@@ -53,14 +53,15 @@ def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None
     and the softmax is normalised after the value product, on [B, T, N, H], not on [B, N, T, S].
     Grouped keys/values (K < N heads) are repeated to N. With `weights`, returns (out_BTNH, w_BNTS):
     the softmax rows too (float32; exactly 0 on a masked key of a row that sees any key), the output
-    computed as without.
+    computed as without. `softcap` > 0 bounds the scaled logits to cap * tanh(s / cap) before bias and
+    mask (Gemma 2's attention soft-capping).
     """
     B, T, N, H = q_BTNH.shape
     S, K = k_BSKH.shape[1], k_BSKH.shape[2]
     if K != N:
         k_BSKH, v_BSKH = (jnp.repeat(x, N // K, axis=2) for x in (k_BSKH, v_BSKH))
     scale = H ** -0.5 if scale is None else scale
-    s_BNTS = einsum_f32("BTNH,BSNH->BNTS", q_BTNH * jnp.asarray(scale, q_BTNH.dtype), k_BSKH)
+    s_BNTS = soft_cap(einsum_f32("BTNH,BSNH->BNTS", q_BTNH * jnp.asarray(scale, q_BTNH.dtype), k_BSKH), softcap)
     if bias is not None:
         s_BNTS = s_BNTS + bias.astype(jnp.float32)
     if is_causal:
@@ -227,10 +228,25 @@ def packed_layout(segment_ids_BT, max_segments: int):
 
 
 def attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None, is_causal=False, implementation=None,
-              training=True, segment_ids_BT=None):
+              training=True, segment_ids_BT=None, softcap: float = 0.0):
     """einsum_attention or jax.nn.dot_product_attention, as `select_backend` says. `training` False (decoding:
     no gradient) lets `auto` take cuDNN at odd lengths. `segment_ids_BT` (packed examples, self-attention)
-    keeps each query within its own example: cuDNN's packed layout on cuDNN, else a segment mask."""
+    keeps each query within its own example: cuDNN's packed layout on cuDNN, else a segment mask.
+    `softcap` > 0 (logit soft-capping), which neither of jax.nn.dot_product_attention's backends computes,
+    always runs einsum_attention (plain XLA ops on every platform): auto and xla say so once in the log,
+    cudnn is refused."""
+    if softcap:
+        if implementation == "cudnn":
+            raise ValueError("model.attention_impl=cudnn cannot soft-cap attention logits (model.attn_softcap); "
+                             "use auto, xla or einsum")
+        if resolve_attention(implementation) != "einsum":
+            note_fallback("attention soft-capping runs zoo's einsum attention (jax.nn.dot_product_attention "
+                          "cannot cap logits)")
+        if segment_ids_BT is not None:
+            same_B1TT = segment_mask(segment_ids_BT)
+            mask = same_B1TT if mask is None else mask & same_B1TT
+        return einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias, mask, scale=scale, is_causal=is_causal,
+                                softcap=softcap)
     backend = select_backend(implementation, q_BTNH, k_BSKH, v_BSKH, bias, mask, is_causal=is_causal,
                              training=training)
     if segment_ids_BT is not None:
@@ -323,6 +339,11 @@ class Attention(nn.Module):
     scale: float | None = None  # logits scale; None: 1/sqrt(H) (T5 folds it into the init: 1.0)
     qk_norm_eps: float | None = None  # RMSNorm of this eps (`q_norm`, `k_norm`, weight [H]) on each query and
     #   key head before rope (Qwen3); None: none
+    # Gemma: (1 + w) q/k norms (Gemma 3), logit soft-capping (Gemma 2), and local layers (called with
+    # `local`) whose rotary base differs (Gemma 3's rope_local_base_freq).
+    qk_norm_plus1: bool = False  # the q/k norms scale by (1 + w), w initialised to zeros
+    softcap: float = 0.0  # > 0: logits cap * tanh(logits / cap) (always zoo's einsum attention); 0: off
+    rope_local: Rope | None = None  # rotary positions of local (sliding-window) calls; None: `rope`
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     implementation: str | None = None  # model.attention_impl: auto (or None) | xla | cudnn | einsum
@@ -334,7 +355,10 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x_BTD, mask_B1TS=None, *, kv_BSD=None, is_causal=False, decode=False,
-                 positions_T=None, bias_BNTS=None, segment_ids_BT=None):
+                 positions_T=None, bias_BNTS=None, segment_ids_BT=None, local=None):
+        """`local` (alternating local/global layers): None, every call windowed when sliding_window > 0; a
+        Python bool, or a traced bool scalar (a scanned stack), whether this layer is windowed (and rotates
+        with `rope_local`)."""
         D = x_BTD.shape[-1]
         K = self.num_kv_heads or self.num_heads
         q_BTNH = self._proj("query", D, self.num_heads, x_BTD)
@@ -346,36 +370,48 @@ class Attention(nn.Module):
             v_BSKH = self._proj("value", src_BSD.shape[-1], K, src_BSD)
         if self.qk_norm_eps is not None:  # over H, per head and position: the same weight for every head
             kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, axis="kv")
-            q_BTNH = rms_norm(self.qk_norm_eps, name="q_norm", **kw)(q_BTNH)
-            k_BSKH = rms_norm(self.qk_norm_eps, name="k_norm", **kw)(k_BSKH)
+            qk_norm = rms_norm_plus1 if self.qk_norm_plus1 else rms_norm
+            q_BTNH = qk_norm(self.qk_norm_eps, name="q_norm", **kw)(q_BTNH)
+            k_BSKH = qk_norm(self.qk_norm_eps, name="k_norm", **kw)(k_BSKH)
         if self.rope is not None:
             positions_T = jnp.arange(x_BTD.shape[1]) if positions_T is None else positions_T
-            q_BTNH, k_BSKH = self.rope(q_BTNH, positions_T), self.rope(k_BSKH, positions_T)
+            q_BTNH, k_BSKH = self._rotate(q_BTNH, positions_T, local), self._rotate(k_BSKH, positions_T, local)
         if decode and kv_BSD is None:
             k_BSKH, v_BSKH, mask_B1TS = self._update_cache(k_BSKH, v_BSKH, positions_T, mask_B1TS)
             is_causal = False
-        if self.sliding_window:  # per-row positions (packed) restart per example: within one, index distances;
-            # decoding caches each row at its own positions (slots), so those are the distances there
+        # A window (not on a global layer, local False): per-row positions (packed) restart per example: within
+        # one, index distances; decoding caches each row at its own positions (slots), so those are the distances
+        if self.sliding_window and local is not False:
             q_xT = positions_T if positions_T is not None and (positions_T.ndim == 1 or decode) else \
                 jnp.arange(x_BTD.shape[1])
             q_x1T1 = q_xT[None, None, :, None] if q_xT.ndim == 1 else q_xT[:, None, :, None]
             window_x1TS = q_x1T1 - jnp.arange(k_BSKH.shape[1]) < self.sliding_window
+            if local is not None and local is not True:  # traced (scanned layers): global layers see every key
+                window_x1TS = window_x1TS | jnp.logical_not(local)
             mask_B1TS = window_x1TS if mask_B1TS is None else mask_B1TS & window_x1TS
         if self.is_mutable_collection("intermediates"):  # asked for the weights: decided while tracing
             if segment_ids_BT is not None:
                 same_B1TT = segment_mask(segment_ids_BT)
                 mask_B1TS = same_B1TT if mask_B1TS is None else mask_B1TS & same_B1TT
             out_BTNH, w_BNTS = einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias_BNTS, mask_B1TS, scale=self.scale,
-                                                is_causal=is_causal, weights=True)
+                                                is_causal=is_causal, weights=True, softcap=self.softcap)
             self.sow("intermediates", "attention_weights", w_BNTS)
         else:
             out_BTNH = attention(q_BTNH, k_BSKH, v_BSKH, bias=bias_BNTS, mask=mask_B1TS, scale=self.scale,
                                  is_causal=is_causal, implementation=self.implementation, training=not decode,
-                                 segment_ids_BT=segment_ids_BT)
+                                 segment_ids_BT=segment_ids_BT, softcap=self.softcap)
         return Einsum((self.num_heads, self.head_dim, D), ("heads", "kv", "embed"), "BTNH,NHD->BTD",
                       std=self.out_std,
                       bias_axes=("embed",) if (self.use_bias if self.out_bias is None else self.out_bias) else None,
                       dtype=self.dtype, param_dtype=self.param_dtype, name="out")(out_BTNH)
+
+    def _rotate(self, x_BTNH, positions_T, local):
+        """`rope`, or `rope_local` where `local` (a Python bool, or a traced scalar: both computed, one kept)."""
+        if self.rope_local is None or local is None or local is False:
+            return self.rope(x_BTNH, positions_T)
+        if local is True:
+            return self.rope_local(x_BTNH, positions_T)
+        return jnp.where(local, self.rope_local(x_BTNH, positions_T), self.rope(x_BTNH, positions_T))
 
     def _cross_cache(self, kv_BSD, K):
         """Cross-attention while decoding: the call that creates the cache projects the encoder output

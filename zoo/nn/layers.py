@@ -108,6 +108,39 @@ def rms_norm(eps: float, dtype, param_dtype, name: str, axis: str = "embed") -> 
     return nn.RMSNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name, scale_init=ones((axis,)))
 
 
+class RmsNormPlus1(nn.Module):
+    """RMSNorm scaled by (1 + w), w initialised to zeros (Gemma): normalised and scaled in float32, then cast
+    to `dtype`, as transformers' GemmaRMSNorm. Its weight is `scale`, as nn.RMSNorm's."""
+
+    epsilon: float = 1e-6
+    axis: str = "embed"  # the logical name of the normalised (last) axis
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        w = self.param("scale", zeros((self.axis,)), (x.shape[-1],), self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), -1, keepdims=True) + self.epsilon)
+        return (y * (1.0 + w.astype(jnp.float32))).astype(self.dtype)
+
+
+def rms_norm_plus1(eps: float, dtype, param_dtype, name: str, axis: str = "embed") -> RmsNormPlus1:
+    """`rms_norm`'s (1 + w) variant (Gemma 1, 2, 3), same signature."""
+    return RmsNormPlus1(epsilon=eps, axis=axis, dtype=dtype, param_dtype=param_dtype, name=name)
+
+
+def make_norm(kind: str) -> Callable:
+    """The norm factory (eps, dtype, param_dtype, name) of a config's `norm`: layernorm | rmsnorm |
+    rmsnorm_plus1."""
+    return {"rmsnorm": rms_norm, "rmsnorm_plus1": rms_norm_plus1}.get(kind, layer_norm)
+
+
+def softcap(x, cap: float):
+    """cap * tanh(x / cap): logits bounded to (-cap, cap) (Gemma 2's attention and output); cap 0: x."""
+    return cap * jnp.tanh(x / cap) if cap else x
+
+
 class Mlp(nn.Module):
     """Two-layer feed-forward: D -> F (activation) -> D."""
 

@@ -31,7 +31,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from zoo.nn.layers import einsum_f32
+from zoo.nn.layers import einsum_f32, softcap
 
 # Chunk the length axis so that one chunk's float32 logits stay at or below a budget: CHUNK_BYTES on CPU
 # (small chunks stay in cache and the scan costs nothing there); on GPU/TPU a few large chunks, since
@@ -79,12 +79,16 @@ def num_chunks(B: int, T: int, V: int, chunk_bytes: int | None = None) -> int:
     return T
 
 
-def _chunk_stats(h_BCD, w_VD, bias_V, t_BC, smoothing: float, with_grad: bool, vocab: int | None = None):
+def _chunk_stats(h_BCD, w_VD, bias_V, t_BC, smoothing: float, with_grad: bool, vocab: int | None = None,
+                 cap: float = 0.0):
     """Loss and correct per row of one chunk, and (with_grad) d loss / d logits weighted later. Columns
-    from `vocab` on (padding) are masked out: -inf logits, zero gradient."""
+    from `vocab` on (padding) are masked out: -inf logits, zero gradient. `cap` > 0 soft-caps the logits
+    (cap * tanh(z / cap), Gemma 2), the gradient taken through it."""
     logits_BCV = einsum_f32("BCD,VD->BCV", h_BCD, w_VD.astype(h_BCD.dtype))
     if bias_V is not None:
         logits_BCV = logits_BCV + bias_V.astype(jnp.float32)
+    if cap:
+        logits_BCV = softcap(logits_BCV, cap)
     V = logits_BCV.shape[-1] if vocab is None else vocab
     real_V = None
     if V < logits_BCV.shape[-1]:
@@ -106,6 +110,8 @@ def _chunk_stats(h_BCD, w_VD, bias_V, t_BC, smoothing: float, with_grad: bool, v
     dz_BCV = e_BCV / sum_BC[..., None] - jnp.where(onehot_BCV, 1.0 - smoothing, 0.0)
     if smoothing:
         dz_BCV = dz_BCV - (smoothing / V if real_V is None else jnp.where(real_V, smoothing / V, 0.0))
+    if cap:  # d(cap tanh(z / cap)) / dz = 1 - tanh^2 = 1 - (capped / cap)^2 (0 on the -inf padding's 0 gradient)
+        dz_BCV = dz_BCV * (1.0 - jnp.square(jnp.where(jnp.isfinite(logits_BCV), logits_BCV, 0.0) / cap))
     return loss_BC, correct_BC, dz_BCV
 
 
@@ -120,10 +126,10 @@ def _merge(x):
     return x.reshape(x.shape[0], -1, *x.shape[3:])
 
 
-def _run(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, with_grad, vocab=None):
+def _run(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, with_grad, vocab=None, cap=0.0):
     """(loss_sum, correct_sum), and with_grad: (dh_BTD, dw_VD, dbias_V) of loss_sum."""
     def chunk(h_BCD, t_BC, wt_BC):
-        loss_BC, correct_BC, dz_BCV = _chunk_stats(h_BCD, w_VD, bias_V, t_BC, smoothing, with_grad, vocab)
+        loss_BC, correct_BC, dz_BCV = _chunk_stats(h_BCD, w_VD, bias_V, t_BC, smoothing, with_grad, vocab, cap)
         sums = (jnp.sum(loss_BC * wt_BC), jnp.sum(correct_BC * wt_BC))
         if not with_grad:
             return sums, None
@@ -158,18 +164,18 @@ def _run(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, with_grad, v
     return sums, (_merge(dh_nBCD), acc[0], acc[1])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _fused(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, vocab):
-    return _run(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, False, vocab)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _fused(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, vocab, cap):
+    return _run(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, False, vocab, cap)[0]
 
 
-def _fused_fwd(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, vocab):
-    sums, (dh_BTD, dw_VD, db_V) = _run(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, True, vocab)
+def _fused_fwd(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, vocab, cap):
+    sums, (dh_BTD, dw_VD, db_V) = _run(h_BTD, w_VD, bias_V, targets_BT, weights_BT, smoothing, n, True, vocab, cap)
     grads = (dh_BTD, dw_VD.astype(w_VD.dtype), None if db_V is None else db_V.astype(bias_V.dtype))
     return sums, (grads, targets_BT, weights_BT)
 
 
-def _fused_bwd(smoothing, n, vocab, res, g):
+def _fused_bwd(smoothing, n, vocab, cap, res, g):
     grads, targets_BT, weights_BT = res
     g_loss = g[0]  # the correct-count output is not differentiable
     dh_BTD, dw_VD, db_V = (None if x is None else x * g_loss.astype(x.dtype) for x in grads)
@@ -180,9 +186,10 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
 def linear_cross_entropy(h_BTD, w_VD, targets_BT, weights_BT, *, bias_V=None, label_smoothing: float = 0.0,
-                         chunks: int | None = None, vocab_multiple: int | None = None):
+                         chunks: int | None = None, vocab_multiple: int | None = None, logit_cap: float = 0.0):
     """(sum of weighted token cross-entropies, sum of weighted correct predictions) of logits
-    h_BTD @ w_VD.T (+ bias_V), float32. `chunks` (a divisor of T) defaults to num_chunks(B, T, V);
+    h_BTD @ w_VD.T (+ bias_V), float32, soft-capped to logit_cap * tanh(logits / logit_cap) when logit_cap > 0
+    (Gemma 2's final_logit_softcapping). `chunks` (a divisor of T) defaults to num_chunks(B, T, V);
     `vocab_multiple` (default: `vocab_pad_multiple()` of the backend) pads the matmuls' vocab axis."""
     B, T, _ = h_BTD.shape
     V = w_VD.shape[0]
@@ -194,7 +201,8 @@ def linear_cross_entropy(h_BTD, w_VD, targets_BT, weights_BT, *, bias_V=None, la
     if pad:  # the gradients of the padded rows are sliced off by jnp.pad's own transpose
         w_VD = jnp.pad(w_VD, ((0, pad), (0, 0)))
         bias_V = None if bias_V is None else jnp.pad(bias_V, (0, pad))
-    return _fused(h_BTD, w_VD, bias_V, targets_BT, weights_BT.astype(jnp.float32), float(label_smoothing), n, V)
+    return _fused(h_BTD, w_VD, bias_V, targets_BT, weights_BT.astype(jnp.float32), float(label_smoothing), n, V,
+                  float(logit_cap))
 
 
 VOCAB_MULTIPLE = 128  # on accelerators; a CPU runs the vocab as it is (its matmuls need no alignment)

@@ -66,11 +66,12 @@ class Rope:
     """Rotary position embedding (Su et al.), as Llama applies it: each head's vector is split in two
     halves that rotate as (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) by angle position * inv_freq.
     `scaling` "llama3" stretches the low frequencies as Llama 3.1 does (factor, low/high frequency
-    factors, the original context length); "none" keeps them."""
+    factors, the original context length); "none" keeps them. `head_dim` is the width rotated: a head wider
+    than it (partial rotary, GPT-NeoX's rotary_pct) rotates its first `head_dim` dims and passes the rest."""
 
     head_dim: int
     theta: float = 10000.0
-    scaling: str = "none"  # none | llama3
+    scaling: str = "none"  # none | llama3 | linear (every frequency divided by factor: Gemma 3's global layers)
     factor: float = 8.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -79,6 +80,8 @@ class Rope:
     def inv_freq(self) -> np.ndarray:
         """[H/2] float32 angular frequencies, computed in float64 on the host as transformers does in float32."""
         inv = 1.0 / (self.theta ** (np.arange(0, self.head_dim, 2, dtype=np.int64).astype(np.float32) / self.head_dim))
+        if self.scaling == "linear":
+            inv = inv / self.factor
         if self.scaling == "llama3":
             low_wavelen = self.original_max_len / self.low_freq_factor
             high_wavelen = self.original_max_len / self.high_freq_factor
@@ -93,6 +96,9 @@ class Rope:
     def __call__(self, x_BTNH, positions):
         """x rotated by its positions: `positions_T` shared by every row, or `positions_BT` per row (packed
         examples, whose positions restart at each example); the angles in float32, the result in x's dtype."""
+        if x_BTNH.shape[-1] > self.head_dim:  # partial rotary: the dims past the rotated ones pass unchanged
+            x_rot, x_pass = jnp.split(x_BTNH, [self.head_dim], axis=-1)
+            return jnp.concatenate([self(x_rot, positions), x_pass], axis=-1)
         positions_BT = positions if positions.ndim == 2 else positions[None]
         angle_BTH2 = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(self.inv_freq())
         cos_BT1H, sin_BT1H = (jnp.concatenate([f(angle_BTH2)] * 2, -1)[:, :, None] for f in (jnp.cos, jnp.sin))

@@ -10,6 +10,7 @@ import math
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 # model.remat_policy -> the jax.checkpoint policy: what the backward pass keeps instead of recomputing.
 # full: nothing (recompute the whole block); dots: every matmul output; dots_no_batch: the matmul outputs
@@ -19,26 +20,39 @@ REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_saveable,
 
 
 def stack_blocks(block_cls, num_layers: int, *, scan: bool, remat: bool, name: str, remat_policy: str = "full",
-                 **block_kw):
+                 per_layer: dict | None = None, **block_kw):
     """L blocks as a Python loop (params h_0..h_{L-1}) or as one nn.scan (params h[L, ...]).
 
-    Returns a callable (x, *args) -> x. Positional args after x are broadcast to every layer.
+    Returns a callable (x, *args) -> x. Positional args after x are broadcast to every layer. `per_layer`
+    ({attribute: L values}, e.g. Gemma's local/global layers) sets block attributes that differ by layer:
+    looped, block i gets value i as a (static) attribute; scanned, the block is called with one more
+    positional arg, the dict of this layer's values (traced scalars), which it reads in their place.
     """
     cls = block_cls
     if remat:
         # deterministic and decode (args 3, 4 counting self) are Python bools: static.
         cls = nn.remat(cls, static_argnums=(3, 4), prevent_cse=not scan, policy=REMAT_POLICIES[remat_policy])
     if scan:
-        # "intermediates": what a block sows (attention weights, when asked) comes back stacked [L, ...].
-        stack = nn.scan(cls, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
-                        split_rngs={"params": True, "dropout": True},
-                        in_axes=nn.broadcast, length=num_layers,
-                        metadata_params={nn.PARTITION_NAME: "layers"})(scanned=True, name=name, **block_kw)
+        def scanned(in_axes):
+            # "intermediates": what a block sows (attention weights, when asked) comes back stacked [L, ...];
+            # "moe" likewise (zoo.nn.moe: the router's statistics for the load-balancing loss).
+            return nn.scan(cls, variable_axes={"params": 0, "cache": 0, "intermediates": 0, "moe": 0},
+                           split_rngs={"params": True, "dropout": True},
+                           in_axes=in_axes, length=num_layers,
+                           metadata_params={nn.PARTITION_NAME: "layers"})(scanned=True, name=name, **block_kw)
+        if per_layer:
+            def run_per_layer(x, *args):  # built at the call, when the number of broadcast args is known
+                values = {k: jnp.asarray(v) for k, v in per_layer.items()}
+                return scanned((nn.broadcast,) * len(args) + (0,))(x, *args, values)[0]
+            return run_per_layer
+        stack = scanned(nn.broadcast)
 
         def run_scanned(x, *args):
             return stack(x, *args)[0]
         return run_scanned
-    blocks = [cls(name=f"{name}_{i}", **block_kw) for i in range(num_layers)]
+    per_layer = per_layer or {}
+    blocks = [cls(name=f"{name}_{i}", **block_kw, **{k: v[i] for k, v in per_layer.items()})
+              for i in range(num_layers)]
 
     def run(x, *args):
         for b in blocks:

@@ -11,7 +11,7 @@ from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ZooDataError
 from zoo.infer.sample import generate
 from zoo.models.gpt import Gpt, output_embedding
-from zoo.nn import losses
+from zoo.nn import losses, moe
 from zoo.tasks.base import BaseTask, Data, attention_flops, count
 
 
@@ -35,17 +35,37 @@ class LmTask(BaseTask):
         return self.model.init(rng, jnp.zeros((1, self.cfg.data.seq_len), jnp.int32))["params"]
 
     def loss(self, params, batch, rng, train):
-        h_BTD = self.model.apply({"params": params}, batch["inputs"], deterministic=not train, hidden=True,
-                                 rngs={"dropout": rng})
+        h_BTD, balance = self.hidden(params, batch["inputs"], train, rng)
         loss_sum, correct = losses.linear_cross_entropy(
             h_BTD, output_embedding(self.cfg.model, params), batch["targets"], batch["weights"],
-            label_smoothing=self.cfg.train.label_smoothing if train else 0.0)
+            label_smoothing=self.cfg.train.label_smoothing if train else 0.0, logit_cap=self.cfg.model.final_softcap)
         weight = jnp.sum(batch["weights"])
-        return loss_sum, {"weight": weight, "correct": correct, "tokens": weight}
+        return self.add_balance(loss_sum, {"weight": weight, "correct": correct, "tokens": weight}, balance, train)
+
+    def hidden(self, params, ids_BT, train, rng, **kw):
+        """(final hidden states, the MoE load-balancing loss: None for a dense model) of the model on ids_BT."""
+        kw = dict(deterministic=not train, hidden=True, rngs={"dropout": rng}, **kw)
+        if not self.cfg.model.num_experts:
+            return self.model.apply({"params": params}, ids_BT, **kw), None
+        h_BTD, sown = self.model.apply({"params": params}, ids_BT, mutable=[moe.COLLECTION], **kw)
+        return h_BTD, moe.load_balancing_loss(sown, ids_BT.size)
+
+    def add_balance(self, loss_sum, aux: dict, balance, train: bool):
+        """A MoE model's load-balancing loss, as a sum like the loss (times the token weight, which the host
+        divides by): `moe_aux_sum` in the metrics, and router_aux_loss_coef times it in the training loss (as
+        transformers' MixtralForCausalLM adds it; evaluation reports the language-model loss alone)."""
+        if balance is None:
+            return loss_sum, aux
+        scaled = balance * aux["weight"]
+        if train:
+            loss_sum = loss_sum + self.cfg.model.router_aux_loss_coef * scaled
+        return loss_sum, {**aux, "moe_aux_sum": scaled}
 
     def flops_per_token(self, seq_len):
         m = self.cfg.model
         n = count(jax.eval_shape(self.init, jax.random.PRNGKey(0)), exclude=self.EXCLUDE)
+        if m.num_experts:  # active params: a token runs R of the E experts (3 D x F kernels each) in every layer
+            n -= m.num_layers * 3 * m.d_model * m.d_ff * (m.num_experts - m.experts_per_token)
         return 6 * n + attention_flops(m.num_layers, m.num_heads, m.head_dim, seq_len)
 
     @classmethod

@@ -1,8 +1,10 @@
 """Device mesh from config, and the one table mapping logical axis names to mesh axes.
 
-Data parallel by default (`data=-1` fills the devices): the batch is split over `data` and `fsdp`,
-params are split over `fsdp` (along `embed`) and `tensor` (heads, MLP width, vocabulary). A dim that
-a mesh axis does not divide is left unsplit on that axis rather than failing.
+Data parallel by default (`data=-1` fills the devices): the batch is split over `data`, `fsdp` and
+`expert`, params are split over `fsdp` (along `embed`) and `tensor` (heads, MLP width, vocabulary), and a
+mixture of experts' kernels over `expert` (along the expert axis, zoo.nn.moe; other params are
+replicated over it, as over `data`). A dim that a mesh axis does not divide is left unsplit on that axis
+rather than failing.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from zoo.config import MeshConfig
 from zoo.errors import ConfigError
 
-AXES = ("data", "fsdp", "tensor")
+AXES = ("data", "fsdp", "tensor", "expert")
+DATA_AXES = ("data", "fsdp", "expert")  # the axes the batch is split over
 RULES = (
-    ("batch", ("data", "fsdp")),
+    ("batch", DATA_AXES),
+    ("expert", "expert"),
     ("embed", "fsdp"),
     ("mlp", "tensor"),
     ("heads", "tensor"),
@@ -30,16 +34,16 @@ RULES = (
 )
 
 
-def mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[int, int, int]:
-    sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+def mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[int, int, int, int]:
+    sizes = [cfg.data, cfg.fsdp, cfg.tensor, cfg.expert]
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if num_devices % known:
             raise ConfigError(f"mesh: {num_devices} devices cannot be split with fixed axes of size {known} "
-                              f"(mesh.data/fsdp/tensor={tuple(sizes)})")
+                              f"(mesh.data/fsdp/tensor/expert={tuple(sizes)})")
         sizes[sizes.index(-1)] = num_devices // known
     if math.prod(sizes) != num_devices:
-        raise ConfigError(f"mesh: data*fsdp*tensor = {'*'.join(map(str, sizes))} = {math.prod(sizes)} "
+        raise ConfigError(f"mesh: data*fsdp*tensor*expert = {'*'.join(map(str, sizes))} = {math.prod(sizes)} "
                           f"but {num_devices} devices are available")
     return tuple(sizes)
 
@@ -51,11 +55,11 @@ def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
 
 
 def data_parallel_size(mesh: Mesh) -> int:
-    return mesh.shape["data"] * mesh.shape["fsdp"]
+    return math.prod(mesh.shape[a] for a in DATA_AXES)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P(("data", "fsdp")))
+    return NamedSharding(mesh, P(DATA_AXES))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -83,7 +83,8 @@ def setup(cfg: Config, devices=None) -> Setup:
     micro = cfg.train.batch_size // cfg.train.grad_accum
     if micro % dp:
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} (per microbatch {micro}) is not divisible "
-                          f"by the data-parallel size mesh.data*mesh.fsdp={dp}")
+                          f"by the data-parallel size mesh.data*mesh.fsdp{'*mesh.expert' * (mesh.shape['expert'] > 1)}"
+                          f"={dp}")
     rng = jax.random.PRNGKey(cfg.train.seed)
     abstract_params = jax.eval_shape(task.init, rng)
     trainable = checkpoint.trainable_of(cfg, abstract_params, getattr(task, "seen", ()))
@@ -460,6 +461,8 @@ def _summarise(host, step, t0, t0_step, flops_per_token, peak) -> dict:
               "param_norm": float(ms[-1]["param_norm"])}
     elapsed = time.perf_counter() - t0
     timed = [m for s_, m in host if s_ > t0_step]
+    if "moe_aux_sum" in ms[-1]:  # a mixture of experts: its load-balancing loss (R when balanced; zoo.nn.moe)
+        record["moe_aux_loss"] = sum(float(m["moe_aux_sum"]) for m in ms) / max(weight, 1e-9)
     if "real_tokens" in ms[-1]:  # packed rows (sft): the share of positions that hold an example's token
         record["real_token_frac"] = sum(float(m["real_tokens"]) for m in ms) / max(sum(float(m["tokens"]) for m in ms), 1.0)
     if timed and elapsed > 0:

@@ -1,0 +1,249 @@
+"""Gemma 1, 2 and 3 (text), from and to Hugging Face: small random transformers models (width 42, 3 heads
+of width 20, a 4-token window over a 12-token prompt so local and global layers differ, soft-caps that
+bite: attention 5, output 3) convert to zoo runs whose logits and KV-cached greedy continuations equal
+transformers'; `to-hf` loads back as the same architecture and converts back to identical params; what zoo
+cannot hold is refused in one line; a tiny Gemma trains (its loss falls) through the soft-capped fused
+loss, whose gradient equals the plain logits' one; scanned layers (local flags traced) equal looped ones.
+"""
+
+import dataclasses
+import json
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+from tests.helpers import hf_runs, tiny_configs  # noqa: E402
+from tests.helpers.runs import losses, run  # noqa: E402
+from zoo import hf  # noqa: E402
+from zoo.errors import ConfigError, ConversionError  # noqa: E402
+from zoo.hf.convert import export_converter  # noqa: E402
+from zoo.infer.sample import generate  # noqa: E402
+from zoo.models.gpt import PRESETS, Gpt, GptConfig  # noqa: E402
+from zoo.nn import losses as zoo_losses  # noqa: E402
+from zoo.train import checkpoint  # noqa: E402
+
+V = 300
+# N * H = 60 != D = 42; initializer_range 0.2: attention far from uniform, logits past the caps.
+SMALL = dict(vocab_size=V, hidden_size=42, intermediate_size=56, num_hidden_layers=3, num_attention_heads=3,
+             num_key_value_heads=1, head_dim=20, max_position_embeddings=64, rms_norm_eps=1e-6, bos_token_id=0,
+             eos_token_id=1, pad_token_id=0, initializer_range=0.2, attn_implementation="eager")
+LOCAL = dict(sliding_window=4, query_pre_attn_scalar=18, attn_logit_softcapping=5.0, final_logit_softcapping=3.0)
+# name -> (transformers class prefix, config fields beside SMALL, the zoo fields they convert to)
+MODELS = {
+    "gemma": ("Gemma", dict(hidden_act="gelu_pytorch_tanh"),
+              dict(norm="rmsnorm_plus1", mlp="geglu", embed_scale=True, post_norms=False, qk_norm=False,
+                   global_every=0, final_softcap=0.0)),
+    "gemma2": ("Gemma2", dict(**LOCAL, layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+               dict(post_norms=True, qk_norm=False, sliding_window=4, global_every=2, attn_softcap=5.0,
+                    final_softcap=3.0, query_pre_attn_scalar=18)),
+    # local layers rotate with base 100, the global one with base 10000 scaled linearly by 4
+    "gemma3": ("Gemma3", dict(**LOCAL, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                               "full_attention": {"rope_type": "linear", "rope_theta": 1e4,
+                                                                  "factor": 4.0}}),
+               # transformers' Gemma3Attention ignores attn_logit_softcapping: so does the import
+               dict(post_norms=True, qk_norm=True, global_every=3, rope_theta=1e4, rope_local_theta=100.0,
+                    rope_scaling="linear", rope_factor=4.0, attn_softcap=0.0, final_softcap=3.0)),
+}
+IDS = np.random.default_rng(0).integers(0, V, (2, 12))
+one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
+
+
+def hf_model(name):
+    prefix, fields, _ = MODELS[name]
+    config_cls = transformers.Gemma3TextConfig if prefix == "Gemma3" else getattr(transformers, f"{prefix}Config")
+    torch.manual_seed(0)
+    return getattr(transformers, f"{prefix}ForCausalLM")(config_cls(**SMALL, **fields)).eval()
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """name -> (checkpoint directory, its transformers model); the (1 + w) norm weights perturbed off 0."""
+    out = {}
+    for name in MODELS:
+        model = hf_model(name)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "norm" in n:  # zeros at init: a norm scaled by w instead of 1 + w would not show
+                    p.add_(0.3 * torch.randn_like(p))
+        d = tmp_path_factory.mktemp(name)
+        model.save_pretrained(d)
+        out[name] = (str(d), model)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(hf_dirs, tmp_path_factory):
+    return hf_runs.convert_all(hf_dirs, tmp_path_factory)
+
+
+def hf_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor(np.asarray(ids))).logits.numpy()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_logits_and_kv_cached_greedy_decoding_equal_transformers(hf_dirs, runs, name):
+    run_dir, report = runs[name]
+    assert report["unused"] == []
+    zmodel, params, _, cfg = checkpoint.load_run(run_dir)
+    assert {k: getattr(cfg.model, k) for k in MODELS[name][2]} == MODELS[name][2]
+    ours = np.asarray(zmodel.apply({"params": params}, jnp.asarray(IDS)))
+    theirs = hf_logits(hf_dirs[name][1], IDS)
+    diff = np.abs(ours - theirs).max()
+    print(f"{name}: max abs logit diff {diff:.2e}, max |logit| {np.abs(theirs).max():.2f}")
+    assert diff <= 1e-4
+    if cfg.model.final_softcap:  # the cap bites: some logits lie close to it
+        assert 0.9 * 3.0 < np.abs(theirs).max() < 3.0
+    prompt = [5, 17, 42, 8, 99, 3]  # 6 + 8 tokens: past the window of 4
+    with torch.no_grad():
+        want = hf_dirs[name][1].generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                                         pad_token_id=1, eos_token_id=None)[0, len(prompt):].tolist()
+    assert generate(zmodel, params, prompt, 8, temperature=0.0)[0] == want
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_export_loads_as_the_same_architecture_and_converts_back_identically(hf_dirs, runs, name, tmp_path):
+    run_dir, report = runs[name]
+    hf.to_hf(run_dir, str(tmp_path / "out"), verbose=False)
+    hf_cfg = json.load(open(tmp_path / "out" / "config.json"))
+    assert hf_cfg["architectures"] == [f"{MODELS[name][0]}ForCausalLM"]
+    exported = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    assert type(exported) is type(hf_dirs[name][1])
+    np.testing.assert_allclose(hf_logits(exported, IDS), hf_logits(hf_dirs[name][1], IDS), atol=1e-5)
+    again = hf.from_hf(str(tmp_path / "out"), str(tmp_path / "again"), verbose=False)
+    assert again["unused"] == [] and again["config"].model == report["config"].model
+    assert jax.tree.structure(again["params"]) == jax.tree.structure(report["params"])
+    for x, y in zip(jax.tree.leaves(again["params"]), jax.tree.leaves(report["params"])):
+        np.testing.assert_array_equal(x, y)
+
+
+def gemma_model(**switches) -> GptConfig:
+    """A tiny Gemma 2 (Gemma 3 with qk_norm): 3 layers, width 42, 3 heads of 20, window 4, both caps."""
+    return GptConfig(**{**dict(vocab_size=264, max_len=64, num_layers=3, d_model=42, num_heads=3, num_kv_heads=1,
+                               d_kv=20, d_ff=56, dropout=0.0, positions="rope", norm="rmsnorm_plus1", mlp="geglu",
+                               qkv_bias=False, out_bias=False, mlp_bias=False, embed_scale=True, post_norms=True,
+                               query_pre_attn_scalar=18, attn_softcap=5.0, final_softcap=3.0, sliding_window=4,
+                               global_every=2), **switches})
+
+
+@pytest.mark.parametrize("switches,arch", [
+    ({}, "Gemma2ForCausalLM"),
+    (dict(qk_norm=True, global_every=6, rope_local_theta=1e4, attn_softcap=0.0), "Gemma3ForCausalLM"),
+    (dict(post_norms=False, attn_softcap=0.0, final_softcap=0.0, sliding_window=0, global_every=0,
+          query_pre_attn_scalar=0), "GemmaForCausalLM"),
+    (dict(norm="rmsnorm", mlp="swiglu", embed_scale=False, post_norms=False, attn_softcap=0.0, final_softcap=0.0,
+          global_every=0, query_pre_attn_scalar=0), "MistralForCausalLM")])
+def test_export_picks_the_gemma_version_by_its_switches(switches, arch):
+    assert export_converter(gemma_model(**switches)).ARCHITECTURES[0] == arch
+
+
+@pytest.mark.parametrize("switches", [dict(rope_local_theta=100.0), dict(mlp_bias=True), dict(post_norms=False),
+                                      dict(norm="rmsnorm", mlp="swiglu"), dict(embed_scale=False),
+                                      dict(qk_norm=True), dict(rope_scaling="linear")])
+def test_gemma_switches_no_architecture_holds_are_refused_in_one_line(switches):
+    with pytest.raises(ConversionError, match=r"this gpt model has no Hugging Face equivalent; .* or as Gemma 2: "
+                                              r"positions=rope, norm=rmsnorm_plus1, mlp=geglu, embed_scale") as e:
+        export_converter(gemma_model(**switches))
+    assert "\n" not in str(e.value)
+
+
+def edited(src, dst, **fields) -> str:
+    """A copy of checkpoint directory `src` whose config.json has `fields` set."""
+    os.makedirs(dst)
+    os.symlink(os.path.join(src, "model.safetensors"), os.path.join(dst, "model.safetensors"))
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump({**json.load(open(os.path.join(src, "config.json"))), **fields}, f)
+    return str(dst)
+
+
+@pytest.mark.parametrize("name,fields,message", [
+    ("gemma2", dict(layer_types=["full_attention", "sliding_attention", "sliding_attention"]),
+     r"^Gemma2 layer_types .* is not supported; supported: every Nth layer full_attention, the others "
+     r"sliding_attention$"),
+    ("gemma3", dict(rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+     r"^Gemma3 full_attention rope type 'yarn' is not supported; supported: default, linear$"),
+    ("gemma2", dict(hidden_activation="gelu"), r"^Gemma2 hidden_activation='gelu' is not supported; supported: "
+                                               r"gelu_pytorch_tanh"),
+    ("gemma3", dict(use_bidirectional_attention=True), r"^Gemma3 use_bidirectional_attention=true is not supported"),
+    ("gemma3", dict(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"]),
+     r"^unsupported architecture Gemma3ForConditionalGeneration \(model_type='gemma3'\); supported: .*"
+     r"Gemma3ForCausalLM")])
+def test_what_zoo_cannot_hold_is_refused_in_one_line(hf_dirs, tmp_path, name, fields, message):
+    with pytest.raises(ConversionError, match=message) as e:
+        hf.from_hf(edited(hf_dirs[name][0], tmp_path / "bad", **fields), str(tmp_path / "run"), verbose=False)
+    assert "\n" not in str(e.value)
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_scanned_layers_equal_looped_ones_with_local_and_global_layers():
+    cfg = gemma_model(qk_norm=True, rope_local_theta=100.0, num_layers=3)
+    ids = jnp.asarray(IDS % 264)
+    looped = nn.unbox(Gpt(cfg).init(jax.random.PRNGKey(0), ids)["params"])
+    looped = jax.tree.map(lambda x: x + 0.2 * jax.random.normal(jax.random.PRNGKey(1), x.shape), looped)
+    scanned = {k: v for k, v in looped.items() if not k.startswith("h_")}
+    scanned["h"] = jax.tree.map(lambda *xs: jnp.stack(xs), *[looped[f"h_{i}"] for i in range(3)])
+    want = Gpt(cfg).apply({"params": looped}, ids)
+    got = Gpt(dataclasses.replace(cfg, scan_layers=True, remat=True)).apply({"params": scanned}, ids)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    flat = Gpt(dataclasses.replace(cfg, global_every=0, sliding_window=0)).apply({"params": looped}, ids)
+    assert np.abs(np.asarray(flat) - np.asarray(want)).max() > 1e-2  # the window and local base matter here
+
+
+def test_soft_capped_fused_loss_and_gradient_equal_the_plain_logits_ones():
+    rng = np.random.default_rng(0)
+    h, w = jnp.asarray(rng.normal(size=(2, 6, 8)), jnp.float32), jnp.asarray(rng.normal(size=(37, 8)), jnp.float32)
+    t, wt = jnp.asarray(rng.integers(0, 37, (2, 6))), jnp.asarray(rng.uniform(size=(2, 6)), jnp.float32)
+
+    def plain(h, w):
+        z = 3.0 * jnp.tanh(jnp.einsum("btd,vd->btv", h, w) / 3.0)
+        return -jnp.sum(wt * jnp.take_along_axis(jax.nn.log_softmax(z), t[..., None], -1)[..., 0])
+
+    def fused(h, w):
+        return zoo_losses.linear_cross_entropy(h, w, t, wt, chunks=2, vocab_multiple=16, logit_cap=3.0)[0]
+    for a, b in zip(jax.value_and_grad(fused, (0, 1))(h, w), jax.value_and_grad(plain, (0, 1))(h, w)):
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tiny_gemma_trains_and_its_loss_falls(cache_dir, tmp_path):
+    cfg = tiny_configs.gpt_lm(cache_dir)
+    cfg = dataclasses.replace(cfg, model=gemma_model(vocab_size=384, qk_norm=True, rope_local_theta=100.0),
+                              optim=dataclasses.replace(cfg.optim, lr=3e-3, warmup=0),
+                              train=dataclasses.replace(cfg.train, steps=8, save_every=8))
+    run(cfg, tmp_path / "run")
+    got = losses(tmp_path / "run")
+    assert all(np.isfinite(v) for v in got.values())
+    assert got[max(got)] < got[min(got)] - 0.3, got
+
+
+def test_gemma_fields_are_checked_where_they_are_set():
+    with pytest.raises(ConfigError, match=r"model.global_every=2 needs model.sliding_window > 0"):
+        gemma_model(sliding_window=0)
+    with pytest.raises(ConfigError, match=r"model.attn_softcap=5.0 cannot run on model.attention_impl=cudnn"):
+        gemma_model(attention_impl="cudnn")
+    with pytest.raises(ConfigError, match=r"model.norm='rmsnorm_1' is unknown; choose one of .*rmsnorm_plus1"):
+        gemma_model(norm="rmsnorm_1")
+    assert gemma_model().layer_local == (True, False, True)
+    assert gemma_model(global_every=6, num_layers=7).layer_local == (True,) * 5 + (False, True)
+
+
+# Published counts (Hugging Face's models, the tied head counted once), checked against transformers' own
+# count of the config.json values on the meta device.
+COUNTS = {"gemma2_2b": (2_614_341_888, "Gemma2ForCausalLM"), "gemma3_1b": (999_885_952, "Gemma3ForCausalLM")}
+
+
+@pytest.mark.parametrize("name", sorted(COUNTS))
+def test_presets_have_the_published_parameter_counts_and_export_as_their_architecture(name):
+    cfg = PRESETS[name]
+    shapes = jax.eval_shape(lambda: Gpt(cfg).init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))
+    assert sum(x.size for x in jax.tree.leaves(shapes["params"])) == COUNTS[name][0]
+    assert export_converter(cfg).ARCHITECTURES[0] == COUNTS[name][1]

@@ -1,0 +1,226 @@
+"""GPT-NeoX / Pythia from and to Hugging Face: small random transformers models (rope on a quarter or half of
+each head, parallel residual on and off, exact and tanh GELU, attention biases on and off, tied and untied
+heads) convert to zoo runs whose logits and KV-cached greedy continuations equal transformers'; `to-hf`
+loads back as GPTNeoXForCausalLM and converts back to identical params; the per-head fused query_key_value,
+the partial rotary and the parallel residual each move the logits when done otherwise; Pythia-160M's
+config.json converts to the pythia_160m preset, whose parameter count is transformers'; variants zoo cannot
+hold are refused in one line; such a GPT trains.
+"""
+
+import dataclasses
+import json
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+from tests.helpers import hf_runs, tiny_configs  # noqa: E402
+from tests.helpers.runs import losses, run  # noqa: E402
+from zoo import hf  # noqa: E402
+from zoo.errors import ConversionError  # noqa: E402
+from zoo.hf import gpt_neox, io, table  # noqa: E402
+from zoo.hf.convert import export_converter  # noqa: E402
+from zoo.infer.sample import generate  # noqa: E402
+from zoo.models.gpt import PYTHIA_160M, Gpt, GptConfig  # noqa: E402
+from zoo.train import checkpoint  # noqa: E402
+
+V = 300
+# 3 heads of width 16 (rope on 4 or 8 of them), MLP width 100; initializer_range 0.2: attention far from
+# uniform, so a rope or residual applied wrongly moves the logits.
+SMALL = dict(vocab_size=V, hidden_size=48, intermediate_size=100, num_hidden_layers=2, num_attention_heads=3,
+             max_position_embeddings=64, bos_token_id=0, eos_token_id=1, initializer_range=0.2,
+             attn_implementation="eager")
+# name -> (GPTNeoXConfig fields beside SMALL, the zoo fields they convert to)
+MODELS = {
+    "pythia": (dict(rotary_pct=0.25, use_parallel_residual=True),
+               dict(rotary_fraction=0.25, parallel_residual=True, mlp="gelu_exact", qkv_bias=True, out_bias=True,
+                    tie_embeddings=False)),
+    "sequential_half": (dict(rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5},
+                             use_parallel_residual=False, hidden_act="gelu_new", attention_bias=False,
+                             tie_word_embeddings=True),
+                        dict(rotary_fraction=0.5, rope_theta=500.0, parallel_residual=False, mlp="gelu",
+                             qkv_bias=False, out_bias=False, tie_embeddings=True)),
+}
+IDS = np.random.default_rng(0).integers(0, V, (2, 12))
+one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """name -> (checkpoint directory, its transformers model); norms and biases perturbed off their init."""
+    out = {}
+    for name, (fields, _) in MODELS.items():
+        torch.manual_seed(0)
+        model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**SMALL, **fields)).eval()
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "norm" in n or n.endswith(".bias"):  # ones / zeros at init: a swapped norm would not show
+                    p.add_(0.3 * torch.randn_like(p))
+        d = tmp_path_factory.mktemp(name)
+        model.save_pretrained(d)
+        out[name] = (str(d), model)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(hf_dirs, tmp_path_factory):
+    return hf_runs.convert_all(hf_dirs, tmp_path_factory)
+
+
+def hf_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor(np.asarray(ids))).logits.numpy()
+
+
+def zoo_logits(model_cfg, params, ids=IDS):
+    return np.asarray(Gpt(model_cfg).apply({"params": params}, jnp.asarray(ids)))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_logits_and_kv_cached_greedy_decoding_equal_transformers(hf_dirs, runs, name):
+    run_dir, report = runs[name]
+    assert report["unused"] == []
+    zmodel, params, _, cfg = checkpoint.load_run(run_dir)
+    assert {k: getattr(cfg.model, k) for k in MODELS[name][1]} == MODELS[name][1]
+    assert params["h_0"]["attn"]["query"]["kernel"].shape == (48, 3, 16)
+    diff = np.abs(zoo_logits(cfg.model, params) - hf_logits(hf_dirs[name][1], IDS)).max()
+    print(f"{name}: max abs logit diff {diff:.2e}")
+    assert diff <= 1e-4
+    prompt = [5, 17, 42, 8]
+    with torch.no_grad():
+        theirs = hf_dirs[name][1].generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                                           pad_token_id=1, eos_token_id=None)[0, len(prompt):].tolist()
+    assert generate(zmodel, params, prompt, 8, temperature=0.0)[0] == theirs
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_export_loads_as_gpt_neox_and_converts_back_identically(hf_dirs, runs, name, tmp_path):
+    run_dir, report = runs[name]
+    hf.to_hf(run_dir, str(tmp_path / "out"), verbose=False)
+    hf_cfg = json.load(open(tmp_path / "out" / "config.json"))
+    assert (hf_cfg["model_type"], hf_cfg["rotary_pct"]) == ("gpt_neox", MODELS[name][1]["rotary_fraction"])
+    exported = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    assert type(exported) is transformers.GPTNeoXForCausalLM
+    np.testing.assert_allclose(hf_logits(exported, IDS), hf_logits(hf_dirs[name][1], IDS), atol=1e-5)
+    again = hf.from_hf(str(tmp_path / "out"), str(tmp_path / "again"), verbose=False)
+    assert again["unused"] == [] and again["config"].model == report["config"].model
+    assert jax.tree.structure(again["params"]) == jax.tree.structure(report["params"])
+    for x, y in zip(jax.tree.leaves(again["params"]), jax.tree.leaves(report["params"])):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_the_fused_layout_partial_rotary_and_parallel_residual_each_move_the_logits(hf_dirs, runs):
+    """What the parity above rests on: reading query_key_value as q | k | v slabs of rows instead of per head,
+    rotating whole heads, or chaining the residual, each changes the logits far past 1e-4."""
+    src, model = hf_dirs["pythia"]
+    model_cfg, params = runs["pythia"][1]["config"].model, runs["pythia"][1]["params"]
+    slab_rows = [(p, n, dataclasses.replace(t, fusion=table.ROWS) if t.fusion is table.PER_HEAD_QKV else t)
+                 for p, n, t in gpt_neox.key_table(model_cfg)]
+    slabs = table.from_hf(io.Keys(io.read_tensors(src), gpt_neox.PREFIXES), slab_rows, model_cfg)
+    theirs = hf_logits(model, IDS)
+    assert np.abs(zoo_logits(model_cfg, params) - theirs).max() <= 1e-4
+    for cfg, p in [(model_cfg, slabs), (dataclasses.replace(model_cfg, rotary_fraction=1.0), params),
+                   (dataclasses.replace(model_cfg, parallel_residual=False), params),
+                   (dataclasses.replace(model_cfg, mlp="gelu"), params)]:
+        assert np.abs(zoo_logits(cfg, p) - theirs).max() > 1e-3
+
+
+# ---- export choice, presets, refusals ---------------------------------------------------------------
+def neox_model(**switches) -> GptConfig:
+    return GptConfig(**{**dict(vocab_size=264, max_len=64, num_layers=2, d_model=48, num_heads=3, d_ff=100,
+                               dropout=0.0, positions="rope", rotary_fraction=0.25, mlp="gelu_exact",
+                               parallel_residual=True, tie_embeddings=False), **switches})
+
+
+@pytest.mark.parametrize("switches,arch", [
+    ({}, "GPTNeoXForCausalLM"), (dict(parallel_residual=False, rotary_fraction=1.0, mlp="gelu"), "GPTNeoXForCausalLM"),
+    (dict(positions="learned", parallel_residual=False, mlp="gelu", tie_embeddings=True), "GPT2LMHeadModel")])
+def test_export_picks_gpt_neox_for_rope_with_layernorm(switches, arch):
+    assert export_converter(neox_model(**switches)).ARCHITECTURES[0] == arch
+
+
+@pytest.mark.parametrize("switches", [
+    dict(positions="learned", tie_embeddings=True, mlp="gelu"),  # GPT-2 but for the parallel residual
+    dict(norm="rmsnorm", mlp="swiglu", qkv_bias=False, out_bias=False, mlp_bias=False),  # Llama but for it
+    dict(num_kv_heads=1), dict(mlp_bias=False), dict(sliding_window=8), dict(rope_scaling="llama3")])
+def test_what_no_architecture_holds_is_refused_in_one_line(switches):
+    with pytest.raises(ConversionError, match=r"this gpt model has no Hugging Face equivalent; .* or as GPT-NeoX: "
+                                              r"positions=rope \(rope_scaling=none, any rotary_fraction\)") as e:
+        export_converter(neox_model(**switches))
+    assert "\n" not in str(e.value)
+
+
+# config.json of EleutherAI/pythia-160m (as published, transformers 4.24)
+PYTHIA_160M_JSON = {
+    "architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu",
+    "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 2048, "model_type": "gpt_neox", "num_attention_heads": 12, "num_hidden_layers": 12,
+    "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": False, "torch_dtype": "float16",
+    "transformers_version": "4.24.0", "use_cache": True, "use_parallel_residual": True, "vocab_size": 50304}
+
+
+def test_pythia_160m_config_converts_to_the_preset_whose_count_is_transformers():
+    assert gpt_neox.config_from_hf(PYTHIA_160M_JSON, {"embed_out.weight"}) == PYTHIA_160M
+    shapes = jax.eval_shape(lambda: Gpt(PYTHIA_160M).init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))
+    ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+    with torch.device("meta"):
+        theirs = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**{
+            k: v for k, v in PYTHIA_160M_JSON.items() if k not in ("architectures", "torch_dtype",
+                                                                    "transformers_version", "model_type")}))
+    assert ours == sum(p.numel() for p in theirs.parameters()) == 162_322_944
+
+
+def edited(src, dst, **fields) -> str:
+    """A copy of checkpoint directory `src` whose config.json has `fields` set."""
+    os.makedirs(dst)
+    os.symlink(os.path.join(src, "model.safetensors"), os.path.join(dst, "model.safetensors"))
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump({**json.load(open(os.path.join(src, "config.json"))), **fields}, f)
+    return str(dst)
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}),
+     r"^GPT-NeoX rope type 'linear' is not supported; supported: default$"),
+    (dict(rope_scaling={"type": "dynamic", "factor": 2.0}), r"^GPT-NeoX rope type 'dynamic' is not supported"),
+    (dict(hidden_act="relu"),
+     r"^GPT-NeoX hidden_act='relu' is not supported; supported: gelu, gelu_new, gelu_pytorch_tanh$"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.2}),
+     r"^GPT-NeoX partial rotary 0.2 rotates 3 of each head's 16 dims; supported: an even, nonzero number "
+     r"\(fraction in \(0, 1\]\)$"),
+    (dict(rope_parameters=None, rotary_pct=0.05), r"^GPT-NeoX partial rotary 0.05 rotates 0 of each head's 16 dims")])
+def test_what_zoo_cannot_hold_is_refused_in_one_line(hf_dirs, tmp_path, fields, message):
+    with pytest.raises(ConversionError, match=message) as e:
+        hf.from_hf(edited(hf_dirs["pythia"][0], tmp_path / "bad", **fields), str(tmp_path / "run"), verbose=False)
+    assert "\n" not in str(e.value)
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_tiny_neox_trains_and_its_loss_falls(cache_dir, tmp_path):
+    cfg = tiny_configs.gpt_lm(cache_dir)
+    cfg = dataclasses.replace(cfg, model=neox_model(vocab_size=384, dropout=0.1),
+                              train=dataclasses.replace(cfg.train, steps=8, save_every=8))
+    run(cfg, tmp_path / "run")
+    got = losses(tmp_path / "run")
+    assert all(np.isfinite(v) for v in got.values())
+    print("losses", got)
+    assert got[8] < got[1] - 0.2, got
+
+
+def test_a_neox_scans_and_remats_as_its_loop():
+    """Parallel residual and partial rotary under nn.scan + remat: the loop's logits."""
+    ids = jax.random.randint(jax.random.PRNGKey(3), (2, 16), 0, 264)
+    loop = Gpt(neox_model())
+    params = nn.unbox(loop.init(jax.random.PRNGKey(0), ids)["params"])
+    scanned = Gpt(neox_model(scan_layers=True, remat=True))
+    layers = [params[f"h_{i}"] for i in range(2)]
+    sparams = {**{k: v for k, v in params.items() if not k.startswith("h_")},
+               "h": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+    np.testing.assert_allclose(scanned.apply({"params": sparams}, ids), loop.apply({"params": params}, ids),
+                               atol=1e-5, rtol=1e-5)
