@@ -1,4 +1,4 @@
-"""The bert_tokens task: entity spans and scores (zoo.eval.entities) against hand-computed cases and seqeval,
+"""The bert_tokens task: entity spans and scores (zoo.tasks.entities) against hand-computed cases and seqeval,
 word labels aligned to pieces as Hugging Face's token-classification guide aligns them, the loss over
 labelled positions only, bad word-tagged data refused in one line, the built-in synthetic set, a few steps
 of training raising entity F1, and zoo-eval on the run (tags matched by name). HF conversion:
@@ -22,7 +22,7 @@ from zoo.config import DataConfig
 from zoo.data import ner
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ZooDataError
-from zoo.eval import entities
+from zoo.tasks import entities
 from zoo.tasks import mlm
 from zoo.tasks import token_classify as tc
 

@@ -13,7 +13,7 @@ aligns them: a word's tag on its first piece, IGNORE (-100) on its other pieces,
 padding; the loss and the token accuracy read labelled positions only (weight = their count). Rows longer
 than data.seq_len are cut (counted, printed once); the words cut off are neither trained nor scored.
 Validation rows are held out by a hash of their words (data.val_fraction). After each evaluation,
-entity precision / recall / F1 (zoo.eval.entities: seqeval's IOB2 spans) of the validation batches are
+entity precision / recall / F1 (zoo.tasks.entities: seqeval's IOB2 spans) of the validation batches are
 added when the tag names are IOB2; eval_accuracy is the accuracy over words.
 """
 
@@ -32,8 +32,8 @@ from zoo.data import corpus, ner
 from zoo.data.store import doc_hash, val_documents
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ZooDataError
-from zoo.eval import entities
-from zoo.eval.entities import IGNORE
+from zoo.tasks import entities
+from zoo.tasks.entities import IGNORE
 from zoo.models.bert import BertTokenClassifier
 from zoo.tasks.base import Data
 from zoo.tasks.classify import ClsBatches, _Encoder, eval_batches
