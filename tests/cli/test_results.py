@@ -59,3 +59,20 @@ def test_chat_answers_go_to_the_docstring_end_and_the_readme_block(tmp_path):
     block = text.split("<!-- answers:smollm2_chat_lora -->\n")[1].split("<!-- /answers -->")[0]
     assert block == "```\n" + "\n".join(lines) + "\n```\n" and "Paris?" not in text
     compile(path.read_text(), "smollm2_chat_lora.py", "exec")
+
+
+def test_the_eval_table_takes_the_new_rows_and_keeps_the_others(tmp_path):
+    readme = tmp_path / "README.md"
+    old = {"gpt_tiny": "| `gpt_tiny` | builtin | 7 | 9.9 | 9.9 | 0.1 | 0.1 |",
+           "shakespeare_char": "| `shakespeare_char` | shakespeare | 3 | 1.1 | 1.6 | 0.3 | 0.3 |"}
+    readme.write_text("# x\n<!-- eval-table -->\n" + results.EVAL_HEADER + "\n" + "\n".join(old.values()) +
+                      "\n<!-- /eval-table -->\nafter\n")
+    new = {"smollm2_chat_lora (its base)": "| `smollm2_chat_lora (its base)` | builtin | 7 | 2 | 3 | 0.5 | 0.5 |",
+           "smollm2_chat_lora": "| `smollm2_chat_lora` | builtin | 7 | 2.1 | 3.1 | 0.5 | 0.5 |",
+           "gpt_tiny": "| `gpt_tiny` | builtin | 7 | 1.5 | 2.2 | 0.4 | 0.4 |"}
+    results.rewrite_eval_table(str(readme), new, "2-core CPU, 2026-11-27")
+    text = readme.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert rows == [new["gpt_tiny"], old["shakespeare_char"], new["smollm2_chat_lora (its base)"],
+                    new["smollm2_chat_lora"]]
+    assert "(2-core CPU, 2026-11-27)" in text and text.endswith("<!-- /eval-table -->\nafter\n")

@@ -127,7 +127,8 @@ def test_a_bert_checkpoint_is_refused_in_one_line(tmp_path, capsys):
     transformers.BertForMaskedLM(cfg).save_pretrained(tmp_path / "bert")
     capsys.readouterr()  # transformers' own bar
     assert zoo_eval.main([str(tmp_path / "bert"), "--data", "builtin"]) == 2
-    assert error_line(capsys) == f"error: zoo-eval scores GPT-family runs; {tmp_path / 'bert'} is a bert run"
+    assert error_line(capsys) == (f"error: zoo-eval scores GPT-family runs; {tmp_path / 'bert'} is a bert run; a "
+                                  f"masked LM (task bert_mlm) is scored with --task mlm")
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -3,6 +3,8 @@
     zoo-eval runs/x --data builtin                      # every document of a source zoo reads
     zoo-eval runs/x --data notes.jsonl --text-column body --max-docs 100 --stride 256 --json
     zoo-eval runs/x --task choice questions.jsonl       # {"context", "choices", "answer"} per line
+    zoo-eval runs/x --task choice builtin               # the set zoo builds offline (zoo.eval.sets)
+    zoo-eval runs/x --data builtin --held-out           # only the documents the run's training held out
     zoo-eval runs/chat --task generate qa.jsonl         # {"messages" | "prompt", "answer"} per line
     zoo-eval runs/cls --data test.jsonl                 # a [CLS] classifier: accuracy, macro-F1, confusion
     zoo-eval runs/ner --data test.jsonl --text-column tokens --label-column ner_tags  # entity P/R/F1 per type
@@ -22,7 +24,7 @@ contains-answer, printing the worst rows: zoo.eval.generation. A BERT classifica
 is scored on a labelled source (--text-column, --pair-column, --label-column): zoo.eval.classification. A
 token-classification run (task bert_tokens) is scored on a word-tagged source (--text-column of word lists,
 --label-column of tag lists): entity precision, recall and F1 over IOB2 spans, per type too, and word
-accuracy: zoo.tasks.token_classify.evaluate_source, zoo.eval.entities. A masked-LM run (bert_mlm) reports
+accuracy: zoo.tasks.token_classify.evaluate_source, zoo.tasks.entities. A masked-LM run (bert_mlm) reports
 its pseudo-accuracy, loss and perplexity on masked tokens of a held-out source: zoo.eval.mlm. An encoder-decoder
 run (seq2seq) decodes a source/target file (--source-column, --target-column; greedy or --beam N) and reports
 corpus BLEU and exact match, printing the worst rows: zoo.eval.seq2seq.
@@ -67,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--target-column", default="target", help="translate: the column of expected outputs "
                                                               "(default: %(default)s)")
     ap.add_argument("--beam", type=int, default=1, help="translate: beam size; 1 is greedy (default: %(default)s)")
+    ap.add_argument("--held-out", action="store_true",
+                    help="perplexity: only the documents a zoo run's training held out (its data.val_fraction, "
+                         "split by document hash as the token store splits)")
     ap.add_argument("--split", default="train", help="the split of a hub or local dataset (default: %(default)s)")
     ap.add_argument("--max-docs", type=int, help="score the first N documents (questions with --task choice)")
     ap.add_argument("--stride", type=int, help="tokens between window starts (default: half the context)")
@@ -90,6 +95,10 @@ def _check_args(a) -> None:
         a.task = RUN_TASKS[_run_task(a.workdir)]
     if a.task in NEEDS_DATA and not a.data:
         raise ZooDataError(f"give --data SOURCE: {NEEDS_DATA[a.task]}")
+    if a.held_out and a.task != "perplexity":
+        raise ZooDataError(f"--held-out picks the documents perplexity scores; --task {a.task} reads its own file")
+    if a.held_out and _run_config(a.workdir) is None:
+        raise ZooDataError(f"--held-out needs a zoo run (its data.val_fraction); {a.workdir!r} is not one")
     if a.task == "perplexity" and a.file:
         raise ZooDataError(f"{a.file!r}: a questions file goes with --task choice; perplexity reads --data")
     if a.task in ("choice", "generate") and not (a.file or a.data):
@@ -105,13 +114,19 @@ def _check_args(a) -> None:
                            f"directory (no config.json)")
 
 
-def _run_task(workdir: str) -> str | None:
-    """The task in a zoo run's config.json (read without jax), None for anything else."""
+def _run_config(workdir: str) -> dict | None:
+    """A zoo run's config.json as a dict (read without jax), None for anything else (a Hugging Face dir)."""
     try:
         with open(os.path.join(workdir, "config.json")) as f:
-            return json.load(f).get("task")
-    except (OSError, ValueError, AttributeError):
+            d = json.load(f)
+    except (OSError, ValueError):
         return None
+    return d if isinstance(d, dict) and "task" in d and "data" in d else None
+
+
+def _run_task(workdir: str) -> str | None:
+    """The task in a zoo run's config.json, None for anything else."""
+    return (_run_config(workdir) or {}).get("task")
 
 
 def _load(workdir: str, task: str = "gpt"):
@@ -126,7 +141,8 @@ def _load(workdir: str, task: str = "gpt"):
     if task in RUN_TASKS and cfg.task != task:
         raise ValueError(f"--task {RUN_TASKS[task]} scores {task} runs; {workdir} is a {cfg.task} run")
     if task == "gpt" and cfg.model.family != "gpt":
-        kinds = {"bert_cls": "a classifier", "bert_tokens": "a token classifier"}
+        kinds = {"bert_cls": "a classifier", "bert_tokens": "a token classifier", "bert_mlm": "a masked LM",
+                 "seq2seq": "an encoder-decoder"}
         hint = f"; {kinds[cfg.task]} (task {cfg.task}) is scored with --task {RUN_TASKS[cfg.task]}" \
             if cfg.task in RUN_TASKS else ""
         raise ValueError(f"zoo-eval scores GPT-family runs; {workdir} is a {cfg.model.family} run{hint}")
@@ -204,10 +220,18 @@ def _progress(total: int, what: str):
 def _documents(a) -> list[str]:
     from zoo.config import DataConfig
     from zoo.data.corpus import load_documents
+    from zoo.errors import ZooDataError
     if not sys.stderr.isatty():
         import datasets
         datasets.disable_progress_bars()  # its bars are noise in a log
     ds = load_documents(DataConfig(source=a.data, text_column=a.text_column, split=a.split, cache_dir=a.cache_dir))
+    if a.held_out:  # the run's validation documents, chosen as its token store chose them
+        from zoo.data.store import doc_hash
+        fraction = _run_config(a.workdir)["data"]["val_fraction"]
+        ds = ds.filter(lambda b: [doc_hash(t) < fraction for t in b["text"]], batched=True)
+        if len(ds) == 0:
+            raise ZooDataError(f"--held-out: no document of {a.data} falls in {a.workdir}'s held-out fraction "
+                               f"({fraction})")
     if a.max_docs is not None:
         ds = ds.select(range(min(a.max_docs, len(ds))))
     return list(ds["text"])
@@ -242,8 +266,10 @@ def perplexity(a) -> dict:
 def choice(a) -> dict:
     from zoo.eval import choice as mc
     from zoo.eval.loglik import prefix_token
+    from zoo.eval import sets
     path = a.file or a.data
-    questions = mc.read_questions(path)[:a.max_docs]  # checked before the model loads
+    questions = (sets.named(path) if path in sets.NAMED and not os.path.exists(path) else
+                 mc.read_questions(path))[:a.max_docs]  # checked before the model loads
     model, params, tok, cfg = _load(a.workdir)
     prefix = prefix_token(tok)
     _check_vocab([tok.encode(q["context"] + "".join(q["choices"])) for q in questions] + [[prefix]], tok, cfg,

@@ -8,7 +8,8 @@ Figures in the docs are therefore never typed by hand: wall time, first and last
 final evaluation metrics and throughput of one fresh run on this machine, with its date; for a
 character-level config, the eval loss in bits per character; for a config in SAMPLED, the sample the
 run prints at its end, quoted in the docstring's "Sample" paragraph; for a chat config in CHAT_PROBES,
-the answers of its base and of the fine-tuned run to the same questions ("Answers", and the README).
+the answers of its base and of the fine-tuned run to the same questions ("Answers", and the README); for a
+config in EVALUATED, zoo-eval's held-out perplexity and multiple-choice accuracy (the README's Evaluate table).
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ CHAT_PROBES = {"smollm2_chat_lora": ("How can I draw the attention heads of a mo
                                      "What is the capital of France?",
                                      "Name three primary colors.")}
 ANSWERS_PARAGRAPH = "Answers (that run's, greedy: zoo-sample RUN --chat --temperature 0), before -> after:"
+# Runs scored with zoo-eval into the README's Evaluate table (between <!-- eval-table --> and <!-- /eval-table -->):
+# perplexity on the documents their training held out (--held-out; a chat run, whose data are conversations, on
+# builtin's) and accuracy on zoo's offline multiple-choice set (zoo.eval.sets). A chat run's base is scored too.
+EVALUATED = ("gpt_tiny", "llama_tiny", "shakespeare_char", "smollm2_chat_lora")
+TEXT_SOURCES = ("builtin", "shakespeare")
+EVAL_HEADER = ("| run | held-out text | documents | NLL/token | bits/byte | choice `builtin`: acc | acc_norm |\n"
+               "| --- | --- | --- | --- | --- | --- | --- |")
 
 
 def run(name: str, workdir: str, extra: list[str]) -> dict:
@@ -109,6 +117,53 @@ def rewrite_answers(config_file: str, readme: str, name: str, lines: list[str]) 
         text = head + start + "\n```\n" + "\n".join(lines) + "\n```\n" + end + tail
         with open(readme, "w") as f:
             f.write(text)
+
+
+def zoo_eval(workdir: str, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "zoo.cli.eval", workdir, *args, "--json"], capture_output=True,
+                         text=True, env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+    if out.returncode:
+        raise RuntimeError(f"zoo-eval on {workdir} failed: {out.stderr.strip().splitlines()[-1:]}")
+    return json.loads(out.stdout)
+
+
+def eval_rows(name: str, workdir: str) -> dict[str, str]:
+    """README Evaluate-table rows (label -> markdown row) of a run in EVALUATED, and of its base if it has one."""
+    if name not in EVALUATED:
+        return {}
+    with open(os.path.join(workdir, "config.json")) as f:
+        source = json.load(f)["data"]["source"]
+    text = source if source in TEXT_SOURCES else "builtin"
+    runs = {name: workdir}
+    if os.path.isdir(os.path.join(workdir, "base")):
+        runs = {f"{name} (its base)": os.path.join(workdir, "base"), **runs}
+    rows = {}
+    for label, path in runs.items():
+        ppl = zoo_eval(path, "--data", text, "--held-out")
+        mc = zoo_eval(path, "--task", "choice", "builtin")
+        rows[label] = (f"| `{label}` | {text} | {ppl['documents']} | {ppl['nll_per_token']:.3f} | "
+                       f"{ppl['bits_per_byte']:.3f} | {mc['acc']:.3f} | {mc['acc_norm']:.3f} |")
+    return rows
+
+
+def rewrite_eval_table(readme: str, rows: dict[str, str], when: str) -> None:
+    """The README's Evaluate table: the rows of the runs scored now, the others' kept, in EVALUATED's order."""
+    with open(readme) as f:
+        text = f.read()
+    start, end = "<!-- eval-table -->", "<!-- /eval-table -->"
+    if start not in text:
+        return
+    head, rest = text.split(start, 1)
+    body, tail = rest.split(end, 1)
+    old = {line.split("`")[1]: line for line in body.splitlines() if line.startswith("| `")}
+    merged = {**old, **rows}
+    order = lambda label: (EVALUATED.index(label.split(" ")[0]) if label.split(" ")[0] in EVALUATED else 99,  # noqa: E731
+                           "base" not in label)
+    lines = [EVAL_HEADER, *(merged[k] for k in sorted(merged, key=order))]
+    text = head + start + f"\n<!-- written by python -m zoo.cli.results ({when}) -->\n" + "\n".join(lines) + "\n" + \
+        end + tail
+    with open(readme, "w") as f:
+        f.write(text)
 
 
 def run_sample(stdout: str) -> str | None:
@@ -229,6 +284,11 @@ def main(argv=None) -> int:
         if answers:
             print("\n".join(answers), flush=True)
             rewrite_answers(config_file, os.path.join(a.root, "README.md"), name, answers)
+        scored = eval_rows(name, done[name])
+        if scored:
+            print("\n".join(scored.values()), flush=True)
+            rewrite_eval_table(os.path.join(a.root, "README.md"), scored,
+                               f"{machine}, {datetime.date.today().isoformat()}")
         m, sec = divmod(round(s["wall"]), 60)
         cell = f"CPU, {m}m{sec:02d}s; " + ", ".join(evals(s, ".3g", ".2f"))
         rewrite_readme(os.path.join(a.root, "README.md"), name, cell)
