@@ -100,3 +100,26 @@ def test_unsupported_architecture_and_missing_keys(tmp_path, hf_dir):
     with pytest.raises(ConversionError, match="missing key 'h.1.mlp.c_fc.bias'"):
         hf.from_hf(str(broken), str(tmp_path / "run2"), verbose=False)
     assert not os.path.exists(tmp_path / "run2" / "checkpoints")
+
+
+@pytest.mark.parametrize("specials", [["<|endoftext|>"], ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]],
+                         ids=["gpt2 files", "bart files"])
+def test_special_token_text_in_a_document_reads_as_text_as_transformers_reads_it_with_split_special_tokens(
+        tmp_path, specials):
+    """The import direction of zoo's rule (a special's text inside a document is text, never the special): a
+    GPT-2 or BART vocab.json + merges.txt gives zoo's ids equal to transformers' with split_special_tokens=True;
+    transformers' default (False) maps the text to the special ids instead, so the two differ there."""
+    from pydoc_data.topics import topics
+    from tokenizers import ByteLevelBPETokenizer
+    from zoo.data.tokenizers import get_tokenizer
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(list(topics.values())[:30], vocab_size=600, special_tokens=specials)
+    bpe.save_model(str(tmp_path))
+    ours = get_tokenizer(str(tmp_path))
+    cls = transformers.GPT2TokenizerFast if len(specials) == 1 else transformers.BartTokenizerFast
+    files = dict(vocab=str(tmp_path / "vocab.json"), merges=str(tmp_path / "merges.txt"))
+    text = "a <|endoftext|> b [CLS] c <s>d</s> <pad> <mask> <unk> <|im_start|>"
+    split = cls(**files, split_special_tokens=True)(text, add_special_tokens=False).input_ids
+    default = cls(**files)(text, add_special_tokens=False).input_ids
+    assert ours.encode(text) == split and ours.decode(split) == text
+    assert default != split  # what split_special_tokens changes: the specials' ids in place of their text
