@@ -2,8 +2,8 @@
 
     python train.py configs/gpt_tiny.py --workdir runs/gpt_tiny
 
-Expect (`python -m zoo.cli.results gpt_tiny`, 2-core CPU, 2026-11-26): 2m24s wall; loss 3.92 -> 1.53
-over 800 steps, eval_loss 1.617, eval_accuracy 0.5355; 12,831 tokens/s, MFU 0.38.
+Expect (`python -m zoo.cli.results gpt_tiny`, 2-core CPU, 2026-11-27): 2m21s wall; loss 3.92 -> 1.53
+over 800 steps, eval_loss 1.617, eval_accuracy 0.5355; 12,800 tokens/s, MFU 0.39.
 """
 
 from zoo.config import Config, DataConfig, OptimConfig, TrainConfig

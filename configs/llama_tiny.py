@@ -5,8 +5,8 @@ no biases, an untied output head: gpt_tiny's size and data, the modern decoder's
     python train.py configs/llama_tiny.py --workdir runs/llama_tiny
     zoo-sample runs/llama_tiny --prompt 'The "for" statement' --temperature 0
 
-Expect (`python -m zoo.cli.results llama_tiny`, 2-core CPU, 2026-11-26): 2m20s wall; loss 3.95 ->
-1.16 over 800 steps, eval_loss 1.27, eval_accuracy 0.6331; 13,221 tokens/s, MFU 0.37.
+Expect (`python -m zoo.cli.results llama_tiny`, 2-core CPU, 2026-11-27): 2m18s wall; loss 3.95 ->
+1.16 over 800 steps, eval_loss 1.27, eval_accuracy 0.6331; 13,105 tokens/s, MFU 0.35.
 """
 
 from zoo.config import Config, DataConfig, OptimConfig, TrainConfig

@@ -6,9 +6,8 @@ MLP FLOPs are llama_tiny's), the load-balancing loss added with coefficient 0.01
     python train.py configs/moe_tiny.py --workdir runs/moe_tiny
     zoo-sample runs/moe_tiny --prompt 'The "for" statement' --temperature 0
 
-Expect (2-core CPU shared with other jobs, load ~7, 2026-11-27; faster on an idle host): 3m09s wall, 1m38s
-of CPU time; loss 5.97 -> 1.99 over 200 steps, eval_loss 1.93, eval_accuracy 0.476, moe_aux_loss 1.97-2.01
-throughout (balanced); 2,792 tokens/s. On CPU the experts run dense (zoo.nn.moe).
+Expect (`python -m zoo.cli.results moe_tiny`, 2-core CPU, 2026-11-27): 1m13s wall; loss 3.60 -> 1.99
+over 200 steps, eval_loss 1.928, eval_accuracy 0.476, moe_aux_loss 2.009; 7,665 tokens/s, MFU 0.21.
 """
 
 from zoo.config import Config, DataConfig, OptimConfig, TrainConfig

@@ -12,9 +12,9 @@ is gpt_tiny's (4 layers, 4 heads, width 128, 875,264 parameters) with nanoGPT's 
     zoo-sample runs/shakespeare --prompt "Romeo." --max-new-tokens 300 --top-k 40
     zoo-attention runs/shakespeare --text "O Romeo, Romeo! wherefore art thou Romeo?" --out attention.png
 
-Expect (`python -m zoo.cli.results shakespeare_char`, 2-core CPU, 2026-11-26): 9m48s wall; loss 4.36
--> 1.75 over 1400 steps, eval_loss 1.78 (2.569 bits per character), eval_accuracy 0.4675; 10,639
-tokens/s, MFU 0.37.
+Expect (`python -m zoo.cli.results shakespeare_char`, 2-core CPU, 2026-11-27): 9m45s wall; loss 4.36
+-> 1.75 over 1400 steps, eval_loss 1.78 (2.569 bits per character), eval_accuracy 0.4675; 10,707
+tokens/s, MFU 0.32.
 
 Sample (that run's, as train.py prints it at the end: temperature 0.8, top-k 40):
 

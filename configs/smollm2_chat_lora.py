@@ -16,9 +16,9 @@ every attention and MLP matrix train (0.3% of the parameters); the base stays fr
 conversations ask known facts in phrasings never trained on; eval_exact_match is the share of them whose
 answer greedy decoding reproduces token for token.
 
-Expect (`python -m zoo.cli.results smollm2_chat_lora`, 2-core CPU, 2026-11-26): 7m58s wall; loss
-4.49 -> 0.03 over 50 steps, eval_loss 0.0493, eval_accuracy 0.9936, eval_exact_match 0.9167; 159
-tokens/s, MFU 0.48.
+Expect (`python -m zoo.cli.results smollm2_chat_lora`, 2-core CPU, 2026-11-27): 7m52s wall; loss
+4.49 -> 0.03 over 50 steps, eval_loss 0.0493, eval_accuracy 0.9936, eval_exact_match 0.9167; 158
+tokens/s, MFU 0.49.
 
 Answers (that run's, greedy: zoo-sample RUN --chat --temperature 0), before -> after:
 

@@ -1,7 +1,7 @@
 """Regenerate the documented results: train each CPU config afresh and write what it gives into the
 config's docstring (its "Expect ..." paragraph) and the README's table of configs.
 
-    python -m zoo.cli.results                      # every CPU config, in order (about 50 minutes on 2 cores)
+    python -m zoo.cli.results                      # every CPU config, in order (about an hour on 2 cores)
     python -m zoo.cli.results gpt_tiny encdec_tiny # some of them
 
 Figures in the docs are therefore never typed by hand: wall time, first and last training loss, the
@@ -27,10 +27,11 @@ import textwrap
 import time
 
 # The configs that run on a CPU in minutes, in the order their dependencies need (cls fine-tunes mlm).
-CPU_CONFIGS = ("gpt_tiny", "llama_tiny", "bert_tiny_mlm", "bert_tiny_cls", "encdec_tiny", "minilm_cls",
-               "shakespeare_char", "smollm2_chat_lora")
+CPU_CONFIGS = ("gpt_tiny", "llama_tiny", "moe_tiny", "bert_tiny_mlm", "bert_tiny_cls", "bert_ner_tiny",
+               "encdec_tiny", "minilm_cls", "shakespeare_char", "smollm2_chat_lora")
 DEPENDS = {"bert_tiny_cls": ("bert_tiny_mlm", "init_from")}  # config -> (run it starts from, the key)
-EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_macro_f1", "eval_exact_match", "eval_bleu")
+EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_macro_f1", "eval_entity_f1", "eval_exact_match", "eval_bleu",
+             "moe_aux_loss")
 # What the trained run answers to the config's documented example, quoted in the docstring too.
 FILL_MASK_EXAMPLE = 'The "wh[MASK]le" statement is used for repeated execution'
 PROBES = {"bert_tiny_mlm": ("zoo.cli.fill_mask", "--text", FILL_MASK_EXAMPLE, "--top-k", "3")}
@@ -133,13 +134,22 @@ def eval_rows(name: str, workdir: str) -> dict[str, str]:
         return {}
     with open(os.path.join(workdir, "config.json")) as f:
         source = json.load(f)["data"]["source"]
-    text = source if source in TEXT_SOURCES else "builtin"
     runs = {name: workdir}
     if os.path.isdir(os.path.join(workdir, "base")):
         runs = {f"{name} (its base)": os.path.join(workdir, "base"), **runs}
+    if source in TEXT_SOURCES:  # its own corpus, the documents its training held out
+        text, data = source, [source, "--held-out"]
+    else:  # trained on other data (conversations): builtin's documents every default run holds out, for base and run
+        from zoo.data.corpus import NAMED
+        from zoo.data.store import doc_hash
+        from zoo.eval.sets import VAL_FRACTION
+        held = os.path.join(workdir, "builtin_held_out.jsonl")
+        with open(held, "w") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in NAMED["builtin"][0]() if doc_hash(t) < VAL_FRACTION)
+        text, data = "builtin", [held]
     rows = {}
     for label, path in runs.items():
-        ppl = zoo_eval(path, "--data", text, "--held-out")
+        ppl = zoo_eval(path, "--data", *data)
         mc = zoo_eval(path, "--task", "choice", "builtin")
         rows[label] = (f"| `{label}` | {text} | {ppl['documents']} | {ppl['nll_per_token']:.3f} | "
                        f"{ppl['bits_per_byte']:.3f} | {mc['acc']:.3f} | {mc['acc_norm']:.3f} |")
