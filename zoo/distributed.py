@@ -34,9 +34,12 @@ class DistributedError(RuntimeError):
 
 def add_arguments(ap) -> None:
     g = ap.add_argument_group("several processes (jax.distributed; started by itself on SLURM, Open MPI and TPU pods)")
-    g.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address, the same on every process")
-    g.add_argument("--num-processes", type=int, metavar="N", help="how many processes run the command")
-    g.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 .. N-1 (0 runs on HOST)")
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address, the same on every process "
+                                                               "(default: JAX_COORDINATOR_ADDRESS, or one process)")
+    g.add_argument("--num-processes", type=int, metavar="N", help="how many processes run the command (default: "
+                                                                  "JAX_NUM_PROCESSES, or one)")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 .. N-1, 0 on HOST (default: "
+                                                               "JAX_PROCESS_ID)")
 
 
 def _explicit(a) -> dict | None:

@@ -37,7 +37,7 @@ def test_the_gpu_set_holds_exactly_the_gpu_story():
 def test_one_call_runs_every_gpu_shape_beside_both_peers(monkeypatch, tmp_path, capsys):
     calls = []
 
-    def fake_run_spec(spec, peers, rounds, profile=None):
+    def fake_run_spec(spec, peers, rounds, profile=None, env=None):
         calls.append((spec["name"], peers, rounds, profile))
         pairs = {p: ({"name": p, "device": "cpu"}, [{"step_s": 1.0}], {"tokens_per_s": 50.0 * (i + 1)},
                      {"tokens_per_s": 100.0}) for i, p in enumerate(peers)}
