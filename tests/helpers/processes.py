@@ -30,5 +30,7 @@ def start(args, n=2, port=None, only=None, devices=4, command=("train.py",)):
 
 def finish(procs, timeout=300):
     """(stdout, stderr) of each process, without the lines gloo itself prints ("[Gloo] Rank 1 is connected ...")."""
-    drop = lambda text: "".join(l for l in text.splitlines(keepends=True) if "[Gloo]" not in l)  # noqa: E731
+    # gloo's C++ writes can be cut mid-line ("...Rank " / "7 is connected to 7 peer ranks. ..."): both halves go.
+    drop = lambda text: "".join(l for l in text.splitlines(keepends=True)  # noqa: E731
+                                if "[Gloo]" not in l and "peer ranks" not in l)
     return [tuple(map(drop, p.communicate(timeout=timeout))) for p in procs]
