@@ -9,8 +9,12 @@ read; a state that is not finite is never saved.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+
+from zoo.train import run_once
 
 
 def _leaf_digest(x) -> jax.Array:
@@ -26,14 +30,20 @@ def _leaf_digest(x) -> jax.Array:
     return jnp.sum(u * weight, dtype=jnp.uint32)
 
 
-@jax.jit
 def _check(tree):
     floats = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
     return jax.tree.map(_leaf_digest, tree), jnp.all(jnp.stack(floats)) if floats else jnp.bool_(True)
 
 
+@functools.cache
+def _checker(platform):
+    """_check jitted for arrays on `platform`'s devices (None: numpy arrays, on jax's default devices)."""
+    return run_once.jit(_check, platform)
+
+
 def fingerprint(tree) -> tuple[dict[str, int], bool]:
     """({array path: checksum}, whether every float in `tree` is finite)."""
-    digests, finite = jax.device_get(_check(tree))
+    devices = [d for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) for d in x.devices()][:1]
+    digests, finite = jax.device_get(_checker(devices[0].platform if devices else None)(tree))
     return ({jax.tree_util.keystr(p): int(v) for p, v in jax.tree_util.tree_flatten_with_path(digests)[0]},
             bool(finite))

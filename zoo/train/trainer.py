@@ -35,7 +35,7 @@ from zoo import tasks
 from zoo.config import Config
 from zoo.errors import ConfigError, TrainError
 from zoo.eval import during
-from zoo.train import checkpoint, data_state, flops, freeze, memory, optim, orbax_errors, peers, sharding
+from zoo.train import checkpoint, data_state, flops, freeze, memory, optim, orbax_errors, peers, run_once, sharding
 from zoo.train.guard import Guard
 from zoo.train.metrics import MetricsWriter
 from zoo.train.prefetch import Prefetcher
@@ -63,7 +63,8 @@ class Setup:
         return freeze.join(state.params, state.frozen)
 
     def init_state(self, rng) -> TrainState:
-        return jax.jit(self.init_fn, out_shardings=self.state_shardings)(rng)
+        return run_once.jit(self.init_fn, self.mesh.devices.flat[0].platform,
+                            out_shardings=self.state_shardings)(rng)
 
     def jit_train_step(self):
         """train_step jitted once over the mesh: state sharded as initialised and donated, batch over data."""

@@ -1,0 +1,41 @@
+"""Programs a run executes once compile cheaply (zoo.train.run_once) without changing a bit, and a
+checkpoint saved in one process compiles no per-shard slices (Orbax's replica-parallel writing is for
+several processes)."""
+
+import jax
+import numpy as np
+from jax import monitoring
+
+from tests.helpers import tiny_configs
+from zoo.train import checkpoint, run_once, trainer
+from zoo.train.checksums import _check
+
+COMPILES = []
+monitoring.register_event_duration_secs_listener(
+    lambda event, secs, **_: COMPILES.append(secs) if event == "/jax/core/compile/backend_compile_duration" else None)
+
+
+def bits(tree):
+    return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+            for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+def test_the_state_and_its_checksums_compiled_once_equal_xla_defaults_bit_for_bit(cache_dir):
+    s = trainer.setup(tiny_configs.TINY["bert_mlm"](cache_dir))
+    rng = jax.random.PRNGKey(3)
+    cheap, default = s.init_state(rng), jax.jit(s.init_fn, out_shardings=s.state_shardings)(rng)
+    for a, b in zip(bits(cheap), bits(default)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(bits(run_once.jit(_check)(cheap)), bits(jax.jit(_check)(cheap))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_sharded_save_in_one_process_compiles_only_its_checksums(cache_dir, tmp_path):
+    cfg = tiny_configs.TINY["gpt_lm"](cache_dir)
+    s = trainer.setup(cfg)  # 8 devices: 2x2x2, parameters replicated over data
+    assert s.mesh.devices.size == 8
+    state = s.init_state(jax.random.PRNGKey(0))
+    before = len(COMPILES)
+    with checkpoint.manager(str(tmp_path), async_save=False) as m:
+        checkpoint.save(m, state, cfg)
+    assert len(COMPILES) - before <= 2  # the params' and the optimizer state's checksums; no jit(slice)
