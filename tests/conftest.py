@@ -10,8 +10,17 @@ import dataclasses  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from tests.helpers import tiny_configs  # noqa: E402
+from tests.helpers import shared, time_profile, tiny_configs  # noqa: E402
 from tests.helpers.runs import run  # noqa: E402
+from zoo.train import checkpoint  # noqa: E402
+
+
+_PROFILE = time_profile.install()  # ZOO_TEST_PROFILE=FILE: where each test's time goes
+
+
+def pytest_runtest_logreport(report):
+    if _PROFILE:
+        time_profile.record(_PROFILE, report)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -64,12 +73,13 @@ def s2s_cfg(cache_dir):
 
 @pytest.fixture(scope="session")
 def learned_seq2seq(tmp_path_factory):
-    """(cfg, train's result, workdir) of a 2+2-layer, width-64 model trained on the short phrases of the
-    offline task: trained once, for the task's learning test and the translate CLI's tests."""
-    root = tmp_path_factory.mktemp("learned")
-    cfg = tiny_configs.seq2seq_learnable(str(root / "cache"))
-    out = run(cfg, root / "run", devices=jax.devices()[:1])
-    return cfg, out, str(root / "run")
+    """(cfg, params, workdir) of a 2+2-layer, width-64 model trained on the short phrases of the offline
+    task: trained once a session (by whichever worker asks first), for the task's learning test, the
+    translate CLI's tests and zoo-eval's."""
+    cfg = tiny_configs.seq2seq_learnable(str(shared.session_root(tmp_path_factory) / "learned-cache"))
+    path = shared.once(tmp_path_factory, "learned", lambda p: run(cfg, p / "run", devices=jax.devices()[:1]))
+    _, params, _, _ = checkpoint.load_run(str(path / "run"), "seq2seq")
+    return cfg, params, str(path / "run")
 
 
 def replace(cfg, **sections):

@@ -17,7 +17,7 @@ SP = seq2seq_data.framing(TOK)
 
 @pytest.mark.slow
 def test_translate_cli_reverses_a_held_out_phrase(learned_seq2seq, capsys):
-    cfg, out, workdir = learned_seq2seq
+    cfg, _, workdir = learned_seq2seq
     _, val = seq2seq_data.split_pairs(cfg, TOK, SP)
     # The first of 8 held-out phrases that greedy decoding reverses (the model gets >= 95% right, tested
     # in tests/tasks/test_seq2seq_task.py; which ones it misses depends on the numerics of training).

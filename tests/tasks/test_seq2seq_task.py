@@ -41,10 +41,10 @@ def test_label_smoothing_applies_to_the_training_loss_only(s2s_cfg, head):
 
 @pytest.mark.slow
 def test_a_tiny_model_learns_the_offline_task(learned_seq2seq):
-    cfg, out, _ = learned_seq2seq
-    task = out["setup"].task
+    cfg, params, _ = learned_seq2seq
+    task = tasks.build(cfg)
     data = task.make_data(cfg, 0, 1)
-    scores = task.evaluate_extra(out["state"].params, data)  # greedy over the 128 held-out pairs
+    scores = task.evaluate_extra(params, data)  # greedy over the 128 held-out pairs
     assert scores["eval_exact_match"] >= 0.95, scores
     assert scores["eval_bleu"] >= 90, scores
 
