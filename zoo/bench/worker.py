@@ -1,5 +1,5 @@
-"""One framework's side of a benchmark (`python -m zoo.bench.worker zoo|hf-torch|hf-torch-compile SPEC_JSON
-[--hold]`).
+"""One framework's side of a benchmark (`python -m zoo.bench.worker zoo|hf-torch|hf-torch-compile|lm-eval-hf
+SPEC_JSON [--hold]`).
 
 Sets up and warms up, prints one JSON line, then answers each stdin line: `round` (time one round),
 `final [SINCE]` (throughput, MFU, memory from the rounds so far, or from round SINCE on), `profile DIR`
@@ -20,6 +20,7 @@ import time
 import types
 
 from zoo.bench.common import calibrate, hbm_bandwidth, median
+from zoo.bench.eval_speed import ZooScore
 from zoo.train.memory import peak_memory_mb
 
 
@@ -343,7 +344,7 @@ class ZooInput:
 
 ZOO = {"gpt_train": ZooTrain, "llama_train": ZooTrain, "lora_train": ZooTrain, "sft_train": ZooTrain,
        "bert_mlm": ZooTrain, "encdec_train": ZooTrain, "generate": ZooGenerate, "llama_generate": ZooGenerate,
-       "input": ZooInput}
+       "input": ZooInput, "eval_score": ZooScore}
 
 
 def serve(bench) -> None:

@@ -1,7 +1,9 @@
 """Benchmark zoo's hot paths (step time, tokens/s, MFU, memory, compile time), beside transformers if asked.
 
 Peers (--peer, repeatable or a comma list): hf-torch runs transformers (PyTorch) on the same shapes and
-device (CUDA: bf16 autocast, SDPA, fused AdamW; CPU: float32), hf-torch-compile adds torch.compile.
+device (CUDA: bf16 autocast, SDPA, fused AdamW; CPU: float32), hf-torch-compile adds torch.compile;
+lm-eval-hf (eval_score's peer) scores the same documents with lm-evaluation-harness's `hf` model on zoo's
+exported weights.
 
     zoo-bench --workload gpt_train --preset gpt2_small --seq-len 1024 --batch 8 --dtype bfloat16
     zoo-bench --out bench.jsonl                    # every workload, one JSON line each, then a table
@@ -10,6 +12,8 @@ device (CUDA: bf16 autocast, SDPA, fused AdamW; CPU: float32), hf-torch-compile 
                                                    # full training vs LoRA (PEFT beside it), packed vs padded sft
     zoo-bench --shapes gpu --peer hf-torch,hf-torch-compile --rounds 3 --out bench_gpu.jsonl
                                                    # the GPU story in one call (one H100/H200)
+    zoo-bench --workload eval_score --shapes cpu --peer lm-eval-hf
+                                                   # zoo-eval's scoring vs the forward pass, and vs lm-eval's hf
 
 Each framework runs in its own worker process; the parent alternates timed rounds between zoo and
 each peer so that both see the same machine conditions, and reports medians and minima over rounds.
