@@ -1,5 +1,5 @@
 """Several processes of one zoo command on a local coordinator (127.0.0.1), as hosts of a multi-host job would
-run it: tests/train/test_multihost.py, tests/eval/test_eval_multihost.py."""
+run it: tests/train/test_multihost.py, tests/eval/test_eval_multihost.py; and a test's config as a config file."""
 
 import os
 import socket
@@ -7,6 +7,14 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def config_file(cfg, tmp_path) -> str:
+    """A config file (`get_config()`) that returns `cfg`, for commands that take one: written in tmp_path."""
+    (tmp_path / "cfg.json").write_text(cfg.to_json())
+    path = tmp_path / "cfg.py"
+    path.write_text(f"from zoo.config import load_json\n\ndef get_config():\n    return load_json({str(tmp_path / 'cfg.json')!r})\n")
+    return str(path)
 
 
 def free_port() -> int:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import replace
+from tests.helpers.processes import config_file
 from tests.helpers.runs import run
 from zoo.cli import train as train_cli
 from zoo.cli.train import train_main
@@ -189,13 +190,12 @@ with claim(sys.argv[1]):
 """
 
 
-def test_one_run_per_workdir_and_a_killed_holder_does_not_block(base, tmp_path, capsys, cache_dir):
+def test_one_run_per_workdir_and_a_killed_holder_does_not_block(base, tmp_path, capsys):
     work = str(tmp_path / "run")
     holder = subprocess.Popen([sys.executable, "-c", HOLD, work], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert holder.stdout.readline().strip() == "held"
-        argv = ["configs/gpt_tiny.py", "--workdir", work, "--set", f"data.cache_dir={cache_dir}",
-                "--set", "train.steps=2", "--set", "train.sample_tokens=0"]
+        argv = [config_file(base[0], tmp_path), "--workdir", work]  # base's run: its programs are compiled
         assert train_main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"error: workdir {work!r} is in use by another training run (pid {holder.pid}); wait for "
@@ -210,7 +210,7 @@ def test_one_run_per_workdir_and_a_killed_holder_does_not_block(base, tmp_path, 
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert train_main(argv) == 0  # the kernel released the dead holder's lock
-    assert checkpoint.all_steps(work) == [2]
+    assert checkpoint.all_steps(work) == [4, 2]
 
 
 FULL_DISK = """
@@ -237,15 +237,14 @@ def test_the_reason_of_a_failed_save_is_the_os_error(message, expected):
     assert orbax_errors.reason(ValueError(message)) == expected
 
 
-def test_a_failing_save_ends_the_run_within_seconds_with_one_line(base, tmp_path, cache_dir):
+def test_a_failing_save_ends_the_run_within_seconds_with_one_line(base, tmp_path):
     work = str(tmp_path / "run")
     env = {**os.environ, "XLA_FLAGS": ""}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the file-size limit would fail the cache's writes too (a warning)
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", FULL_DISK, "configs/gpt_tiny.py", "--workdir", work, "--set",
-                          f"data.cache_dir={cache_dir}", "--set", "train.steps=40", "--set", "train.save_every=2",
-                          "--set", "train.log_every=1", "--set", "train.batch_size=8", "--set", "train.sample_tokens=0",
-                          "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    cfg = replace(base[0], train=dict(steps=40, save_every=2, log_every=1, batch_size=8))  # 98 kB embedding
+    out = subprocess.run([sys.executable, "-c", FULL_DISK, config_file(cfg, tmp_path), "--workdir", work, "--quiet"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     took = time.perf_counter() - t
     err = [line for line in out.stderr.splitlines() if line.strip()]
     assert out.returncode == 2, out.stderr[-3000:]

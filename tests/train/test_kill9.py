@@ -11,7 +11,8 @@ zoo.train.trainer.train, with one hook that sends SIGKILL to itself at the chose
 `python train.py --resume`. The uninterrupted run to compare with is such a process too: every process sees
 one CPU device, as a user's run does (XLA's CPU code for the same one-device step differs in its last bits in
 a process with 8 emulated devices, as pytest's). The killed processes share a compilation cache of their own,
-so the compile killed first is a real one and the later ones load it."""
+so the compile killed first is a real one and the later ones load it; the uninterrupted run starts once the
+chain has compiled (after the kill mid-save) and loads its programs from that cache too."""
 
 import json
 import os
@@ -154,13 +155,7 @@ def test_killed_mid_compile_save_restore_and_at_random_the_resumed_run_ends_bit_
                   train=dict(steps=8, save_every=2, keep=5, log_every=1, eval_every=0),
                   mesh=dict(data=1, fsdp=1, tensor=1))
     env, work, ref_work = child_env(tmp_path), str(tmp_path / "killed"), str(tmp_path / "reference")
-    # The uninterrupted run, beside the killed ones; with a compilation cache of its own, not theirs, so that
-    # the first compile of the killed chain is a real one.
-    with open(tmp_path / "reference.log", "w") as log:
-        ref = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(cfg.to_dict()), ref_work, "fresh", "none"],
-                               cwd=ROOT, env={**env, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "ref_cache")},
-                               stdout=log, stderr=log)
-    seen = []
+    seen, ref = [], None
 
     def step(kill, resume=False):
         p = drive(cfg, work, kill, env, resume)
@@ -179,6 +174,11 @@ def test_killed_mid_compile_save_restore_and_at_random_the_resumed_run_ends_bit_
         assert checkpoint.all_steps(work) == [2], os.listdir(checkpoint.ckpt_dir(work))
         assert [n.split(".")[0] for n in uncommitted(work)] == ["4"], uncommitted(work)  # 4.orbax-checkpoint-tmp
         assert sorted(losses(work)) == [1, 2, 3, 4]
+        # The uninterrupted run, beside the rest of the chain: started only now, so that the first compile of the
+        # chain was a real one; (b) compiled what it runs, so it loads its programs from the chain's cache.
+        with open(tmp_path / "reference.log", "w") as log:
+            ref = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(cfg.to_dict()), ref_work, "fresh",
+                                    "none"], cwd=ROOT, env=env, stdout=log, stderr=log)
         # (c) mid-restore of a resume: nothing in the run changes.
         assert "restoring 2" in step("restore", resume=True)
         assert checkpoint.all_steps(work) == [2] and sorted(losses(work)) == [1, 2, 3, 4]
@@ -191,8 +191,9 @@ def test_killed_mid_compile_save_restore_and_at_random_the_resumed_run_ends_bit_
         assert "does not restore" not in last.stderr, last.stderr
         ref.wait(timeout=300)
     finally:
-        ref.kill()
-        ref.wait()
+        if ref is not None:
+            ref.kill()
+            ref.wait()
     assert ref.returncode == 0, open(tmp_path / "reference.log").read()[-3000:]
     assert not os.path.exists(os.path.join(work, "checkpoints-damaged"))
     # Every checkpoint left, not only the last, holds what the uninterrupted run saved at that step, bit for bit.

@@ -16,18 +16,11 @@ import numpy as np
 import pytest
 
 from conftest import replace
-from tests.helpers.processes import finish, free_port, start
+from tests.helpers.processes import config_file, finish, free_port, start
 from tests.helpers.runs import losses, run
 from zoo.train import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def config_file(cfg, tmp_path) -> str:
-    (tmp_path / "cfg.json").write_text(cfg.to_json())
-    path = tmp_path / "cfg.py"
-    path.write_text(f"from zoo.config import load_json\n\ndef get_config():\n    return load_json({str(tmp_path / 'cfg.json')!r})\n")
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -97,8 +97,21 @@ def _replica_parallel_when_it_pays() -> None:
     there, as Orbax itself has it on GPUs. Set as each manager is made, once jax.distributed has started."""
     several = jax.process_count() > 1
     if getattr(ocp.type_handlers.get_type_handler(jax.Array), "_use_replica_parallel", several) != several:
-        ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
-            use_replica_parallel=several, array_metadata_store=array_metadata_store.Store()), override=True)
+        with _absl_errors_only():  # the registry warns that it overrides jax.Array's handler: as meant
+            ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
+                use_replica_parallel=several, array_metadata_store=array_metadata_store.Store()), override=True)
+
+
+@contextlib.contextmanager
+def _absl_errors_only():
+    """Orbax's absl log lines below ERROR are left out while this holds."""
+    log = logging.getLogger("absl")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def manager(workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False):
@@ -397,13 +410,8 @@ def _on_one_device(workdir: str, step: int):
     """The saved params' shapes and dtypes, laid out on this process's first device: a reader without a layout
     of its own (sampling, conversion) reads a checkpoint whatever topology wrote it (2 processes x 4 devices,
     an 8-device mesh), where Orbax's default, the saved sharding, would refuse it."""
-    log = logging.getLogger("absl")  # "Metadata file does not exist" for an item of a composite step: noise
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
+    with _absl_errors_only():  # "Metadata file does not exist" for an item of a composite step: noise
         meta = ocp.StandardCheckpointer(**_alone()).metadata(os.path.join(step_dir(workdir, step), "params")).item_metadata
-    finally:
-        log.setLevel(level)
     one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), meta,
                         is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
