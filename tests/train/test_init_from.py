@@ -8,14 +8,18 @@ import pytest
 from conftest import replace
 from tests.helpers import tiny_configs
 from tests.helpers.runs import run
-from zoo.config import Config, TrainConfig
 from zoo.errors import ConfigError
-from zoo.models.gpt import GptConfig
-from zoo.train import trainer
+from zoo.train import checkpoint, trainer
+
+
+def gpt_weights(cfg, workdir):
+    """A GPT checkpoint (weights only, as a converted model's): what the refusals of another family read."""
+    s = trainer.setup(cfg, jax.devices()[:1])
+    checkpoint.save_weights(str(workdir), s.init_state(jax.random.PRNGKey(0)).params, cfg)
 
 
 def test_init_from_copies_params(tiny_cfg, tmp_path):
-    src = run(replace(tiny_cfg, train=dict(steps=2)), tmp_path / "src")
+    src = run(tiny_cfg, tmp_path / "src")  # the invariants' resume run: its programs are the compile cache's
     s = trainer.setup(tiny_cfg, jax.devices()[:1])
     state = trainer.init_from(s, s.init_state(jax.random.PRNGKey(7)), str(tmp_path / "src"))
     np.testing.assert_array_equal(jax.device_get(state.params["wte"]["embedding"]),
@@ -40,16 +44,13 @@ def test_init_from_copies_the_encoder_and_refuses_other_families_and_widths(cach
     s2 = trainer.setup(wider, jax.devices()[:1])
     with pytest.raises(ConfigError, match=r"param \['bert'\].* has shape .* \(model width or size differs\)"):
         trainer.init_from(s2, s2.init_state(jax.random.PRNGKey(0)), str(tmp_path / "mlm"))
-    gpt = Config(task="gpt_lm", model=GptConfig(vocab_size=264, max_len=32, num_layers=1, d_model=32, num_heads=2,
-                                                d_ff=64), data=cls_cfg.data,
-                 train=TrainConfig(**{**tiny_configs.BERT_TRAIN, "steps": 1}))
-    run(gpt, tmp_path / "gpt")
+    gpt_weights(tiny_configs.gpt_lm(cache_dir), tmp_path / "gpt")
     with pytest.raises(ConfigError, match="holds a gpt model; this config trains a bert model"):
         trainer.init_from(s, s.init_state(jax.random.PRNGKey(0)), str(tmp_path / "gpt"))
 
 
 def test_init_from_a_checkpoint_of_another_family(s2s_cfg, tiny_cfg, tmp_path):
-    run(replace(tiny_cfg, train=dict(steps=1)), tmp_path / "gpt", devices=jax.devices()[:1])
+    gpt_weights(tiny_cfg, tmp_path / "gpt")
     s = trainer.setup(s2s_cfg, jax.devices()[:1])
     with pytest.raises(ConfigError, match="holds a gpt model; this config trains a encdec model"):
         trainer.init_from(s, s.init_state(jax.random.PRNGKey(0)), str(tmp_path / "gpt"))
