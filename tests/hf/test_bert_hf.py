@@ -15,6 +15,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
+from tests.helpers import shared  # noqa: E402
+from tests.helpers.hf_runs import convert_all, one_torch_thread  # noqa: F401,E402  (one_torch_thread: autouse)
 from zoo.cli import classify  # noqa: E402
 from zoo.cli import train as cli  # noqa: E402
 from zoo.cli import fill_mask  # noqa: E402
@@ -59,6 +61,12 @@ def hf_dirs(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def runs(hf_dirs, tmp_path_factory):
+    """arch -> (run directory, from_hf's report) of each head converted: once for the module's tests."""
+    return convert_all(hf_dirs, tmp_path_factory)
+
+
 def padded_inputs(B=3, T=16, seed=0):
     rng = np.random.default_rng(seed)
     lengths = np.array([T, 11, 5])[:B]
@@ -75,16 +83,17 @@ def hf_outputs(model, ids, segments, valid):
 
 
 def zoo_outputs(model, params, ids, segments, valid):
-    return jax.tree.map(np.asarray, model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(segments),
-                                                jnp.asarray(valid)))
+    apply = jax.jit(model.apply)  # one compile, not one per op
+    return jax.tree.map(np.asarray, apply({"params": params}, jnp.asarray(ids), jnp.asarray(segments),
+                                          jnp.asarray(valid)))
 
 
 @pytest.mark.parametrize("arch", list(HEADS))
-def test_outputs_match_transformers_under_padding_and_segments(hf_dirs, tmp_path, arch):
-    src, model = hf_dirs[arch]
-    out = hf.from_hf(src, str(tmp_path / "run"), verbose=False)
+def test_outputs_match_transformers_under_padding_and_segments(hf_dirs, runs, arch):
+    model = hf_dirs[arch][1]
+    run, out = runs[arch]
     assert out["unused"] == [] and out["config"].task == HEADS[arch]
-    zmodel, params, _, cfg = hf.from_pretrained(str(tmp_path / "run"))
+    zmodel, params, _, cfg = hf.from_pretrained(run)
     ids, segments, valid = padded_inputs()
     ours, theirs = zoo_outputs(zmodel, params, ids, segments, valid), hf_outputs(model, ids, segments, valid)
     if arch == "BertModel":
@@ -101,12 +110,12 @@ def test_outputs_match_transformers_under_padding_and_segments(hf_dirs, tmp_path
 
 
 @pytest.mark.parametrize("arch", list(HEADS))
-def test_round_trip_is_exact_and_export_loads_in_transformers(hf_dirs, tmp_path, arch):
-    src, model = hf_dirs[arch]
-    hf.from_hf(src, str(tmp_path / "run"), verbose=False)
-    hf.to_hf(str(tmp_path / "run"), str(tmp_path / "out"), verbose=False)
+def test_round_trip_is_exact_and_export_loads_in_transformers(hf_dirs, runs, tmp_path, arch):
+    model = hf_dirs[arch][1]
+    run = runs[arch][0]
+    hf.to_hf(run, str(tmp_path / "out"), verbose=False)
     hf.from_hf(str(tmp_path / "out"), str(tmp_path / "again"), verbose=False)
-    a = jax.device_get(hf.from_pretrained(str(tmp_path / "run"))[1])
+    a = jax.device_get(hf.from_pretrained(run)[1])
     b = jax.device_get(hf.from_pretrained(str(tmp_path / "again"))[1])
     assert jax.tree.structure(a) == jax.tree.structure(b)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -147,10 +156,11 @@ def test_unsupported_architecture_and_variants_are_refused(tmp_path, hf_dirs):
 # ---- real weights: all-MiniLM-L6-v2 ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def minilm_run(tmp_path_factory):
-    run = str(tmp_path_factory.mktemp("minilm") / "run")
-    out = hf.from_hf(minilm_dir(), run, verbose=False)
-    assert out["unused"] == [] and out["config"].task == "bert_encoder"  # position_ids: an ignored buffer
-    return run
+    """all-MiniLM-L6-v2 converted, once a session (by whichever xdist worker asks first)."""
+    def build(path):
+        out = hf.from_hf(minilm_dir(), str(path / "run"), verbose=False)
+        assert out["unused"] == [] and out["config"].task == "bert_encoder"  # position_ids: an ignored buffer
+    return str(shared.once(tmp_path_factory, "minilm", build) / "run")
 
 
 @pytest.mark.parametrize("files", [None, ("vocab.txt", "tokenizer_config.json")])

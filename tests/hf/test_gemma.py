@@ -54,6 +54,8 @@ MODELS = {
 }
 IDS = np.random.default_rng(0).integers(0, V, (2, 12))
 one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
+edited = hf_runs.edited
+hf_logits = hf_runs.hf_logits
 
 
 def hf_model(name):
@@ -82,11 +84,6 @@ def hf_dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(hf_dirs, tmp_path_factory):
     return hf_runs.convert_all(hf_dirs, tmp_path_factory)
-
-
-def hf_logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor(np.asarray(ids))).logits.numpy()
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -153,15 +150,6 @@ def test_gemma_switches_no_architecture_holds_are_refused_in_one_line(switches):
                                               r"positions=rope, norm=rmsnorm_plus1, mlp=geglu, embed_scale") as e:
         export_converter(gemma_model(**switches))
     assert "\n" not in str(e.value)
-
-
-def edited(src, dst, **fields) -> str:
-    """A copy of checkpoint directory `src` whose config.json has `fields` set."""
-    os.makedirs(dst)
-    os.symlink(os.path.join(src, "model.safetensors"), os.path.join(dst, "model.safetensors"))
-    with open(os.path.join(dst, "config.json"), "w") as f:
-        json.dump({**json.load(open(os.path.join(src, "config.json"))), **fields}, f)
-    return str(dst)
 
 
 @pytest.mark.parametrize("name,fields,message", [

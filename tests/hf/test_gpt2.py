@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
+from tests.helpers.hf_runs import one_torch_thread  # noqa: F401,E402  (autouse fixture)
 from zoo import hf  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402

@@ -49,6 +49,8 @@ MODELS = {
 }
 IDS = np.random.default_rng(0).integers(0, V, (2, 12))
 one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
+edited = hf_runs.edited
+hf_logits = hf_runs.hf_logits
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +73,6 @@ def hf_dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(hf_dirs, tmp_path_factory):
     return hf_runs.convert_all(hf_dirs, tmp_path_factory)
-
-
-def hf_logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor(np.asarray(ids))).logits.numpy()
 
 
 def zoo_logits(model_cfg, params, ids=IDS):
@@ -174,15 +171,6 @@ def test_pythia_160m_config_converts_to_the_preset_whose_count_is_transformers()
             k: v for k, v in PYTHIA_160M_JSON.items() if k not in ("architectures", "torch_dtype",
                                                                     "transformers_version", "model_type")}))
     assert ours == sum(p.numel() for p in theirs.parameters()) == 162_322_944
-
-
-def edited(src, dst, **fields) -> str:
-    """A copy of checkpoint directory `src` whose config.json has `fields` set."""
-    os.makedirs(dst)
-    os.symlink(os.path.join(src, "model.safetensors"), os.path.join(dst, "model.safetensors"))
-    with open(os.path.join(dst, "config.json"), "w") as f:
-        json.dump({**json.load(open(os.path.join(src, "config.json"))), **fields}, f)
-    return str(dst)
 
 
 @pytest.mark.parametrize("fields,message", [

@@ -32,6 +32,7 @@ from zoo.models.gpt import GptConfig  # noqa: E402
 from zoo.train import checkpoint  # noqa: E402
 
 one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
+hf_logits = hf_runs.hf_logits
 V = 300  # the test tokenizer's vocabulary: 256 bytes, 2 specials, 42 merges
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"  # ids 0 and 1
 # initializer_range 0.2, not 0.02: attention then is far from uniform, so a rope or window applied wrongly
@@ -101,11 +102,6 @@ def hf_dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(hf_dirs, tmp_path_factory):
     return convert_all(hf_dirs, tmp_path_factory)
-
-
-def hf_logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor(np.asarray(ids))).logits.numpy()
 
 
 IDS = np.random.default_rng(0).integers(0, V, (2, 12))

@@ -44,6 +44,8 @@ MODELS = {
 }
 IDS = np.random.default_rng(0).integers(0, V, (2, 12))
 one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
+edited = hf_runs.edited
+hf_logits = hf_runs.hf_logits
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +71,6 @@ def hf_dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(hf_dirs, tmp_path_factory):
     return hf_runs.convert_all(hf_dirs, tmp_path_factory)
-
-
-def hf_logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor(np.asarray(ids))).logits.numpy()
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -138,12 +135,7 @@ def test_export_picks_the_architecture_by_qk_norms_and_refuses_what_none_holds(r
                                   r"is not supported; supported: experts in every layer"),
     (dict(mlp_only_layers=[1]), r"^Qwen3-MoE with dense MLP layers \(decoder_sparse_step=1, mlp_only_layers=\[1\]\)")])
 def test_qwen3_moe_dense_layers_are_refused_in_one_line(hf_dirs, tmp_path, fields, message):
-    src = hf_dirs["qwen3_moe"][0]
-    dst = tmp_path / "bad"
-    os.makedirs(dst)
-    os.symlink(os.path.join(src, "model.safetensors"), dst / "model.safetensors")
-    with open(dst / "config.json", "w") as f:
-        json.dump({**json.load(open(os.path.join(src, "config.json"))), **fields}, f)
+    bad = edited(hf_dirs["qwen3_moe"][0], tmp_path / "bad", **fields)
     with pytest.raises(ConversionError, match=message) as e:
-        hf.from_hf(str(dst), str(tmp_path / "run"), verbose=False)
+        hf.from_hf(bad, str(tmp_path / "run"), verbose=False)
     assert "\n" not in str(e.value)

@@ -24,6 +24,7 @@ peft = pytest.importorskip("peft", reason="peft is not installed")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from tests.helpers.hf_runs import one_torch_thread  # noqa: F401,E402  (autouse fixture)
+from tests.helpers import shared  # noqa: E402
 from tests.helpers.runs import run  # noqa: E402
 from zoo import hf, tasks  # noqa: E402
 from zoo.cli import convert as convert_cli  # noqa: E402
@@ -48,15 +49,49 @@ IDS = np.random.default_rng(0).integers(0, V, (2, 12))
 
 
 @pytest.fixture(scope="module")
-def hf_dirs(tmp_path_factory):
-    """name -> a saved small random transformers model's directory."""
-    out = {}
+def built(tmp_path_factory, cache_dir):
+    """The directories of hf_dirs, lora_runs and adapters, built once a session (by whichever xdist worker
+    asks first): converting and training them twice, once on each worker, would only repeat the same work."""
+    return shared.once(tmp_path_factory, "peft", lambda root: build(root, cache_dir))
+
+
+def build(root, cache_dir):
+    """Under `root`: name/hf, a saved small random transformers model; name/base, it converted; name/lora, a
+    LoRA run on it; name/adapter, the PEFT adapter `to-hf --adapter` wrote for that run."""
     for name, (config_cls, model_cls, fields) in MODELS.items():
         torch.manual_seed(0)
-        d = tmp_path_factory.mktemp(name)
-        getattr(transformers, model_cls)(getattr(transformers, config_cls)(**fields)).save_pretrained(d)
-        out[name] = str(d)
-    return out
+        model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**fields))
+        model.save_pretrained(root / name / "hf")
+        base = str(root / name / "base")
+        hf.from_hf(str(root / name / "hf"), base, verbose=False)
+        cfg = checkpoint.load_config(base)
+        cfg = dataclasses.replace(
+            cfg, init_from=base, model=dataclasses.replace(cfg.model, lora_rank=4, lora_alpha=8.0),
+            data=DataConfig(source="builtin", tokenizer="bytes", seq_len=16, cache_dir=cache_dir),
+            optim=OptimConfig(lr=1e-2, warmup=0),
+            train=TrainConfig(steps=3, batch_size=4, log_every=3, eval_every=0, save_every=3,
+                              trainable="ln_f" if name == "qwen2" else ""))  # qwen2's final norm trains too
+        run(cfg, root / name / "lora", devices=jax.devices()[:1])
+        assert convert_cli.main(["to-hf", str(root / name / "lora"), str(root / name / "adapter"), "--adapter"]) == 0
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(built):
+    """name -> a saved small random transformers model's directory."""
+    return {name: str(built / name / "hf") for name in MODELS}
+
+
+@pytest.fixture(scope="module")
+def lora_runs(built):
+    """name -> (base run converted from hf_dirs[name], a LoRA run on it: rank 4, alpha 8, 3 steps at lr 1e-2, so
+    every lora_b is far from zero; Qwen2's also trains its final norm, which travels as modules_to_save)."""
+    return {name: (str(built / name / "base"), str(built / name / "lora")) for name in MODELS}
+
+
+@pytest.fixture(scope="module")
+def adapters(built):
+    """name -> the PEFT adapter directory `to-hf --adapter` wrote for lora_runs[name]."""
+    return {name: str(built / name / "adapter") for name in MODELS}
 
 
 def fresh(src):
@@ -71,38 +106,7 @@ def hf_logits(model, ids=IDS):
 
 def zoo_logits(run_dir, ids=IDS):
     model, params, _, _ = checkpoint.load_run(run_dir)
-    return np.asarray(model.apply({"params": params}, jnp.asarray(ids)))
-
-
-@pytest.fixture(scope="module")
-def lora_runs(hf_dirs, tmp_path_factory, cache_dir):
-    """name -> (base run converted from hf_dirs[name], a LoRA run on it: rank 4, alpha 8, 3 steps at lr 1e-2, so
-    every lora_b is far from zero; Qwen2's also trains its final norm, which travels as modules_to_save)."""
-    out = {}
-    for name, src in hf_dirs.items():
-        root = tmp_path_factory.mktemp(f"{name}_runs")
-        base = str(root / "base")
-        hf.from_hf(src, base, verbose=False)
-        cfg = checkpoint.load_config(base)
-        cfg = dataclasses.replace(
-            cfg, init_from=base, model=dataclasses.replace(cfg.model, lora_rank=4, lora_alpha=8.0),
-            data=DataConfig(source="builtin", tokenizer="bytes", seq_len=16, cache_dir=cache_dir),
-            optim=OptimConfig(lr=1e-2, warmup=0),
-            train=TrainConfig(steps=3, batch_size=4, log_every=3, eval_every=0, save_every=3,
-                              trainable="ln_f" if name == "qwen2" else ""))  # qwen2's final norm trains too
-        run(cfg, root / "lora", devices=jax.devices()[:1])
-        out[name] = (base, str(root / "lora"))
-    return out
-
-
-@pytest.fixture(scope="module")
-def adapters(lora_runs, tmp_path_factory):
-    """name -> the PEFT adapter directory `to-hf --adapter` wrote for lora_runs[name]."""
-    out = {}
-    for name, (_, lora) in lora_runs.items():
-        out[name] = str(tmp_path_factory.mktemp(f"{name}_adapter") / "adapter")
-        assert convert_cli.main(["to-hf", lora, out[name], "--adapter"]) == 0
-    return out
+    return np.asarray(jax.jit(model.apply)({"params": params}, jnp.asarray(ids)))  # one compile, not one per op
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from tests.helpers import shared
 from tests.helpers.hf_runs import one_torch_thread  # noqa: F401  (autouse fixture)
 from zoo.cli import convert, sample
 from zoo.infer.sample import generate
@@ -27,9 +28,11 @@ def gguf_dir() -> str:
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    """(transformers model, its tokenizer, the zoo run converted from the same file by zoo-convert from-gguf)."""
-    run = str(tmp_path_factory.mktemp("smollm2") / "run")
-    assert convert.main(["from-gguf", os.path.join(gguf_dir(), GGUF), run]) == 0
+    """(transformers model, its tokenizer, the zoo run converted from the same file by zoo-convert from-gguf:
+    converted once a session, by whichever xdist worker asks first)."""
+    def build(path):
+        assert convert.main(["from-gguf", os.path.join(gguf_dir(), GGUF), str(path / "run")]) == 0
+    run = str(shared.once(tmp_path_factory, "smollm2", build) / "run")
     tok = transformers.AutoTokenizer.from_pretrained(gguf_dir(), gguf_file=GGUF)
     model = transformers.AutoModelForCausalLM.from_pretrained(gguf_dir(), gguf_file=GGUF, dtype=torch.float32)
     return model.eval(), tok, run

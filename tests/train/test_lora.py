@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import replace
-from tests.helpers import tiny_configs
+from tests.helpers import shared, tiny_configs
 from tests.helpers.runs import losses, run
 from zoo import tasks
 from zoo.errors import CheckpointError, ConfigError
@@ -22,12 +22,12 @@ from zoo.train import checkpoint, freeze, trainer
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, cache_dir):
-    """(config, directory) of a 3-step Llama-style tiny run: the base every adapter here trains on."""
+    """(config, directory) of a 3-step Llama-style tiny run: the base every adapter here trains on (trained once
+    a session, by whichever xdist worker asks first)."""
     cfg = replace(tiny_configs.llama_lm(cache_dir), train=dict(steps=3, save_every=3),
                   model=dict(dropout=0.0))
-    work = str(tmp_path_factory.mktemp("lora") / "base")
-    run(cfg, work, devices=jax.devices()[:1])
-    return cfg, work
+    path = shared.once(tmp_path_factory, "lora-base", lambda p: run(cfg, p / "base", devices=jax.devices()[:1]))
+    return cfg, str(path / "base")
 
 
 def adapted(base, **model):
@@ -40,36 +40,58 @@ def size(tree) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
 
 
-def test_an_adapted_model_starts_as_its_base_and_only_its_adapters_train(base, tmp_path):
+@pytest.fixture(scope="module")
+def trained(base, tmp_path_factory):
+    """(config, directory, {"params": the trained adapters, "frozen": the frozen base as training left it}) of 3
+    steps of rank-4 adapters on the base at lr 1e-2: trained once a session (by whichever xdist worker asks
+    first), the state at the end kept beside the run."""
     cfg = adapted(base)
+
+    def build(path):
+        out = run(cfg, path / "run", devices=jax.devices()[:1])
+        for part, tree in (("params", out["params"]), ("frozen", out["state"].frozen)):
+            np.savez(path / f"{part}.npz", **freeze.flat(jax.device_get(tree)))
+    path = shared.once(tmp_path_factory, "lora-adapted", build)
+    end = {part: freeze.unflat(dict(np.load(path / f"{part}.npz"))) for part in ("params", "frozen")}
+    return cfg, str(path / "run"), end
+
+
+def logits_fn(cfg):
+    """Jitted logits of the plain model: (of params without adapters, of params with them)."""
+    plain, spec = tasks.plain(cfg).model, lora.spec_of(cfg.model)
+
+    def adapted_logits(params, ids):
+        with lora.intercept(spec, False):
+            return plain.apply({"params": params}, ids)
+    return jax.jit(plain.apply), jax.jit(adapted_logits)
+
+
+def test_an_adapted_model_starts_as_its_base_and_only_its_adapters_train(base, trained):
+    cfg, work, out = trained
     s = trainer.setup(cfg, jax.devices()[:1])
     state = trainer.init_from(s, s.init_state(jax.random.PRNGKey(0)), cfg.init_from)
-    trained = freeze.flat(state.params)
-    assert trained and all(lora.is_adapter(k) for k in trained)
-    assert len(trained) == 2 * 7 * cfg.model.num_layers  # A and B on q, k, v, o, gate, fc, proj of each layer
+    trainable = freeze.flat(state.params)
+    assert trainable and all(lora.is_adapter(k) for k in trainable)
+    assert len(trainable) == 2 * 7 * cfg.model.num_layers  # A and B on q, k, v, o, gate, fc, proj of each layer
     moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
     assert sum(x.size for x in moments) == 2 * size(state.params)  # Adam's two moments, for the adapters only
     base_params = checkpoint.load_params_of(base[1], base[0])
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 16)))
-    plain = tasks.plain(cfg).model
-    with lora.intercept(lora.spec_of(cfg.model), False):
-        start = plain.apply({"params": s.full_params(state)}, ids)
-    np.testing.assert_array_equal(np.asarray(start), np.asarray(plain.apply({"params": base_params}, ids)))
+    plain_logits, adapted_logits = logits_fn(cfg)
+    start = adapted_logits(s.full_params(state), ids)
+    np.testing.assert_array_equal(np.asarray(start), np.asarray(plain_logits({"params": base_params}, ids)))
 
-    out = run(cfg, tmp_path / "run", devices=jax.devices()[:1])
-    saved, paths = checkpoint.load_trained(str(tmp_path / "run"), cfg)
-    assert set(freeze.flat(saved)) == set(trained) == set(paths)  # the checkpoint holds the adapters alone
-    for k, v in freeze.flat(jax.device_get(out["state"].frozen)).items():
+    saved, paths = checkpoint.load_trained(work, cfg)
+    assert set(freeze.flat(saved)) == set(trainable) == set(paths)  # the checkpoint holds the adapters alone
+    for k, v in freeze.flat(out["frozen"]).items():
         np.testing.assert_array_equal(v, freeze.flat(base_params)[k])  # the base never moved
-    merged = checkpoint.load_params_of(str(tmp_path / "run"), cfg)
-    node = jax.device_get(out["params"])["h_1"]["attn"]["query"]
+    merged = checkpoint.load_params_of(work, cfg)
+    node = out["params"]["h_1"]["attn"]["query"]
     ab = np.einsum("dr,rnh->dnh", node["lora_a"], node["lora_b"])
     assert np.abs(ab).max() > 1e-3  # B left zero: the adapters learned something
     np.testing.assert_allclose(merged["h_1"]["attn"]["query"]["kernel"], node["kernel"] + 2.0 * ab, atol=1e-6)
-    with lora.intercept(lora.spec_of(cfg.model), False):
-        trained_logits = plain.apply({"params": out["params"]}, ids)
-    np.testing.assert_allclose(np.asarray(plain.apply({"params": merged}, ids)), np.asarray(trained_logits),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(plain_logits({"params": merged}, ids)),
+                               np.asarray(adapted_logits(out["params"], ids)), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -90,11 +112,9 @@ def test_lora_resumes_bit_for_bit_and_a_2x2x2_mesh_equals_one_device(base, tmp_p
 
 
 @pytest.fixture(scope="module")
-def unquantized(base, tmp_path_factory):
+def unquantized(trained):
     """The first training loss of the adapters on the float32 base (what a quantized base approximates)."""
-    out = run(replace(adapted(base), train=dict(steps=1, save_every=1)), tmp_path_factory.mktemp("f32") / "run",
-              devices=jax.devices()[:1])
-    return out["records"][0]["loss"]
+    return losses(trained[1])[1]
 
 
 @pytest.mark.parametrize("kind, bound, ratio", [("int8", 1 / 254, 0.27), ("nf4", 0.15, 0.15)])
@@ -170,17 +190,18 @@ def test_adapters_need_a_base_and_a_positive_rank(cache_dir):
 
 
 def test_a_lora_run_reads_the_base_step_it_trained_on(cache_dir, tmp_path):
-    cfg = replace(tiny_configs.gpt_lm(cache_dir), model=dict(dropout=0.0), train=dict(steps=2, save_every=2, keep=2))
+    # The base is one 8-step run stopped and resumed (one schedule: one compiled step for all three legs).
+    cfg = replace(tiny_configs.gpt_lm(cache_dir), model=dict(dropout=0.0), train=dict(steps=8, save_every=2, keep=2))
     one = dict(devices=jax.devices()[:1])
-    run(cfg, tmp_path / "base", **one)
+    run(cfg, tmp_path / "base", stop_at_step=2, **one)
     lcfg = replace(dataclasses.replace(cfg, init_from=str(tmp_path / "base")), model=dict(lora_rank=2),
-                   optim=dict(lr=1e-2))
+                   optim=dict(lr=1e-2), train=dict(steps=2))
     run(lcfg, tmp_path / "lora", **one)
     before = checkpoint.load_params_of(str(tmp_path / "lora"), lcfg)
-    run(replace(cfg, train=dict(steps=4)), tmp_path / "base", resume=True, **one)  # the base trains on: step 4
+    run(cfg, tmp_path / "base", resume=True, stop_at_step=4, **one)  # the base trains on: step 4
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(checkpoint.load_params_of(str(tmp_path / "lora"), lcfg))):
         np.testing.assert_array_equal(a, b)
     # keep=1: step 2 rotates out (8 stays, and 6, the last good step: the loss after it was calm)
-    run(replace(cfg, train=dict(steps=8, keep=1)), tmp_path / "base", resume=True, **one)
+    run(replace(cfg, train=dict(keep=1)), tmp_path / "base", resume=True, **one)
     with pytest.raises(CheckpointError, match=r"trained on step 2 of its base, .* no longer holds it \(steps: 8, 6\)"):
         checkpoint.load_params_of(str(tmp_path / "lora"), lcfg)
