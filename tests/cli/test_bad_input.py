@@ -3,21 +3,22 @@ one `error:` line on stderr that names the value or path, no traceback, and leav
 
 import json
 import os
+import shutil
 
 import pytest
 
-from tests.helpers.runs import run
+from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fixture finished_gpt)
 from zoo.cli import convert, sample
 from zoo.cli.train import train_main
 
 
 @pytest.fixture(scope="module")
-def done(tmp_path_factory, cache_dir):
-    """A finished 2-step tiny GPT run (resume, sample and convert rows act on it)."""
-    from conftest import replace
-    from tests.helpers import tiny_configs
+def done(finished_gpt, tmp_path_factory):
+    """A finished 4-step tiny GPT run, checkpoints at steps 2 and 4 (resume, sample and convert rows act on it):
+    this worker's own copy of the session's, as a --resume row locks the run it loads while the other worker's
+    rows may be reading theirs."""
     work = str(tmp_path_factory.mktemp("bad_input") / "run")
-    run(replace(tiny_configs.gpt_lm(cache_dir), train=dict(steps=2, save_every=2)), work)
+    shutil.copytree(finished_gpt, work)
     return work
 
 
@@ -59,10 +60,10 @@ ROWS = [  # (command, arguments, fragment of the error line)
      "--set model.num_layers=3 changes the model's parameters (shape or dtype)"),
     ("train", ["--resume", "{run}", "--set", "model.param_dtype=bfloat16"],
      "--set model.param_dtype=bfloat16 changes the model's parameters (shape or dtype)"),
-    ("train", ["--resume", "{run}", "--set", "train.steps=4", "--set", "optim.clip_norm=0"],
+    ("train", ["--resume", "{run}", "--set", "train.steps=6", "--set", "optim.clip_norm=0"],
      "changes the optimizer state's layout (optim.clip_norm turned on or off)"),
-    ("train", ["--resume", "{run}", "--set", "train.steps=1"], "is at step 2 and train.steps=1: nothing to train"),
-    ("train", ["--resume", "{run}"], "is at step 2 and train.steps=2: nothing to train"),
+    ("train", ["--resume", "{run}", "--set", "train.steps=1"], "is at step 4 and train.steps=1: nothing to train"),
+    ("train", ["--resume", "{run}"], "is at step 4 and train.steps=4: nothing to train"),
     ("train", [*TRAIN, "--set", "model.lora_rank=-1"], "model.lora_rank=-1 must be >= 0"),
     ("train", [*TRAIN, "--set", "model.lora_rank=4"], "model.lora_rank freezes a base model"),
     ("train", ["--init-from", "{run}", "--workdir", "{new}", "--set", "model.lora_rank=4", "--set",
@@ -108,4 +109,4 @@ def test_bad_input_is_one_error_line(done, tmp_path, capsys, cache_dir, command,
     assert "Traceback" not in err[0]
     assert not os.path.exists(paths["new"])  # nothing half-made
     assert (sorted(os.listdir(done)), open(os.path.join(done, "config.json")).read()) == before
-    assert json.loads(open(os.path.join(done, "config.json")).read())["train"]["steps"] == 2
+    assert json.loads(open(os.path.join(done, "config.json")).read())["train"]["steps"] == 4

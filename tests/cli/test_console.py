@@ -4,8 +4,11 @@ import pytest
 
 from zoo.cli.train import train_main
 
+# gpt_tiny cut to one layer of width 64 on 32-token rows: what is checked is what gets printed, not what is learned.
 TINY = ["--set", "train.steps=4", "--set", "train.eval_every=2", "--set", "train.eval_batches=1", "--set",
-        "train.batch_size=8", "--set", "train.log_every=2", "--set", "train.sample_tokens=0"]
+        "train.batch_size=8", "--set", "train.log_every=2", "--set", "train.sample_tokens=0",
+        "--set", "model.num_layers=1", "--set", "model.d_model=64", "--set", "model.num_heads=2",
+        "--set", "model.d_ff=128", "--set", "data.seq_len=32"]
 
 
 @pytest.mark.parametrize("quiet", [False, True])

@@ -7,11 +7,9 @@ import json
 import os
 import shutil
 
-import jax
 import pytest
 
-from conftest import replace
-from tests.helpers.runs import run
+from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fixture finished_gpt)
 from zoo import hf
 from zoo.cli import fine_tune
 from zoo.cli.train import parse, resolve, train_main
@@ -130,9 +128,8 @@ def test_runs_move_and_their_fine_tunes_keep_their_own_tokenizer(hf_bert, tmp_pa
     assert checkpoint.load_run(os.path.join(moved, "ft"))[2].encode("the") == [1996]
 
 
-def test_resume_with_more_steps_warns_that_the_learning_rate_jumps_back(tiny_cfg, tmp_path, capsys):
-    work = str(tmp_path / "run")
-    run(replace(tiny_cfg, train=dict(steps=4, eval_every=0)), work, devices=jax.devices()[:1])
+def test_resume_with_more_steps_warns_that_the_learning_rate_jumps_back(finished_gpt, capsys):
+    work = finished_gpt  # the tiny GPT's 4 steps, cosine after 2 of warmup
     capsys.readouterr()
     resolve(parse(["--resume", work, "--set", "train.steps=40"]))
     out = capsys.readouterr().out

@@ -7,8 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import replace
-from tests.helpers.runs import run
+from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fixture finished_gpt)
 from zoo.cli.train import parse, resolve, train_main
 from zoo.train import checkpoint
 
@@ -25,9 +24,8 @@ def params_of(workdir):
     return jax.device_get(checkpoint.load_params_of(str(workdir), cfg))
 
 
-def test_a_zoo_run_fine_tunes_with_its_own_model_tokenizer_and_task(tiny_cfg, tmp_path, capsys):
-    src = tmp_path / "src"
-    run(replace(tiny_cfg, train=dict(steps=3)), src, devices=jax.devices()[:1])
+def test_a_zoo_run_fine_tunes_with_its_own_model_tokenizer_and_task(finished_gpt, tmp_path, capsys):
+    src = finished_gpt  # a 4-step tiny GPT run
     work = str(tmp_path / "ft")
     assert train_main(["--init-from", str(src), "--workdir", work, "--set", "train.steps=1", "--set", LR]) == 0
     cfg = read_config(work)
