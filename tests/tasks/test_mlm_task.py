@@ -103,15 +103,16 @@ def test_bert_mlm_loss_on_the_chosen_positions_equals_full_logits(cache_dir):
     cfg = tiny_configs.bert_mlm_pretrain(cache_dir, batch_size=4)
     task = tasks.build(cfg)
     batch = task.make_data(cfg, 0, 1).train(3)
-    params = nn.unbox(task.init(jax.random.PRNGKey(0)))
+    params = nn.unbox(jax.jit(task.init)(jax.random.PRNGKey(0)))  # jitted: one program, not one per op
     params["mlm_head"]["bias"] = jax.random.normal(jax.random.PRNGKey(1), params["mlm_head"]["bias"].shape)
 
     def full(p):
         logits = task.model.apply({"params": p}, batch["inputs"], batch["segment_ids"], batch["valid"])
         return plain_losses.token_cross_entropy(logits, batch["targets"], batch["weights"])
 
-    (l1, aux), g1 = jax.value_and_grad(task.loss, has_aux=True)(params, batch, jax.random.PRNGKey(0), False)
-    (l0, c0), g0 = jax.value_and_grad(full, has_aux=True)(params)
+    (l1, aux), g1 = jax.jit(jax.value_and_grad(lambda p: task.loss(p, batch, jax.random.PRNGKey(0), False),
+                                               has_aux=True))(params)
+    (l0, c0), g0 = jax.jit(jax.value_and_grad(full, has_aux=True))(params)
     assert batch["positions"].shape[1] == mlm.max_predictions(64) < 64
     np.testing.assert_allclose(l1, l0, rtol=1e-5)
     assert float(aux["correct"]) == float(c0) and float(aux["weight"]) == batch["weights"].sum()

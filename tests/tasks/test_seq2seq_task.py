@@ -24,18 +24,19 @@ def test_label_smoothing_applies_to_the_training_loss_only(s2s_cfg, head):
     """The task's fused loss (any output head: tied, or an untied lm_head with a logits bias) against
     cross-entropy of the model's logits: values, and gradients of the training loss."""
     task = tasks.build(replace(s2s_cfg, model=dict(dropout=0.0, **head)))
-    params = nn.unbox(task.init(jax.random.PRNGKey(0)))
+    params = nn.unbox(jax.jit(task.init)(jax.random.PRNGKey(0)))  # jitted: one program, not one per op
     if "logits_bias" in params:
         params["logits_bias"] = jax.random.normal(jax.random.PRNGKey(2), params["logits_bias"].shape)
     batch = task.make_data(s2s_cfg, 0, 1).train(0)
     logits = lambda p: task.model.apply({"params": p}, batch["src"], batch["src_valid"], batch["tgt_in"])
-    plain, _ = plain_losses.token_cross_entropy(logits(params), batch["tgt_out"], batch["weights"])
-    eval_loss, aux = task.loss(params, batch, jax.random.PRNGKey(1), False)
+    plain, _ = jax.jit(lambda p: plain_losses.token_cross_entropy(logits(p), batch["tgt_out"], batch["weights"]))(params)
+    eval_loss, aux = jax.jit(lambda p: task.loss(p, batch, jax.random.PRNGKey(1), False))(params)
     smoothed = lambda p: plain_losses.smoothed_cross_entropy(logits(p), batch["tgt_out"], batch["weights"], 0.1)
-    train_loss, grads = jax.value_and_grad(lambda p: task.loss(p, batch, jax.random.PRNGKey(1), True)[0])(params)
+    train_loss, grads = jax.jit(jax.value_and_grad(lambda p: task.loss(p, batch, jax.random.PRNGKey(1), True)[0]))(params)
     np.testing.assert_allclose(eval_loss, plain, rtol=1e-6)
-    np.testing.assert_allclose(train_loss, smoothed(params), rtol=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, jax.grad(smoothed)(params))
+    np.testing.assert_allclose(train_loss, jax.jit(smoothed)(params), rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads,
+                 jax.jit(jax.grad(smoothed))(params))
     assert aux["tokens"] == batch["src_valid"].sum() + batch["weights"].sum()  # source + target tokens
 
 
