@@ -53,9 +53,10 @@ def main(argv=None) -> int:
         return error(e)
     chat = bool(messages) or a.chat
     conversations = [messages] if messages else [[{"role": "user", "content": t}] for t in texts] if chat else None
-    from zoo.infer.sample import crops, generate, generate_batch
+    from zoo.infer.sample import check_settings, crops, generate, generate_batch
     from zoo.train.checkpoint import load_run
     try:
+        check_settings(a.max_new_tokens, a.num_samples, a.temperature, a.top_k, a.top_p)  # before the run loads
         model, params, tok, cfg = load_run(a.workdir)
         if chat:
             from zoo.infer.chat import prompt_ids

@@ -128,6 +128,14 @@ def generate_batch(model, params, prompts: list[list[int]], max_new_tokens: int,
     return _cut(np.asarray(out), eos_id)
 
 
+def check_settings(max_new_tokens, num_samples, temperature, top_k, top_p) -> None:
+    """The sampling settings, checked (zoo-sample checks them before it loads a run)."""
+    if max_new_tokens < 1 or num_samples < 1:
+        raise ValueError(f"max-new-tokens={max_new_tokens} and num-samples={num_samples} must be >= 1")
+    if top_k < 0 or not 0 < top_p <= 1 or not temperature >= 0:  # `not >=` also refuses NaN
+        raise ValueError(f"need top_k >= 0, 0 < top_p <= 1, temperature >= 0; got {top_k}, {top_p}, {temperature}")
+
+
 def _check(model, prompts, max_new_tokens, num_samples, temperature, top_k, top_p, window) -> int:
     """The arguments of `generate` and `generate_batch`, checked; returns the window."""
     window = min(window or model.cfg.max_len, model.cfg.max_len)
@@ -135,10 +143,7 @@ def _check(model, prompts, max_new_tokens, num_samples, temperature, top_k, top_
         raise ValueError("no prompts given; give at least one")
     if not all(len(p) for p in prompts):
         raise ValueError("the prompt is empty; give at least one token (e.g. --prompt 'The')")
-    if max_new_tokens < 1 or num_samples < 1:
-        raise ValueError(f"max-new-tokens={max_new_tokens} and num-samples={num_samples} must be >= 1")
-    if top_k < 0 or not 0 < top_p <= 1 or not temperature >= 0:  # `not >=` also refuses NaN
-        raise ValueError(f"need top_k >= 0, 0 < top_p <= 1, temperature >= 0; got {top_k}, {top_p}, {temperature}")
+    check_settings(max_new_tokens, num_samples, temperature, top_k, top_p)
     if window < 2:
         raise ValueError(f"a context window of {window} token(s) leaves no room to generate")
     return window
