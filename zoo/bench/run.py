@@ -97,7 +97,7 @@ def run_spec(spec: dict, peers, rounds: int, profile: str | None = None, env: di
     early = {p: Worker(p, spec, hold=True) for p in peers} if gpu else {}  # imports overlap zoo's compile
     shared = {"XLA_PYTHON_CLIENT_PREALLOCATE": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")}
     zoo = Worker("zoo", spec, env={**(shared if gpu and peers else {}), **(env or {})})  # jax leaves the peers GPU memory
-    zoo_rounds, pairs = [], {}
+    zoo_rounds, pairs, first = [], {}, None
     try:
         for name in peers:
             w = early.pop(name, None)
@@ -109,14 +109,16 @@ def run_spec(spec: dict, peers, rounds: int, profile: str | None = None, env: di
                 if w:
                     w.close()
                 continue
-            start = zoo.rounds
+            start = zoo.rounds + WARMUP  # zoo's timed rounds beside this peer: from there on
+            first = start if first is None else first
             times = _timed_rounds({"zoo": zoo, name: w}, rounds)
             zoo_rounds += times["zoo"]
-            pairs[name] = (w.ready, times[name], w.ask("final"), zoo.ask(f"final {start}"))
+            pairs[name] = (w.ready, times[name], w.ask(f"final {WARMUP}"), zoo.ask(f"final {start}"))
             w.close()
         if not pairs:  # no peer asked, or none could run: zoo alone
+            first = zoo.rounds + WARMUP
             zoo_rounds = _timed_rounds({"zoo": zoo}, rounds)["zoo"]
-        final = zoo.ask("final")
+        final = zoo.ask(f"final {first}")  # the timed rounds (and any later peer's warm-up), not the first warm-up
         if profile:
             path = os.path.join(profile, f"{spec['workload']}-{spec['name']}")
             zoo.ask(f"profile {os.path.abspath(path)}")
