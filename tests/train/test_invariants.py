@@ -12,6 +12,9 @@ from tests.helpers import tiny_configs
 from tests.helpers.runs import losses, run
 from zoo.train import checkpoint
 
+# Every case trains two or three tiny runs end to end (up to a minute on two loaded cores): marked slow.
+pytestmark = pytest.mark.slow
+
 # The (data, fsdp, tensor) layouts of the 8 devices each task is compared with 1 device on: every task
 # takes the layout that uses every axis; gpt_lm, the cheapest, also parameters sharded 4 ways (fsdp).
 MESHES = {
