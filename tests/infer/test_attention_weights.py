@@ -30,8 +30,10 @@ def sharpened(params, factor=300.0):
 
 def run(model, params, *inputs):
     """(plain output, output with the weights asked for, Weights, the captured intermediates)."""
-    plain = model.apply({"params": params}, *inputs)
-    out, variables = model.apply({"params": params}, *inputs, mutable=["intermediates"], capture_intermediates=CAPTURE)
+    # Both jitted (one compile each, not one per op).
+    plain = jax.jit(model.apply)({"params": params}, *inputs)
+    out, variables = jax.jit(lambda p, *a: model.apply({"params": p}, *a, mutable=["intermediates"],
+                                                       capture_intermediates=CAPTURE))(params, *inputs)
     return plain, out, collect(variables["intermediates"]), variables["intermediates"]
 
 
@@ -56,7 +58,7 @@ def assert_softmax_rows(w_BNTS):
 def test_gpt_weights_are_causal_softmax_rows_that_give_the_attention_output(switches):
     cfg = dataclasses.replace(tiny_configs.gpt_lm("unused").model, **switches)
     model, ids_BT = Gpt(cfg), RNG.integers(0, 256, (2, 12)).astype(np.int32)
-    params = sharpened(model.init(jax.random.PRNGKey(0), ids_BT)["params"])
+    params = sharpened(jax.jit(model.init)(jax.random.PRNGKey(0), ids_BT)["params"])
     plain, out, maps, inter = run(model, params, ids_BT)
     np.testing.assert_array_equal(out, plain)  # asking for the weights changes nothing on CPU
     assert [(m.kind, m.layer) for m in maps] == [("self", i) for i in range(cfg.num_layers)]
@@ -96,7 +98,7 @@ def test_bert_weights_are_bidirectional_and_zero_on_padding():
     model = BertMlm(dataclasses.replace(tiny_configs.BERT_MODEL, dropout=0.0))
     ids_BT = RNG.integers(0, 256, (2, 10)).astype(np.int32)
     valid_BT = np.arange(10)[None] < np.array([[10], [6]])
-    params = sharpened(model.init(jax.random.PRNGKey(0), ids_BT, np.zeros_like(ids_BT), valid_BT)["params"])
+    params = sharpened(jax.jit(model.init)(jax.random.PRNGKey(0), ids_BT, np.zeros_like(ids_BT), valid_BT)["params"])
     plain, out, maps, inter = run(model, params, ids_BT, np.zeros_like(ids_BT), valid_BT)
     np.testing.assert_array_equal(out, plain)
     assert [(m.kind, m.layer) for m in maps] == [("self", 0), ("self", 1)]
@@ -114,7 +116,7 @@ def test_encdec_weights_of_encoder_decoder_and_cross_attention():
     model = EncDec(dataclasses.replace(cfg, dropout=0.0))
     src_BS, tgt_BT = (RNG.integers(0, 256, (2, n)).astype(np.int32) for n in (8, 6))
     valid_BS = np.arange(8)[None] < np.array([[8], [5]])
-    params = sharpened(model.init(jax.random.PRNGKey(0), src_BS, valid_BS, tgt_BT)["params"])
+    params = sharpened(jax.jit(model.init)(jax.random.PRNGKey(0), src_BS, valid_BS, tgt_BT)["params"])
     plain, out, maps, inter = run(model, params, src_BS, valid_BS, tgt_BT)
     np.testing.assert_array_equal(out, plain)
     assert [(m.kind, m.layer) for m in maps] == [("encoder", 0), ("decoder", 0), ("cross", 0)]

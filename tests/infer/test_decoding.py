@@ -24,7 +24,7 @@ def setup():
     model = EncDec(CFG)
     src = jax.random.randint(jax.random.PRNGKey(1), (3, 6), 0, 36)
     valid = jnp.arange(6)[None] < jnp.array([[6], [4], [5]])
-    params = nn.unbox(model.init(jax.random.PRNGKey(0), src, valid, jnp.zeros((3, 4), jnp.int32))["params"])
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), src, valid, jnp.zeros((3, 4), jnp.int32))["params"])
     # Larger weights (and an untied output) make the untrained model's argmax vary by step and by row.
     params = jax.tree.map(lambda x: x * 3 if x.ndim >= 2 else x, params)
     return model, params, src, valid
@@ -33,9 +33,9 @@ def setup():
 def full_greedy(model, params, src, valid, eos, vocab_limit):
     """Greedy by recomputing the whole decoder over the prefix at every step (no cache)."""
     ids = jnp.full((src.shape[0], 1), BOS, jnp.int32)
-    out = []
+    out, apply = [], jax.jit(model.apply)  # one compile per prefix length, not one per op
     for _ in range(L):
-        logits = model.apply({"params": params}, src, valid, ids)[:, -1, :vocab_limit]
+        logits = apply({"params": params}, src, valid, ids)[:, -1, :vocab_limit]
         tok = jnp.argmax(logits, -1).astype(jnp.int32)
         out.append(tok)
         ids = jnp.concatenate([ids, tok[:, None]], 1)
@@ -84,6 +84,7 @@ def exhaustive(setup):
     for b in range(src.shape[0]):
         logp_CTV = jax.nn.log_softmax(forward({"params": params}, jnp.repeat(src[b:b + 1], len(CANDS), 0),
                                               jnp.repeat(valid[b:b + 1], len(CANDS), 0), tgt_in))[:, :, :V3]
+        logp_CTV = np.asarray(logp_CTV)  # indexed below in NumPy, not op by op
         rows.append([float(sum(logp_CTV[i, t, tok] for t, tok in enumerate(c))) for i, c in enumerate(CANDS)])
     return rows
 

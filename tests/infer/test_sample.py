@@ -15,7 +15,7 @@ CFG = GptConfig(vocab_size=64, max_len=48, num_layers=2, d_model=32, num_heads=2
 @pytest.fixture(scope="module")
 def model_params():
     model = Gpt(CFG)
-    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
     # Larger weights than init so the argmax varies from step to step.
     params = jax.tree.map(lambda p: p * 4.0, nn.unbox(params))
     return model, params
@@ -26,7 +26,7 @@ def test_greedy_equals_full_recomputation(model_params):
     prompt = [5, 9, 2]
     out = generate(model, params, prompt, 20, temperature=0.0)[0]
     # One causal forward pass over prompt + output recomputes every step's logits without a cache.
-    logits = model.apply({"params": params}, jnp.asarray([prompt + out]))[0]
+    logits = jax.jit(model.apply)({"params": params}, jnp.asarray([prompt + out]))[0]
     assert out == [int(t) for t in jnp.argmax(logits[len(prompt) - 1:-1], axis=-1)]
     assert len(set(out)) > 1
 

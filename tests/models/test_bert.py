@@ -2,6 +2,7 @@
 scan/remat equivalence, zero-initialised classifier head."""
 
 import dataclasses
+import functools
 import math
 
 import flax.linen as nn
@@ -47,6 +48,7 @@ def _tiny(**kw):
     return dataclasses.replace(BERT_TINY, **{**base, **kw})
 
 
+@functools.partial(jax.jit, static_argnames="seed")  # one compile, not one per leaf shape
 def _random_params(params, seed=0):
     """Weights large enough that every nonlinearity works away from its linear regime."""
     leaves, tree = jax.tree.flatten(params)
@@ -105,50 +107,52 @@ def test_encoder_and_heads_match_numpy_reference(pre_ln):
     cfg = _tiny(pre_ln=pre_ln, ln_eps=1e-6)
     ids, seg, valid = _inputs()
     mlm, cls = BertMlm(cfg), BertClassifier(cfg)
-    p_mlm = _random_params(nn.unbox(mlm.init(jax.random.PRNGKey(0), ids, seg, valid)["params"]))
-    p_cls = _random_params(nn.unbox(cls.init(jax.random.PRNGKey(0), ids, seg, valid)["params"]), seed=1)
+    p_mlm = _random_params(nn.unbox(jax.jit(mlm.init)(jax.random.PRNGKey(0), ids, seg, valid)["params"]))
+    p_cls = _random_params(nn.unbox(jax.jit(cls.init)(jax.random.PRNGKey(0), ids, seg, valid)["params"]), seed=1)
     p_cls["bert"] = p_mlm["bert"]
     hidden = ref_encoder(p_mlm["bert"], ids, seg, valid, cfg)
     r = valid  # outputs at padded positions are unspecified
-    got = Bert(cfg).apply({"params": p_mlm["bert"]}, ids, seg, valid)
+    got = jax.jit(Bert(cfg).apply)({"params": p_mlm["bert"]}, ids, seg, valid)
     np.testing.assert_allclose(np.asarray(got)[r], hidden[r], rtol=1e-4, atol=1e-4)
     h = jax.tree.map(lambda a: np.asarray(a, np.float64), p_mlm["mlm_head"])
     t = _ln(_gelu(_dense(hidden, h["transform"], "btd,de->bte")), h["ln"], cfg.ln_eps)
     want = t @ np.asarray(p_mlm["bert"]["embed"]["word"]["embedding"], np.float64).T + h["bias"]
-    np.testing.assert_allclose(np.asarray(mlm.apply({"params": p_mlm}, ids, seg, valid))[r], want[r],
+    np.testing.assert_allclose(np.asarray(jax.jit(mlm.apply)({"params": p_mlm}, ids, seg, valid))[r], want[r],
                                rtol=1e-4, atol=1e-3)
     c = jax.tree.map(lambda a: np.asarray(a, np.float64), p_cls["cls_head"])
     want = _dense(np.tanh(_dense(hidden[:, 0], c["pooler"], "bd,de->be")), c["out"], "bd,dc->bc")
-    np.testing.assert_allclose(cls.apply({"params": p_cls}, ids, seg, valid), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(jax.jit(cls.apply)({"params": p_cls}, ids, seg, valid), want, rtol=1e-4, atol=1e-4)
 
 
 def test_padding_never_changes_real_positions():
     cfg = _tiny()
     ids, seg, valid = _inputs(T=16)
     model = BertMlm(cfg)
-    params = _random_params(nn.unbox(model.init(jax.random.PRNGKey(0), ids, seg, valid)["params"]))
-    base = np.asarray(model.apply({"params": params}, ids, seg, valid))
+    apply = jax.jit(model.apply)  # one compile per input shape, not one per op
+    params = _random_params(nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), ids, seg, valid)["params"]))
+    base = np.asarray(apply({"params": params}, ids, seg, valid))
     pad = ~valid
     # Other pad tokens and segment ids: bit-identical at the real positions.
     ids2 = np.where(pad, (ids + 7) % 60, ids)
     seg2 = np.where(pad, 1 - seg, seg)
-    out = np.asarray(model.apply({"params": params}, ids2, seg2, valid))
+    out = np.asarray(apply({"params": params}, ids2, seg2, valid))
     np.testing.assert_array_equal(out[valid], base[valid])
     # Longer padding: the same up to float reassociation.
     ids3 = np.concatenate([ids, np.full((2, 8), 5, np.int32)], 1)
     seg3 = np.concatenate([seg, np.ones((2, 8), np.int32)], 1)
     valid3 = np.concatenate([valid, np.zeros((2, 8), bool)], 1)
-    out3 = np.asarray(model.apply({"params": params}, ids3, seg3, valid3))[:, :16]
+    out3 = np.asarray(apply({"params": params}, ids3, seg3, valid3))[:, :16]
     np.testing.assert_allclose(out3[valid], base[valid], rtol=1e-5, atol=1e-5)
     # The control: without the mask, the same pad change does reach the real positions.
     unmasked = np.ones_like(valid)
-    a = np.asarray(model.apply({"params": params}, ids, seg, unmasked))
-    b = np.asarray(model.apply({"params": params}, ids2, seg2, unmasked))
+    a = np.asarray(apply({"params": params}, ids, seg, unmasked))
+    b = np.asarray(apply({"params": params}, ids2, seg2, unmasked))
     assert not np.allclose(a[valid], b[valid], atol=1e-3)
     cls = BertClassifier(cfg)
-    pc = _random_params(nn.unbox(cls.init(jax.random.PRNGKey(0), ids, seg, valid)["params"]))
-    np.testing.assert_array_equal(cls.apply({"params": pc}, ids2, seg2, valid),
-                                  cls.apply({"params": pc}, ids, seg, valid))
+    cls_apply = jax.jit(cls.apply)
+    pc = _random_params(nn.unbox(jax.jit(cls.init)(jax.random.PRNGKey(0), ids, seg, valid)["params"]))
+    np.testing.assert_array_equal(cls_apply({"params": pc}, ids2, seg2, valid),
+                                  cls_apply({"params": pc}, ids, seg, valid))
 
 
 def _stack(layers_parent, L):
@@ -161,14 +165,15 @@ def _stack(layers_parent, L):
 def test_scan_and_remat_match_the_loop(remat):
     ids, seg, valid = _inputs()
     loop = BertMlm(_tiny())
-    params = nn.unbox(loop.init(jax.random.PRNGKey(0), ids, seg, valid)["params"])
+    params = nn.unbox(jax.jit(loop.init)(jax.random.PRNGKey(0), ids, seg, valid)["params"])
     sparams = jax.tree.map(lambda x: x, params)
     _stack(sparams["bert"]["encoder"], 2)
     scanned = BertMlm(_tiny(scan_layers=True, remat=remat))
-    np.testing.assert_allclose(scanned.apply({"params": sparams}, ids, seg, valid),
-                               loop.apply({"params": params}, ids, seg, valid), atol=1e-5, rtol=1e-5)
-    g_loop = jax.grad(lambda p: loop.apply({"params": p}, ids, seg, valid).sum())(params)
-    g_scan = jax.grad(lambda p: scanned.apply({"params": p}, ids, seg, valid).sum())(sparams)
+    # Both sides jitted: one compile each, not one per op.
+    np.testing.assert_allclose(jax.jit(scanned.apply)({"params": sparams}, ids, seg, valid),
+                               jax.jit(loop.apply)({"params": params}, ids, seg, valid), atol=1e-5, rtol=1e-5)
+    g_loop = jax.jit(jax.grad(lambda p: loop.apply({"params": p}, ids, seg, valid).sum()))(params)
+    g_scan = jax.jit(jax.grad(lambda p: scanned.apply({"params": p}, ids, seg, valid).sum()))(sparams)
     np.testing.assert_allclose(g_scan["bert"]["encoder"]["layer"]["mlp"]["fc"]["kernel"][1],
                                g_loop["bert"]["encoder"]["layer_1"]["mlp"]["fc"]["kernel"], atol=1e-4, rtol=1e-4)
 
@@ -176,9 +181,10 @@ def test_scan_and_remat_match_the_loop(remat):
 def test_fresh_classifier_predicts_uniform_and_trains_the_encoder():
     ids, seg, valid = _inputs()
     model = BertClassifier(_tiny())
-    params = nn.unbox(model.init(jax.random.PRNGKey(0), ids, seg, valid)["params"])
-    np.testing.assert_array_equal(model.apply({"params": params}, ids, seg, valid), np.zeros((2, 3)))
-    grads = jax.grad(lambda p: -jax.nn.log_softmax(model.apply({"params": p}, ids, seg, valid))[:, 0].sum())(params)
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), ids, seg, valid)["params"])
+    np.testing.assert_array_equal(jax.jit(model.apply)({"params": params}, ids, seg, valid), np.zeros((2, 3)))
+    grads = jax.jit(jax.grad(lambda p: -jax.nn.log_softmax(model.apply({"params": p}, ids, seg, valid))[:, 0].sum()))(
+        params)
     assert np.abs(grads["cls_head"]["out"]["kernel"]).max() > 0
 
 
@@ -186,6 +192,6 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     cfg = _tiny(dtype="bfloat16")
     ids, seg, valid = _inputs()
     for model in (BertMlm(cfg), BertClassifier(cfg)):
-        v = model.init(jax.random.PRNGKey(0), ids, seg, valid)
+        v = jax.jit(model.init)(jax.random.PRNGKey(0), ids, seg, valid)
         assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nn.unbox(v["params"])))
-        assert model.apply(v, ids, seg, valid).dtype == jnp.float32
+        assert jax.jit(model.apply)(v, ids, seg, valid).dtype == jnp.float32

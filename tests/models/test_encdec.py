@@ -2,6 +2,7 @@
 cached decoding equal to the full forward, and what each variant switch puts in the params."""
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -52,8 +53,13 @@ def _setup(cfg, B=2, S=10, T=12, seed=0):
     src = jax.random.randint(k1, (B, S), 0, cfg.vocab_size)
     valid = jnp.arange(S)[None] < jnp.array([[S], [S - 4]])
     tgt = jax.random.randint(k2, (B, T), 0, cfg.vocab_size)
-    params = nn.unbox(model.init(jax.random.PRNGKey(seed), src, valid, tgt)["params"])
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), src, valid, tgt)["params"])
     return model, params, src, valid, tgt
+
+
+def _apply(model):
+    """model.apply jitted: one compile, not one per op."""
+    return jax.jit(model.apply, static_argnames="method")
 
 
 def test_variant_switches_shape_the_params():
@@ -71,19 +77,21 @@ def test_variant_switches_shape_the_params():
 
 def test_logits_bias_is_added_to_every_position():
     model, params, src, valid, tgt = _setup(VARIANTS["bart"])
-    base = model.apply({"params": params}, src, valid, tgt)
+    apply = _apply(model)
+    base = apply({"params": params}, src, valid, tgt)
     bias_V = jnp.arange(100, dtype=jnp.float32) / 10
-    out = model.apply({"params": {**params, "logits_bias": bias_V}}, src, valid, tgt)
+    out = apply({"params": {**params, "logits_bias": bias_V}}, src, valid, tgt)
     np.testing.assert_allclose(out - base, jnp.broadcast_to(bias_V, base.shape), atol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_decoder_is_causal(name):
     model, params, src, valid, tgt = _setup(VARIANTS[name])
-    base = model.apply({"params": params}, src, valid, tgt)
+    apply = _apply(model)
+    base = apply({"params": params}, src, valid, tgt)
     for t in (0, 6, 11):
         changed = tgt.at[:, t].set((tgt[:, t] + 1) % 100)
-        out = model.apply({"params": params}, src, valid, changed)
+        out = apply({"params": params}, src, valid, changed)
         np.testing.assert_array_equal(out[:, :t], base[:, :t])  # earlier positions: bit-identical
         assert not np.allclose(out[:, t], base[:, t])  # the changed position itself does change
 
@@ -91,27 +99,30 @@ def test_decoder_is_causal(name):
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_encoder_ignores_padding(name):
     model, params, src, valid, tgt = _setup(VARIANTS[name])
-    base = model.apply({"params": params}, src, valid, tgt)
+    apply = _apply(model)
+    base = apply({"params": params}, src, valid, tgt)
     # Other ids in the padded source slots, and four more padded slots: row 1 (6 real tokens) keeps its output.
     src2 = jnp.concatenate([jnp.where(valid, src, 7), jnp.full((2, 4), 9)], axis=1)
     valid2 = jnp.concatenate([valid, jnp.zeros((2, 4), bool)], axis=1)
-    out = model.apply({"params": params}, src2, valid2, tgt)
+    out = apply({"params": params}, src2, valid2, tgt)
     np.testing.assert_allclose(out, base, atol=2e-5, rtol=1e-5)
     # ... while a real source token does matter.
-    out3 = model.apply({"params": params}, src.at[1, 0].set((src[1, 0] + 1) % 100), valid, tgt)
+    out3 = apply({"params": params}, src.at[1, 0].set((src[1, 0] + 1) % 100), valid, tgt)
     assert not np.allclose(out3[1], base[1], atol=1e-4)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_cached_decoding_equals_full_forward(name):
     model, params, src, valid, tgt = _setup(VARIANTS[name])
-    full = model.apply({"params": params}, src, valid, tgt)
-    enc = model.apply({"params": params}, src, valid, method="encode")
-    cache, _ = decoding._decode_call(model, params, None, jnp.zeros_like(tgt), enc, valid)
+    apply = _apply(model)
+    full = apply({"params": params}, src, valid, tgt)
+    enc = apply({"params": params}, src, valid, method="encode")
+    decode_call = jax.jit(functools.partial(decoding._decode_call, model))  # the cache's creation, then each step
+    cache, _ = decode_call(params, None, jnp.zeros_like(tgt), enc, valid)
     steps = []
     for t in range(tgt.shape[1]):
         # The encoder output passed after the cache exists is unused: cross-attention K/V come from the cache.
-        cache, logits_BV = decoding._decode_call(model, params, cache, tgt[:, t:t + 1], jnp.zeros_like(enc), valid)
+        cache, logits_BV = decode_call(params, cache, tgt[:, t:t + 1], jnp.zeros_like(enc), valid)
         steps.append(logits_BV)
     np.testing.assert_allclose(jnp.stack(steps, 1), full, atol=2e-5, rtol=1e-5)
     assert any("cross_key" in jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(cache)[0])
@@ -121,4 +132,4 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     cfg = dataclasses.replace(VARIANTS["t5"], dtype="bfloat16")
     model, params, src, valid, tgt = _setup(cfg)
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
-    assert model.apply({"params": params}, src, valid, tgt).dtype == jnp.float32
+    assert _apply(model)({"params": params}, src, valid, tgt).dtype == jnp.float32

@@ -66,12 +66,13 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_causality(variant):
     model = Gpt(_tiny(**VARIANTS[variant]))
+    apply = jax.jit(model.apply)  # one compile, not one per op
     ids = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 384)
-    params = model.init(jax.random.PRNGKey(0), ids)["params"]
-    base = model.apply({"params": params}, ids)
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), ids)["params"]
+    base = apply({"params": params}, ids)
     for t in (0, 7, 15):
         changed = ids.at[:, t].set((ids[:, t] + 1) % 384)
-        out = model.apply({"params": params}, changed)
+        out = apply({"params": params}, changed)
         np.testing.assert_array_equal(out[:, :t], base[:, :t])  # earlier positions: bit-identical
         assert not np.allclose(out[:, t], base[:, t])  # the changed position itself does change
 
@@ -80,15 +81,18 @@ def test_causality(variant):
 def test_cached_decoding_equals_full_forward(variant):
     model = Gpt(_tiny(**VARIANTS[variant]))
     ids = jax.random.randint(jax.random.PRNGKey(2), (2, 12), 0, 384)
-    params = model.init(jax.random.PRNGKey(0), ids)["params"]
-    full = model.apply({"params": params}, ids)
-    cache = nn.unbox(model.init(jax.random.PRNGKey(0), jnp.zeros((2, 12), jnp.int32), decode=True)["cache"])
-    cache = jax.tree.map(jnp.zeros_like, cache)
-    prefill, upd = model.apply({"params": params, "cache": cache}, ids[:, :5], decode=True, mutable=["cache"])
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), ids)["params"]
+    full = jax.jit(model.apply)({"params": params}, ids)
+    cache = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.PRNGKey(0), jnp.zeros((2, 12), jnp.int32),
+                                                       decode=True)["cache"]))
+    cache = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), cache)
+    # One compile for the prefill, one for every single-token step (not one per op).
+    decode = jax.jit(lambda p, c, x: model.apply({"params": p, "cache": c}, x, decode=True, mutable=["cache"]))
+    prefill, upd = decode(params, cache, ids[:, :5])
     steps = [prefill]
     cache = upd["cache"]
     for t in range(5, 12):
-        out, upd = model.apply({"params": params, "cache": cache}, ids[:, t:t + 1], decode=True, mutable=["cache"])
+        out, upd = decode(params, cache, ids[:, t:t + 1])
         cache = upd["cache"]
         steps.append(out)
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=2e-5, rtol=1e-5)
@@ -123,10 +127,11 @@ def test_llama3_scaling_keeps_high_frequencies_and_divides_low_ones():
 
 def test_the_sliding_window_hides_older_tokens():
     model = Gpt(_tiny(**VARIANTS["mistral"], num_layers=1))  # one layer: a window of 4 sees 4 tokens back
+    apply = jax.jit(model.apply)
     ids = jax.random.randint(jax.random.PRNGKey(1), (1, 16), 0, 384)
-    params = model.init(jax.random.PRNGKey(0), ids)["params"]
-    base = model.apply({"params": params}, ids)
-    changed = model.apply({"params": params}, ids.at[:, 2].set((ids[:, 2] + 1) % 384))
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), ids)["params"]
+    base = apply({"params": params}, ids)
+    changed = apply({"params": params}, ids.at[:, 2].set((ids[:, 2] + 1) % 384))
     np.testing.assert_array_equal(changed[:, 6:], base[:, 6:])  # position 6 sees 3..6: token 2 is gone
     assert not np.allclose(changed[:, 5], base[:, 5])
 
@@ -155,13 +160,14 @@ def _stack(params, L):
 def test_scan_and_remat_match_the_loop(remat, policy):
     ids = jax.random.randint(jax.random.PRNGKey(3), (2, 16), 0, 384)
     loop = Gpt(_tiny())
-    params = nn.unbox(loop.init(jax.random.PRNGKey(0), ids)["params"])
+    params = nn.unbox(jax.jit(loop.init)(jax.random.PRNGKey(0), ids)["params"])
     scanned = Gpt(_tiny(scan_layers=True, remat=remat, remat_policy=policy))
     sparams = _stack(dict(params), 2)
-    np.testing.assert_allclose(scanned.apply({"params": sparams}, ids), loop.apply({"params": params}, ids),
-                               atol=1e-5, rtol=1e-5)
-    g_loop = jax.grad(lambda p: loop.apply({"params": p}, ids).sum())(params)
-    g_scan = jax.grad(lambda p: scanned.apply({"params": p}, ids).sum())(sparams)
+    # Both sides jitted: one compile each, not one per op.
+    np.testing.assert_allclose(jax.jit(scanned.apply)({"params": sparams}, ids),
+                               jax.jit(loop.apply)({"params": params}, ids), atol=1e-5, rtol=1e-5)
+    g_loop = jax.jit(jax.grad(lambda p: loop.apply({"params": p}, ids).sum()))(params)
+    g_scan = jax.jit(jax.grad(lambda p: scanned.apply({"params": p}, ids).sum()))(sparams)
     np.testing.assert_allclose(g_scan["h"]["mlp"]["fc"]["kernel"][1], g_loop["h_1"]["mlp"]["fc"]["kernel"],
                                atol=1e-4, rtol=1e-4)
 
@@ -169,9 +175,9 @@ def test_scan_and_remat_match_the_loop(remat, policy):
 def test_bfloat16_compute_keeps_float32_params_and_logits():
     model = Gpt(_tiny(dtype="bfloat16"))
     ids = jnp.zeros((1, 8), jnp.int32)
-    v = model.init(jax.random.PRNGKey(0), ids)
+    v = jax.jit(model.init)(jax.random.PRNGKey(0), ids)
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(v["params"]))
-    assert model.apply(v, ids).dtype == jnp.float32
+    assert jax.jit(model.apply)(v, ids).dtype == jnp.float32
 
 
 def test_remat_policies_save_what_they_name(capsys):
@@ -180,7 +186,7 @@ def test_remat_policies_save_what_they_name(capsys):
 
     def saved(**kw):
         model = Gpt(_tiny(**kw))
-        params = nn.unbox(model.init(jax.random.PRNGKey(0), ids)["params"])
+        params = nn.unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), ids)["params"])  # shapes suffice
         jax.ad_checkpoint.print_saved_residuals(lambda p: model.apply({"params": p}, ids).sum(), params)
         return capsys.readouterr().out.count("\n")
 

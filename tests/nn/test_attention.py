@@ -22,12 +22,13 @@ def test_einsum_attention_equals_jax_xla_with_gradients(case):
     kw = {"causal": dict(is_causal=True), "padding": dict(mask=valid_BS[:, None, None, :]),
           "bias": dict(bias=bias, mask=valid_BS[:, None, None, :]), "grouped": dict(is_causal=True),
           "cross": dict(mask=valid_BS[:, None, None, :]), "unscaled": dict(is_causal=True, scale=1.0)}[case]
-    ours = lambda q, k, v: layers.attention(q, k, v, implementation="einsum", **kw)
-    ref = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla", **kw)
+    # Both sides jitted: one compile each, not one per op.
+    ours = jax.jit(lambda q, k, v: layers.attention(q, k, v, implementation="einsum", **kw))
+    ref = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla", **kw))
     np.testing.assert_allclose(ours(q, k, v), ref(q, k, v), rtol=1e-5, atol=1e-6)
     w = jax.random.normal(jax.random.PRNGKey(9), q.shape)
-    g1 = jax.grad(lambda *a: jnp.sum(ours(*a) * w), (0, 1, 2))(q, k, v)
-    g0 = jax.grad(lambda *a: jnp.sum(ref(*a) * w), (0, 1, 2))(q, k, v)
+    g1 = jax.jit(jax.grad(lambda *a: jnp.sum(ours(*a) * w), (0, 1, 2)))(q, k, v)
+    g0 = jax.jit(jax.grad(lambda *a: jnp.sum(ref(*a) * w), (0, 1, 2)))(q, k, v)
     for a, b in zip(g1, g0):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 

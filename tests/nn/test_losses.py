@@ -34,15 +34,16 @@ def test_loss_and_gradients_equal_the_plain_computation(chunks, multiple, smooth
     h, w, bias, t, wt = _inputs()
     bias = bias if with_bias else None
     h = h + 2 * w[t]  # the target's logit raised, so that some predictions are right (the count is checked)
-    fused = lambda h, w, b: losses.linear_cross_entropy(h, w, t, wt, bias_V=b, label_smoothing=smoothing,
-                                                        chunks=chunks, vocab_multiple=multiple)
-    plain = lambda h, w, b: _plain(h, w, b, t, wt, smoothing)
+    # Both sides jitted: one compile each, not one per op.
+    fused = jax.jit(lambda h, w, b: losses.linear_cross_entropy(h, w, t, wt, bias_V=b, label_smoothing=smoothing,
+                                                                chunks=chunks, vocab_multiple=multiple))
+    plain = jax.jit(lambda h, w, b: _plain(h, w, b, t, wt, smoothing))
     (l1, c1), (l0, c0) = fused(h, w, bias), plain(h, w, bias)
     assert 1 <= float(c0) < float(wt.sum()) and float(c1) == float(c0)
     np.testing.assert_allclose(l1, l0, rtol=1e-6)
     argnums = (0, 1, 2) if with_bias else (0, 1)
-    g1 = jax.grad(lambda *a: 2.5 * fused(*a)[0], argnums)(h, w, bias)
-    g0 = jax.grad(lambda *a: 2.5 * plain(*a)[0], argnums)(h, w, bias)
+    g1 = jax.jit(jax.grad(lambda *a: 2.5 * fused(*a)[0], argnums))(h, w, bias)
+    g0 = jax.jit(jax.grad(lambda *a: 2.5 * plain(*a)[0], argnums))(h, w, bias)
     for a, b in zip(g1, g0):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 

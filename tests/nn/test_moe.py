@@ -42,10 +42,10 @@ def reference(params, x_MD, norm_topk):
 def test_both_dispatches_equal_a_per_token_reference(norm_topk, implementation):
     layer = MoeMlp(E, R, F, norm_topk=norm_topk, implementation=implementation)
     x = jax.random.normal(jax.random.PRNGKey(0), (3, 7, D))
-    params = nn.unbox(layer.init(jax.random.PRNGKey(1), x)["params"])
+    params = nn.unbox(jax.jit(layer.init)(jax.random.PRNGKey(1), x)["params"])  # jitted: one compile, not per op
     params = {k: np.asarray(v) * (5.0 if k == "router" else 1.0) for k, v in params.items()}  # sharp routing
     assert params["gate"].shape == (E, D, F) and params["proj"].shape == (E, F, D)
-    y, sown = layer.apply({"params": params}, x, mutable=[moe.COLLECTION])
+    y, sown = jax.jit(lambda p, x: layer.apply({"params": p}, x, mutable=[moe.COLLECTION]))(params, x)
     ref = reference(params, np.asarray(x).reshape(-1, D), norm_topk)
     np.testing.assert_allclose(np.asarray(y).reshape(-1, D), ref, rtol=1e-5, atol=1e-6)
     count_E, prob_E = np.asarray(sown[moe.COLLECTION]["router"][0])
@@ -63,18 +63,19 @@ def test_balance_loss_is_transformers_and_R_when_uniform():
 
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 9, D))
     model = TwoLayers()
-    params = jax.tree.map(lambda v: v * 20, nn.unbox(model.init(jax.random.PRNGKey(2), x)["params"]))
-    _, sown = model.apply({"params": params}, x, mutable=[moe.COLLECTION])
-    ours = float(moe.load_balancing_loss(sown, 18))
-    h = MoeMlp(E, R, F).apply({"params": params["a"]}, x)
+    params = jax.tree.map(lambda v: v * 20, nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(2), x)["params"]))
+    # jitted: one compile (the model's sown statistics and their loss), not one per op
+    balance = jax.jit(lambda p, x: moe.load_balancing_loss(
+        model.apply({"params": p}, x, mutable=[moe.COLLECTION])[1], 18))
+    ours = float(balance(params, x))
+    h = jax.jit(MoeMlp(E, R, F).apply)({"params": params["a"]}, x)
     logits = [np.asarray(x).reshape(-1, D) @ params["a"]["router"],
               np.asarray(h + x).reshape(-1, D) @ params["b"]["router"]]
     theirs = float(load_balancing_loss_func(tuple(torch.tensor(np.asarray(g)) for g in logits), E, R))
     assert ours == pytest.approx(theirs, rel=1e-5) and abs(ours - R) > 0.05  # unbalanced: not the uniform value
     uniform = jax.tree.map(lambda v: v, params)
     uniform["a"]["router"] = uniform["b"]["router"] = jnp.zeros((D, E))
-    _, sown = model.apply({"params": uniform}, x, mutable=[moe.COLLECTION])
-    assert float(moe.load_balancing_loss(sown, 18)) == pytest.approx(R, rel=1e-6)
+    assert float(balance(uniform, x)) == pytest.approx(R, rel=1e-6)
 
 
 def moe_gpt(**kw) -> GptConfig:
