@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_runtest_logreport(report):
-    if _PROFILE:
+    if _PROFILE and getattr(report, "node", None) is None:  # the worker's report, not its copy on xdist's controller
         time_profile.record(_PROFILE, report)
 
 

@@ -1,5 +1,5 @@
 """Where a test's time goes, written when ZOO_TEST_PROFILE names a file: one JSON line per test phase
-(setup, call, teardown) with its wall seconds, the seconds XLA spent compiling in this process, how many
+(setup, call, teardown) with its wall seconds, the xdist worker and when it ended (epoch seconds), the seconds XLA spent compiling in this process, how many
 programs it compiled, how many came from the persistent cache, and the wall seconds of the processes the
 test started (CLI runs, multi-process runs). `python -m tests.helpers.time_profile FILE` sums them up per
 module and per kind."""
@@ -68,7 +68,8 @@ def install():
 def record(path, report):
     """Append one phase's line and reset the counters."""
     line = {"test": report.nodeid, "phase": report.when, "wall_s": round(report.duration, 3),
-            **{k: round(v, 3) for k, v in _totals.items()}}
+            **{k: round(v, 3) for k, v in _totals.items()},
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "ended": round(report.stop, 1)}
     _totals.clear()
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
