@@ -5,7 +5,6 @@ import os
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import collections  # noqa: E402
 import dataclasses  # noqa: E402
 
 import jax  # noqa: E402
@@ -17,14 +16,6 @@ from zoo.train import checkpoint  # noqa: E402
 
 
 _PROFILE = time_profile.install()  # ZOO_TEST_PROFILE=FILE: where each test's time goes
-
-
-def pytest_collection_modifyitems(items):
-    """The modules that hold tests marked slow run first, those with the most first, each module's tests in
-    their order: with the xdist workers taking whole modules (`--dist loadfile`, in pyproject's addopts) as
-    they free up, the session then ends on small modules, not with one worker alone on minute-long runs."""
-    slow = collections.Counter(item.module for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.module])
 
 
 def pytest_runtest_logreport(report):
