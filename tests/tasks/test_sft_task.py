@@ -15,7 +15,6 @@ import pytest
 
 from tests.helpers.runs import run, write_jsonl
 from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
-from zoo.data import packing
 from zoo.errors import ZooDataError
 from zoo.models.gpt import GptConfig
 from zoo.tasks import sft
