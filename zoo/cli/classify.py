@@ -22,7 +22,7 @@ import sys
 import numpy as np
 
 from zoo.cli import BAD_INPUT, error
-from zoo.cli.fill_mask import check_length, encode_checked
+from zoo.cli.fill_mask import check_length, encode_checked, jitted_apply
 
 
 def class_names(workdir: str, cfg) -> list[str]:
@@ -47,8 +47,8 @@ def predict(model, params, tokenizer, text: str, pair: str | None = None) -> np.
     ids, seg_start = frame(tokenizer.encode(text), tokenizer.encode(pair) if pair else None, sp)
     ids_1T = encode_checked(ids, model.cfg.max_len)
     segment_ids_1T = (np.arange(ids_1T.shape[1]) >= seg_start).astype(np.int32)[None]
-    logits_1C = model.apply({"params": params}, jnp.asarray(ids_1T), jnp.asarray(segment_ids_1T),
-                            jnp.ones(ids_1T.shape, bool))
+    logits_1C = jitted_apply(model)(params, jnp.asarray(ids_1T), jnp.asarray(segment_ids_1T),
+                                    jnp.ones(ids_1T.shape, bool))
     return np.asarray(jax.nn.softmax(logits_1C[0]))
 
 

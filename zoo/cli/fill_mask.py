@@ -15,6 +15,7 @@ each gives one JSON line: {"text": ..., "filled": the text with each [MASK] repl
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import numpy as np
@@ -33,6 +34,14 @@ def encode_checked(ids: list[int], max_len: int, what: str = "--text") -> np.nda
     return np.asarray([check_length(ids, max_len, what)], np.int32)
 
 
+@functools.cache
+def jitted_apply(model):
+    """model.apply({"params": p}, *inputs) compiled as one program (op by op, a BERT compiles some 250 small
+    ones); one per model, kept."""
+    import jax
+    return jax.jit(lambda params, *inputs: model.apply({"params": params}, *inputs))
+
+
 def fill_mask(model, params, tokenizer, text: str, top_k: int = 5) -> list[list[tuple[int, float]]]:
     """For each [MASK] in `text`, the top_k (token id, probability) pairs, most likely first."""
     import jax
@@ -47,8 +56,8 @@ def fill_mask(model, params, tokenizer, text: str, top_k: int = 5) -> list[list[
     where = np.flatnonzero(ids_1T[0] == sp.mask)
     if not len(where):
         raise ValueError(f"--text has no {mlm.SPECIALS[2]}; put one where a token should be predicted")
-    logits_1TV = model.apply({"params": params}, jnp.asarray(ids_1T), jnp.zeros_like(ids_1T),
-                             jnp.ones(ids_1T.shape, bool))
+    logits_1TV = jitted_apply(model)(params, jnp.asarray(ids_1T), jnp.zeros_like(ids_1T),
+                                     jnp.ones(ids_1T.shape, bool))
     probs_MV = np.asarray(jax.nn.softmax(logits_1TV[0, where, sp.ordinary_start:sp.n_ordinary], axis=-1))
     top_MK = np.argsort(-probs_MV, axis=-1)[:, :top_k]
     return [[(sp.ordinary_start + int(i), float(p[i])) for i in row] for row, p in zip(top_MK, probs_MV)]
