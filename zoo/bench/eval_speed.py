@@ -52,7 +52,7 @@ class ZooScore:
         import jax
         from jax import monitoring
         from zoo import hf, tasks
-        from zoo.bench.worker import _apply_preset, compute_dtype, settings
+        from zoo.bench.model_report import apply_preset, compute_dtype, settings
         from zoo.config import apply_overrides, load_config_file
         from zoo.eval import loglik
         from zoo.train import checkpoint
@@ -61,7 +61,7 @@ class ZooScore:
         monitoring.register_event_duration_secs_listener(self._on_event)
         over = [o for o in spec["overrides"] if not o.startswith("preset=")]
         cfg = apply_overrides(load_config_file(spec["config"]), over + [f"model.dtype={compute_dtype(spec, jax)}"])
-        cfg = _apply_preset(cfg, spec)
+        cfg = apply_preset(cfg, spec)
         task = tasks.build(cfg)
         self.model, self.B, self.T = task.model, cfg.train.batch_size, cfg.data.seq_len
         self.params = jax.jit(lambda r: nn.unbox(task.init(r)))(jax.random.PRNGKey(0))
@@ -100,9 +100,9 @@ class ZooScore:
         self.jax.block_until_ready(out)
 
     def ready(self):
-        from zoo.bench.worker import _versions_and_fallbacks
+        from zoo.bench.model_report import versions_and_fallbacks
         return {"device_kind": self.device.device_kind, "device_count": 1, "compile_s": self.compile_s,
-                "settings": self.settings, **_versions_and_fallbacks()}
+                "settings": self.settings, **versions_and_fallbacks()}
 
     def round(self):
         before = self.compiles
@@ -118,11 +118,11 @@ class ZooScore:
         return {"score_s": score, "forward_step_s": forward}
 
     def final(self, since: int = 0):
-        from zoo.bench.worker import _peak_memory_mb
+        from zoo.bench.model_report import device_peak_memory_mb
         scored = len(self.docs) * self.T
         tps = scored / median(self.score_times[since:])
         forward = self.B * self.T / median(self.forward_times[since:])
         return {"tokens_per_s": tps, "forward_tokens_per_s": forward, "score_vs_forward": tps / forward,
                 "documents": len(self.docs), "scored_tokens": scored, "nll_per_token": -float(self.lls.sum()) / scored,
                 "score_programs": self.loglik._row_loglik._cache_size(), "round_compiles": self.round_compiles,
-                "peak_memory_mb": _peak_memory_mb(self.device)}
+                "peak_memory_mb": device_peak_memory_mb(self.device)}

@@ -21,7 +21,7 @@ import types
 
 from zoo.bench.common import calibrate, hbm_bandwidth, median
 from zoo.bench.eval_speed import ZooScore
-from zoo.train.memory import peak_memory_mb
+from zoo.bench.model_report import apply_preset, compute_dtype, device_peak_memory_mb, settings, versions_and_fallbacks
 
 
 class ZooTrain:
@@ -40,7 +40,7 @@ class ZooTrain:
         over = [o for o in spec["overrides"] if not o.startswith("preset=")]
         dtype = compute_dtype(spec, jax)
         cfg = apply_overrides(cfg, over + [f"model.dtype={dtype}", "train.steps=1000000", "train.eval_every=0"])
-        cfg = _apply_preset(cfg, spec)
+        cfg = apply_preset(cfg, spec)
         with frozen_base(cfg) as cfg:
             s = trainer.setup(cfg, devices)
             self.state = s.init_state(jax.random.PRNGKey(0))
@@ -87,7 +87,7 @@ class ZooTrain:
         return {"device_kind": d.device_kind, "device_count": len(self.devices), "compile_s": self.compile_s,
                 "process_count": self.jax.process_count(), "process_index": self.jax.process_index(),
                 "peak_flops": self.peak, "settings": self.settings, "trainable_params": self.n_trainable,
-                **_versions_and_fallbacks()}
+                **versions_and_fallbacks()}
 
     def profile(self, path):
         with self.jax.profiler.trace(path):
@@ -108,7 +108,7 @@ class ZooTrain:
         tps = self.tokens / step
         out = {"tokens_per_s": tps, "sequences_per_s": self.batch / step,
                "tokens_per_s_per_device": tps / len(self.devices), "mfu": tps * self.flops_per_token / self.peak,
-               "peak_memory_mb": _peak_memory_mb(self.local[0]), "step_memory_mb": self.step_memory_mb}
+               "peak_memory_mb": device_peak_memory_mb(self.local[0]), "step_memory_mb": self.step_memory_mb}
         if self.real_fracs[since:]:  # tokens_per_s counts every position; these, the ones holding a token
             frac = sum(self.real_fracs[since:]) / len(self.real_fracs[since:])
             out.update(real_token_frac=frac, real_tokens_per_s=tps * frac)
@@ -136,38 +136,6 @@ def frozen_base(cfg):
         yield dataclasses.replace(cfg, init_from=path)
 
 
-def settings(model_cfg) -> dict:
-    """The model switches that decide speed, as run: dtype, attention backend (auto on GPU: cudnn, with XLA
-    where the shapes refuse it, see `attention_fallbacks` in the ready report), remat, layer scan."""
-    from zoo.nn.attention import resolve_attention
-    out = {"dtype": model_cfg.dtype, "attention": resolve_attention(model_cfg.attention_impl),
-           "remat": getattr(model_cfg, "remat_policy", "full") if getattr(model_cfg, "remat", False) else "none",
-           "scan_layers": getattr(model_cfg, "scan_layers", False)}
-    if getattr(model_cfg, "lora_rank", 0):  # adapters on a frozen base
-        out["lora"] = {"rank": model_cfg.lora_rank, "alpha": model_cfg.lora_alpha, "targets": model_cfg.lora_targets,
-                       "quantize_base": model_cfg.quantize_base}
-    return out
-
-
-def _versions_and_fallbacks() -> dict:
-    """zoo's framework versions, the XLA flags it ran with (zoo's GPU flags included, zoo.accel), and why
-    `auto` attention ran XLA instead of cuDNN (if it did)."""
-    import os
-
-    import flax
-    import jax
-    from zoo.nn.attention import FALLBACKS
-    out = {"zoo": f"jax {jax.__version__} / flax {flax.__version__}", "xla_flags": os.environ.get("XLA_FLAGS", "")}
-    if FALLBACKS:
-        out["attention_fallbacks"] = sorted(FALLBACKS)
-    return out
-
-
-def compute_dtype(spec, jax) -> str:
-    """The bench's dtype: the spec's, else float32 on CPU and bfloat16 on accelerators."""
-    return spec.get("dtype") or ("float32" if jax.devices()[0].platform == "cpu" else "bfloat16")
-
-
 def synthetic_batches(spec, cfg, process_index: int = 0, process_count: int = 1):
     """Exact-shape seq2seq batches (source S, target T, no padding): the offline task's phrases are
     short, and the benchmark shapes are fixed. Each process keeps its rows of the global batch."""
@@ -184,21 +152,6 @@ def synthetic_batches(spec, cfg, process_index: int = 0, process_count: int = 1)
     return make
 
 
-def _apply_preset(cfg, spec):
-    import dataclasses
-    from zoo.models import PRESETS
-    for o in spec["overrides"]:
-        if o.startswith("preset="):
-            name = o.split("=", 1)[1]
-            if name not in PRESETS:
-                raise ValueError(f"--preset {name!r} is unknown; choose one of {', '.join(sorted(PRESETS))}")
-            keep = {f: getattr(cfg.model, f) for f in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets",
-                                                       "quantize_base")}
-            model = dataclasses.replace(PRESETS[name], dtype=cfg.model.dtype, dropout=0.0, **keep)  # LoRA stays
-            cfg = dataclasses.replace(cfg, model=model)
-    return cfg
-
-
 def step_memory_mb(step, state, batch) -> float | None:
     """The jitted step's memory by XLA's own count (the compiled executable, cached: no second compile):
     arguments, temporaries and the outputs not written over donated arguments. Unlike peak_memory_mb, whose
@@ -211,10 +164,6 @@ def step_memory_mb(step, state, batch) -> float | None:
     if m is None:
         return None
     return (m.argument_size_in_bytes + m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes) / 2**20
-
-
-def _peak_memory_mb(device) -> float:
-    return peak_memory_mb([device])
 
 
 class ZooGenerate:
@@ -234,7 +183,7 @@ class ZooGenerate:
         if dtype != "float32":  # inference: parameters stored in the compute dtype (no master weights to keep)
             over = [f"model.dtype={dtype}", f"model.param_dtype={dtype}"] + over
         cfg = apply_overrides(load_config_file(spec["config"]), over)
-        cfg = _apply_preset(cfg, spec)
+        cfg = apply_preset(cfg, spec)
         task = tasks.build(cfg)
         self.model = task.model
         self.params = jax.jit(lambda r: nn.unbox(task.init(r)))(jax.random.PRNGKey(0))
@@ -262,7 +211,7 @@ class ZooGenerate:
 
     def ready(self):
         return {"device_kind": self.device.device_kind, "device_count": 1, "compile_s": self.compile_s,
-                "peak_flops": self.peak, "settings": self.settings, **_versions_and_fallbacks()}
+                "peak_flops": self.peak, "settings": self.settings, **versions_and_fallbacks()}
 
     def profile(self, path):
         with self.jax.profiler.trace(path):
@@ -287,7 +236,7 @@ class ZooGenerate:
         dtps = self.B * self.new / decode
         out = {"tokens_per_s": dtps, "decode_tokens_per_s": dtps, "prefill_tokens_per_s": self.B * self.P / prefill,
                "time_to_first_token_s": prefill + decode / self.new,
-               "mfu": dtps * 2 * self.n_params / self.peak, "peak_memory_mb": _peak_memory_mb(self.device)}
+               "mfu": dtps * 2 * self.n_params / self.peak, "peak_memory_mb": device_peak_memory_mb(self.device)}
         return {**out, **bandwidth_bound(dtps, self.B, self.param_bytes, self.device.device_kind)}
 
 
