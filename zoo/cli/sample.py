@@ -68,9 +68,7 @@ def main(argv=None) -> int:
                   vocab_limit=tok.n_vocab, window=window)
         if len(prompts) == 1:
             outs = generate(model, params, prompts[0], a.max_new_tokens, num_samples=a.num_samples, **kw)
-        else:  # each prompt num_samples times, in one batch
-            if a.num_samples < 1:
-                raise ValueError(f"num-samples={a.num_samples} must be >= 1")
+        else:  # each prompt num_samples times, in one batch (num_samples >= 1: checked above)
             outs = generate_batch(model, params, [p for p in prompts for _ in range(a.num_samples)],
                                   a.max_new_tokens, **kw)
     except BAD_INPUT as e:
