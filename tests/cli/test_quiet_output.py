@@ -10,6 +10,7 @@ import re
 import jax
 import pytest
 
+from tests.helpers.shared_runs import smollm2_gguf_run_fixture  # noqa: F401
 from zoo.cli import bench, configs, convert
 from zoo.cli.train import train_main
 from zoo.train import checkpoint
@@ -73,24 +74,19 @@ def test_every_convert_subcommand_ends_with_what_it_wrote_where(tmp_path, capsys
         f"{os.path.join(lora, 'base')}; load it with peft.PeftModel.from_pretrained(base_model, {back!r})")
 
 
-def test_from_gguf_draws_no_progress_bars_and_names_no_temporary_directory(tmp_path, capfd):
+def test_from_gguf_draws_no_progress_bars_and_names_no_temporary_directory(smollm2_gguf_run):
+    """What `zoo-convert from-gguf` wrote to file descriptors 1 and 2 while it converted SmolLM2 (the session's
+    one conversion, tests/helpers/shared_runs.py)."""
     pytest.importorskip("torch", reason="torch is not installed: GGUF files are read through transformers")
-    from transformers.utils import logging as hf_logging
-
-    from tests.hf.test_smollm2 import GGUF, gguf_dir
-    bars = hf_logging.is_progress_bar_enabled()
-    run, path = str(tmp_path / "run"), os.path.join(gguf_dir(), GGUF)
-    capfd.readouterr()
-    assert convert.main(["from-gguf", path, run]) == 0
-    out, err = capfd.readouterr()
+    run, path, out, err = (smollm2_gguf_run[k] for k in ("run", "gguf", "out", "err"))
     printed = out + err
     assert "\r" not in printed and "it/s" not in printed and "%|" not in printed, printed[-500:]
-    assert "zoo-gguf-" not in printed and "/tmp" not in printed.replace(str(tmp_path), "RUN")
+    assert "zoo-gguf-" not in printed and "/tmp" not in printed.replace(run, "RUN").replace(path, "GGUF")
     assert len(err.splitlines()) < 3, err[-500:]  # (room for a platform's own one-line notice)
     assert out.strip().splitlines() == [
         f"wrote {run}: a gpt_lm run of LlamaForCausalLM from {path}, dequantised (gpt, 134,515,008 params, step 0); "
         f"tokenizer: {os.path.join(run, 'tokenizer')} (tokenizer.json, tokenizer_config.json, chat_template.jinja)"]
-    assert hf_logging.is_progress_bar_enabled() == bars  # transformers' bars are as they were
+    assert smollm2_gguf_run["bars_kept"]  # transformers' bars are as they were
 
 
 def test_the_bench_peer_builds_its_models_without_transformers_warnings(capfd):

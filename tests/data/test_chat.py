@@ -44,7 +44,7 @@ TAGGED = {
 def smollm2(tmp_path_factory):
     """(transformers' SmolLM2 tokenizer from the GGUF, zoo's tokenizer of the same files, their directory)."""
     transformers = pytest.importorskip("transformers")
-    from tests.hf.test_smollm2 import GGUF, gguf_dir
+    from tests.helpers.shared_runs import SMOLLM2_GGUF as GGUF, smollm2_dir as gguf_dir
     tok = transformers.AutoTokenizer.from_pretrained(gguf_dir(), gguf_file=GGUF)
     directory = str(tmp_path_factory.mktemp("smollm2_tokenizer"))
     tok.save_pretrained(directory)

