@@ -92,7 +92,7 @@ def test_logits_and_kv_cached_greedy_decoding_equal_transformers(hf_dirs, runs, 
     assert report["unused"] == []
     zmodel, params, _, cfg = checkpoint.load_run(run_dir)
     assert {k: getattr(cfg.model, k) for k in MODELS[name][2]} == MODELS[name][2]
-    ours = np.asarray(zmodel.apply({"params": params}, jnp.asarray(IDS)))
+    ours = np.asarray(jax.jit(zmodel.apply)({"params": params}, jnp.asarray(IDS)))  # one program, not one per op
     theirs = hf_logits(hf_dirs[name][1], IDS)
     diff = np.abs(ours - theirs).max()
     print(f"{name}: max abs logit diff {diff:.2e}, max |logit| {np.abs(theirs).max():.2f}")
@@ -175,14 +175,14 @@ def test_what_zoo_cannot_hold_is_refused_in_one_line(hf_dirs, tmp_path, name, fi
 def test_scanned_layers_equal_looped_ones_with_local_and_global_layers():
     cfg = gemma_model(qk_norm=True, rope_local_theta=100.0, num_layers=3)
     ids = jnp.asarray(IDS % 264)
-    looped = nn.unbox(Gpt(cfg).init(jax.random.PRNGKey(0), ids)["params"])
-    looped = jax.tree.map(lambda x: x + 0.2 * jax.random.normal(jax.random.PRNGKey(1), x.shape), looped)
+    looped = nn.unbox(jax.jit(Gpt(cfg).init)(jax.random.PRNGKey(0), ids)["params"])  # jitted: one program each
+    looped = jax.jit(lambda t: jax.tree.map(lambda x: x + 0.2 * jax.random.normal(jax.random.PRNGKey(1), x.shape), t))(looped)
     scanned = {k: v for k, v in looped.items() if not k.startswith("h_")}
     scanned["h"] = jax.tree.map(lambda *xs: jnp.stack(xs), *[looped[f"h_{i}"] for i in range(3)])
-    want = Gpt(cfg).apply({"params": looped}, ids)
-    got = Gpt(dataclasses.replace(cfg, scan_layers=True, remat=True)).apply({"params": scanned}, ids)
+    want = jax.jit(Gpt(cfg).apply)({"params": looped}, ids)
+    got = jax.jit(Gpt(dataclasses.replace(cfg, scan_layers=True, remat=True)).apply)({"params": scanned}, ids)
     np.testing.assert_allclose(got, want, atol=1e-5)
-    flat = Gpt(dataclasses.replace(cfg, global_every=0, sliding_window=0)).apply({"params": looped}, ids)
+    flat = jax.jit(Gpt(dataclasses.replace(cfg, global_every=0, sliding_window=0)).apply)({"params": looped}, ids)
     assert np.abs(np.asarray(flat) - np.asarray(want)).max() > 1e-2  # the window and local base matter here
 
 
@@ -197,7 +197,7 @@ def test_soft_capped_fused_loss_and_gradient_equal_the_plain_logits_ones():
 
     def fused(h, w):
         return zoo_losses.linear_cross_entropy(h, w, t, wt, chunks=2, vocab_multiple=16, logit_cap=3.0)[0]
-    for a, b in zip(jax.value_and_grad(fused, (0, 1))(h, w), jax.value_and_grad(plain, (0, 1))(h, w)):
+    for a, b in zip(jax.jit(jax.value_and_grad(fused, (0, 1)))(h, w), jax.jit(jax.value_and_grad(plain, (0, 1)))(h, w)):
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
             np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
 

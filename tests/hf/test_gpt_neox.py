@@ -76,7 +76,7 @@ def runs(hf_dirs, tmp_path_factory):
 
 
 def zoo_logits(model_cfg, params, ids=IDS):
-    return np.asarray(Gpt(model_cfg).apply({"params": params}, jnp.asarray(ids)))
+    return np.asarray(jax.jit(Gpt(model_cfg).apply)({"params": params}, jnp.asarray(ids)))  # one program, not one per op
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -205,10 +205,10 @@ def test_a_neox_scans_and_remats_as_its_loop():
     """Parallel residual and partial rotary under nn.scan + remat: the loop's logits."""
     ids = jax.random.randint(jax.random.PRNGKey(3), (2, 16), 0, 264)
     loop = Gpt(neox_model())
-    params = nn.unbox(loop.init(jax.random.PRNGKey(0), ids)["params"])
+    params = nn.unbox(jax.jit(loop.init)(jax.random.PRNGKey(0), ids)["params"])
     scanned = Gpt(neox_model(scan_layers=True, remat=True))
     layers = [params[f"h_{i}"] for i in range(2)]
     sparams = {**{k: v for k, v in params.items() if not k.startswith("h_")},
                "h": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
-    np.testing.assert_allclose(scanned.apply({"params": sparams}, ids), loop.apply({"params": params}, ids),
+    np.testing.assert_allclose(jax.jit(scanned.apply)({"params": sparams}, ids), jax.jit(loop.apply)({"params": params}, ids),
                                atol=1e-5, rtol=1e-5)

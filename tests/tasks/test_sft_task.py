@@ -40,7 +40,7 @@ def sft_cfg(tmp_path, source, model=GPT, **data):
 @pytest.mark.parametrize("model", [GPT, LLAMA], ids=["learned", "rope_gqa"])
 def test_a_packed_row_gives_each_example_its_own_loss_and_gradients(model, tmp_path):
     task = sft.SftTask(sft_cfg(tmp_path, "unused", model))
-    params = nn.unbox(task.init(jax.random.PRNGKey(0)))
+    params = nn.unbox(jax.jit(task.init)(jax.random.PRNGKey(0)))  # one program, not one per op
     rng = np.random.default_rng(0)
     lengths = (7, 12, 5)
     ex = [(rng.integers(0, 256, n + 1), (rng.random(n + 1) < 0.6)) for n in lengths]
@@ -86,14 +86,14 @@ def test_the_loss_falls_on_the_answers_and_their_end_of_turn_only(tmp_path):
 
 def test_the_loss_is_token_weighted_over_the_batch(tmp_path):
     task = sft.SftTask(sft_cfg(tmp_path, "unused"))
-    params = nn.unbox(task.init(jax.random.PRNGKey(1)))
+    params = nn.unbox(jax.jit(task.init)(jax.random.PRNGKey(1)))
     rng = np.random.default_rng(1)
     ex = sft.to_examples([(rng.integers(0, 256, 9), np.r_[np.zeros(4, bool), np.ones(5, bool)]),
                           (rng.integers(0, 256, 21), np.r_[np.zeros(2, bool), np.ones(19, bool)])])
     batch = jax.tree.map(jnp.asarray, ex.rows([[0], [1]], np.array([0, 1]), 24))
-    loss_sum, aux = task.loss(params, batch, jax.random.PRNGKey(0), False)
-    logits = task.model.apply({"params": params}, batch["inputs"], positions_BT=batch["positions"],
-                              segment_ids_BT=batch["segment_ids"])
+    loss_sum, aux = jax.jit(task.loss, static_argnums=3)(params, batch, jax.random.PRNGKey(0), False)
+    logits = jax.jit(task.model.apply)({"params": params}, batch["inputs"], positions_BT=batch["positions"],
+                                       segment_ids_BT=batch["segment_ids"])
     ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), batch["targets"][..., None], -1)[..., 0]
     w = batch["weights"]
     assert float(aux["weight"]) == 5 + 19  # the answer targets of both rows (the masks shifted by one)
