@@ -7,7 +7,7 @@ import numpy as np
 from jax import monitoring
 
 from tests.helpers import tiny_configs
-from zoo.train import checkpoint, run_once, trainer
+from zoo.train import checkpoint, trainer
 from zoo.train.checksums import _leaf_digest, fingerprint
 
 # XLA:CPU's own level (tests/conftest.py compiles the suite at level 1)
