@@ -30,25 +30,20 @@ def _leaf_digest(x) -> jax.Array:
     return jnp.sum(u * weight, dtype=jnp.uint32)
 
 
-def _leaf_check(x):
-    """(the digest of one array, whether it is finite)."""
-    return _leaf_digest(x), jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True)
+def _check(tree):
+    floats = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jax.tree.map(_leaf_digest, tree), jnp.all(jnp.stack(floats)) if floats else jnp.bool_(True)
 
 
 @functools.cache
 def _checker(platform):
-    """_leaf_check jitted for arrays on `platform`'s devices (None: numpy arrays, on jax's default devices).
-    One small program per array shape, dtype and sharding, not one per tree: a model's layers, its optimizer
-    moments and the next run of the same model (a resume, an evaluation, another test) reuse them, where a
-    program for the whole tree was compiled again for every new tree."""
-    return run_once.jit(_leaf_check, platform)
+    """_check jitted for arrays on `platform`'s devices (None: numpy arrays, on jax's default devices)."""
+    return run_once.jit(_check, platform)
 
 
 def fingerprint(tree) -> tuple[dict[str, int], bool]:
     """({array path: checksum}, whether every float in `tree` is finite)."""
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    devices = [d for _, x in flat if isinstance(x, jax.Array) for d in x.devices()][:1]
-    check = _checker(devices[0].platform if devices else None)
-    results = jax.device_get([check(x) for _, x in flat])  # dispatched together, fetched once
-    return ({jax.tree_util.keystr(p): int(v) for (p, _), (v, _) in zip(flat, results)},
-            all(bool(ok) for _, ok in results))
+    devices = [d for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) for d in x.devices()][:1]
+    digests, finite = jax.device_get(_checker(devices[0].platform if devices else None)(tree))
+    return ({jax.tree_util.keystr(p): int(v) for p, v in jax.tree_util.tree_flatten_with_path(digests)[0]},
+            bool(finite))
