@@ -1,7 +1,7 @@
 """The trainer's invariants, written once and run for every task (gpt_lm, bert_mlm, bert_cls, seq2seq;
-gpt_lm also on the Llama-style decoder) on its tiny config: 1 device and 8 devices in each mesh layout train the same numbers, and a run
-stopped at step 3, resumed and finished is the uninterrupted 6-step run, bit for bit (dropout is on,
-so the per-step rng must be replayed too)."""
+gpt_lm also on the Llama-style decoder) on its tiny config: 1 device and 8 devices in each mesh layout train the
+same numbers over 6 steps, and a run on 8 devices (data 2, fsdp 2, tensor 2) stopped at step 3, resumed and
+finished is the uninterrupted 6-step run, bit for bit (dropout is on, so the per-step rng must be replayed too)."""
 
 import jax
 import numpy as np
@@ -16,17 +16,16 @@ from zoo.train import checkpoint
 pytestmark = pytest.mark.slow
 
 # The (data, fsdp, tensor) layouts of the 8 devices each task is compared with 1 device on: every task
-# takes the layout that uses every axis; gpt_lm, the cheapest, also parameters sharded 4 ways (fsdp).
+# takes the layout that uses every axis (its first, where its resume is checked too); gpt_lm, the cheapest,
+# also parameters sharded 4 ways (fsdp).
 MESHES = {
-    "gpt_lm": [(2, 4, 1), (2, 2, 2)],
+    "gpt_lm": [(2, 2, 2), (2, 4, 1)],
     "llama_lm": [(2, 2, 2)],  # its 2 key/value heads split over tensor=2
     "bert_mlm": [(2, 2, 2)],
     "bert_cls": [(2, 2, 2)],
     "seq2seq": [(2, 2, 2)],
 }
-# How many devices the resume check trains on (None: all 8, in the config's default mesh).
-RESUME_DEVICES = {"gpt_lm": None, "llama_lm": 2, "bert_mlm": None, "bert_cls": None, "seq2seq": 2}
-assert set(MESHES) == set(RESUME_DEVICES) == set(tiny_configs.TINY)
+assert set(MESHES) == set(tiny_configs.TINY)
 
 
 def train_losses(out):
@@ -40,15 +39,35 @@ def leaf_pairs(a, b):
     return zip(jax.tree.leaves(a), jax.tree.leaves(b))
 
 
+def on_mesh(cfg, mesh):
+    d, f, t = mesh
+    return replace(cfg, mesh=dict(data=d, fsdp=f, tensor=t))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, cache_dir):
+    """(task, mesh) -> (workdir, output, config) of the task's tiny config (6 steps, a checkpoint every 3) trained
+    without a stop, on 8 devices in that layout or ((1, 1, 1)) on one device: each trained once for the module
+    (the 1-device run and the resume layout's run serve both tests)."""
+    done = {}
+
+    def get(task, mesh):
+        if (task, mesh) not in done:
+            work = tmp_path_factory.mktemp(f"{task}-{'x'.join(map(str, mesh))}")
+            kw = {"devices": jax.devices()[:1]} if mesh == (1, 1, 1) else {}
+            cfg = on_mesh(tiny_configs.TINY[task](cache_dir), mesh)
+            done[task, mesh] = work, run(cfg, work, **kw), cfg
+        return done[task, mesh]
+    return get
+
+
 @pytest.mark.parametrize("task, mesh", [(task, mesh) for task, meshes in MESHES.items() for mesh in meshes],
                          ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else x)
-def test_eight_devices_match_one(cache_dir, tmp_path, task, mesh):
-    cfg = replace(tiny_configs.TINY[task](cache_dir), train=dict(steps=3))
-    one = run(replace(cfg, mesh=dict(data=1, fsdp=1, tensor=1)), tmp_path / "one", devices=jax.devices()[:1])
-    d, f, t = mesh
-    many = run(replace(cfg, mesh=dict(data=d, fsdp=f, tensor=t)), tmp_path / "many")
+def test_eight_devices_match_one(uninterrupted, task, mesh):
+    one_dir, one, _ = uninterrupted(task, (1, 1, 1))
+    many_dir, many, _ = uninterrupted(task, mesh)
     assert many["setup"].mesh.devices.size == 8
-    assert losses(tmp_path / "many") == pytest.approx(losses(tmp_path / "one"), rel=1e-5)
+    assert losses(many_dir) == pytest.approx(losses(one_dir), rel=1e-5)
     assert train_losses(many) == pytest.approx(train_losses(one), rel=1e-5)
     for a, b in leaf_pairs(many["state"].params, one["state"].params):
         # atol: key biases get an exactly-zero gradient (softmax ignores a per-query constant), so their
@@ -57,16 +76,14 @@ def test_eight_devices_match_one(cache_dir, tmp_path, task, mesh):
 
 
 @pytest.mark.parametrize("task", list(MESHES))
-def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(cache_dir, tmp_path, task):
-    cfg = tiny_configs.TINY[task](cache_dir)  # 6 steps, a checkpoint every 3
-    n = RESUME_DEVICES[task]
-    kw = {} if n is None else {"devices": jax.devices()[:n]}
-    full = run(cfg, tmp_path / "full", **kw)
-    part = run(cfg, tmp_path / "part", stop_at_step=3, **kw)
+def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(uninterrupted, tmp_path, task):
+    """On the task's 8-device layout that uses every axis: parameters and optimizer state sharded."""
+    full_dir, full, cfg = uninterrupted(task, MESHES[task][0])
+    part = run(cfg, tmp_path / "part", stop_at_step=3)
     assert int(part["state"].step) == 3 and checkpoint.latest_step(str(tmp_path / "part")) == 3
-    resumed = run(cfg, tmp_path / "part", resume=True, **kw)
+    resumed = run(cfg, tmp_path / "part", resume=True)
     assert int(resumed["state"].step) == 6
     for a, b in leaf_pairs(full["state"], resumed["state"]):
         np.testing.assert_array_equal(a, b)
-    assert losses(tmp_path / "part") == losses(tmp_path / "full")  # same data, same order, same numbers
+    assert losses(tmp_path / "part") == losses(full_dir)  # same data, same order, same numbers
     assert train_losses(resumed) == train_losses(full)[3:]
