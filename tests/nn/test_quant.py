@@ -50,3 +50,18 @@ def test_the_backward_pass_keeps_codes_not_dequantized_kernels():
     mem = jax.jit(jax.grad(loss)).lower(jnp.ones((4, D)), qs).compile().memory_analysis()
     kernel = D * D * 4
     assert mem.temp_size_in_bytes < 3 * kernel, (mem.temp_size_in_bytes, L * kernel)
+
+
+@pytest.mark.parametrize("kind", quant.KINDS)
+def test_quantizing_is_one_program_per_shape_with_the_op_by_op_bits(kind):
+    """quant.quantize is jitted (static: n_in, kind, lead): its codes and scales are the op-by-op ones bit for bit,
+    for a plain kernel and a scanned one (leading layers axis, two input axes), and bad input still raises."""
+    w = jax.random.normal(jax.random.PRNGKey(3), (3, 64, 4, 48)) * 0.05
+    for x, n_in, lead in ((w[0], 1, 0), (w, 1, 1), (w, 2, 1)):
+        got, want = quant.quantize(x, n_in, kind, lead), quant.quantize.__wrapped__(x, n_in, kind, lead)
+        assert set(got) == set(want)
+        for k in want:
+            assert got[k].dtype == want[k].dtype
+            np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
+    with pytest.raises(ValueError, match="choose one of int8, nf4"):
+        quant.quantize(w[0], 1, "fp8")
