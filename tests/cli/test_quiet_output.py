@@ -87,6 +87,7 @@ def test_from_gguf_draws_no_progress_bars_and_names_no_temporary_directory(smoll
         f"wrote {run}: a gpt_lm run of LlamaForCausalLM from {path}, dequantised (gpt, 134,515,008 params, step 0); "
         f"tokenizer: {os.path.join(run, 'tokenizer')} (tokenizer.json, tokenizer_config.json, chat_template.jinja)"]
     assert smollm2_gguf_run["bars_kept"]  # transformers' bars are as they were
+    assert smollm2_gguf_run["reader_kept"]  # and the gguf package's reader (read once during the conversion)
 
 
 def test_the_bench_peer_builds_its_models_without_transformers_warnings(capfd):
