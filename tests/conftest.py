@@ -13,6 +13,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses  # noqa: E402
+import gc  # noqa: E402
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -21,6 +22,13 @@ from tests.helpers import shared, time_profile, tiny_configs  # noqa: E402
 from tests.helpers.runs import run  # noqa: E402
 from zoo.train import checkpoint  # noqa: E402
 
+
+# Python's cyclic garbage collector at its defaults spent 4.6% of a worker's time (test_lora + test_trainer: 8.3 of
+# 181 s, 6.7 s of it in full collections that walk every object jax, flax and torch made at import). The objects
+# alive now are left out of every collection (freeze) and collections run less often: 1.5 s, and the same peak
+# memory (1.27 vs 1.29 GB). Garbage without cycles is freed at once either way.
+gc.freeze()
+gc.set_threshold(10_000, 20, 20)
 
 _PROFILE = time_profile.install()  # ZOO_TEST_PROFILE=FILE: where each test's time goes
 
