@@ -17,22 +17,39 @@ import jax.numpy as jnp
 from zoo.train import run_once
 
 
-def _leaf_digest(x) -> jax.Array:
-    """A uint32 checksum of an array's bits, weighted by position (so swapped blocks differ too). Integer
-    sums wrap exactly, so the value is the same under any sharding and on any number of devices."""
+def _bits(x) -> jax.Array:
+    """x's bits as a flat uint32 vector (each element's own bytes, zero-extended)."""
     if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
         x = jax.random.key_data(x)
     if x.dtype == jnp.bool_:
         x = x.astype(jnp.uint8)
     width = {1: jnp.uint8, 2: jnp.uint16}.get(x.dtype.itemsize, jnp.uint32)
-    u = jax.lax.bitcast_convert_type(x, width).astype(jnp.uint32).reshape(-1)
-    weight = jnp.arange(u.size, dtype=jnp.uint32) * jnp.uint32(2654435761) + jnp.uint32(1)
-    return jnp.sum(u * weight, dtype=jnp.uint32)
+    return jax.lax.bitcast_convert_type(x, width).astype(jnp.uint32).reshape(-1)
+
+
+def _sum_and_any(a, b):
+    return a[0] + b[0], a[1] | b[1]
+
+
+def _leaf_check(x) -> tuple[jax.Array, jax.Array]:
+    """(a uint32 checksum of x's bits, weighted by position so swapped blocks differ too; 1 if a float of x
+    is not finite, else 0). Integer sums wrap exactly, so the checksum is the same under any sharding and on
+    any number of devices. Both come from one reduction over x (a float leaf's two separate reductions
+    took twice as long to compile: 1.0-1.1 vs 0.5-0.65 s for a tiny model's 151-leaf train state)."""
+    u = _bits(x)
+    weighted = u * (jnp.arange(u.size, dtype=jnp.uint32) * jnp.uint32(2654435761) + jnp.uint32(1))
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.sum(weighted, dtype=jnp.uint32), jnp.uint32(0)
+    bad = jnp.logical_not(jnp.isfinite(x)).reshape(-1).astype(jnp.uint32)
+    return jax.lax.reduce((weighted, bad), (jnp.uint32(0), jnp.uint32(0)), _sum_and_any, (0,))
 
 
 def _check(tree):
-    floats = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-    return jax.tree.map(_leaf_digest, tree), jnp.all(jnp.stack(floats)) if floats else jnp.bool_(True)
+    checks = jax.tree.map(_leaf_check, tree)
+    pair = lambda c: isinstance(c, tuple)  # noqa: E731
+    bad = [c[1] for c in jax.tree.leaves(checks, is_leaf=pair)]
+    return (jax.tree.map(lambda c: c[0], checks, is_leaf=pair),
+            jnp.logical_not(jnp.any(jnp.stack(bad) != 0)) if bad else jnp.bool_(True))
 
 
 @functools.cache
