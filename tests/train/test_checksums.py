@@ -5,6 +5,7 @@ however the arrays are sharded."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -31,6 +32,12 @@ def tree(rng):
             "key": jax.random.key_data(jax.random.PRNGKey(3))}
 
 
+def with_optimizer_state(t, rng):
+    """t and an optax state beside it (tuples and named tuples of arrays, as a train state holds)."""
+    opt = optax.adamw(1e-3).init({"w": t["w"]}), optax.EmptyState()
+    return {**t, "opt": opt, "pair": (rng.normal(size=(3,)).astype(np.float32), np.int32(1))}
+
+
 def test_checksums_are_the_numpy_sums_and_every_float_counts_for_finiteness():
     t = tree(np.random.default_rng(0))
     digests, finite = fingerprint(jax.device_put(t, jax.devices()[0]))
@@ -47,6 +54,13 @@ def test_checksums_are_the_numpy_sums_and_every_float_counts_for_finiteness():
     assert fingerprint(swapped)[0]["['w']"] != digests["['w']"]
     assert fingerprint({"i": np.int32(2**31 - 1)})[1]  # integers are never "not finite"
     assert fingerprint({}) == ({}, True)
+    full = with_optimizer_state(t, np.random.default_rng(5))
+    digests, finite = fingerprint(full)
+    flat = jax.tree_util.tree_flatten_with_path(full)[0]
+    assert finite and digests == {jax.tree_util.keystr(p): numpy_digest(v) for p, v in flat} and len(digests) == 11
+    blown = jax.tree_util.tree_map_with_path(  # a moment of the optimizer state blew up
+        lambda p, v: v.at[0, 0].set(jnp.nan) if ".mu" in jax.tree_util.keystr(p) else v, full)
+    assert not fingerprint(blown)[1]
 
 
 @pytest.mark.parametrize("spec", [P("a"), P(None, "b"), P(("a", "b"), "c"), P(("a", "b", "c"))])

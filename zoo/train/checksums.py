@@ -45,10 +45,10 @@ def _leaf_check(x) -> tuple[jax.Array, jax.Array]:
 
 
 def _check(tree):
-    checks = jax.tree.map(_leaf_check, tree)
-    pair = lambda c: isinstance(c, tuple)  # noqa: E731
-    bad = [c[1] for c in jax.tree.leaves(checks, is_leaf=pair)]
-    return (jax.tree.map(lambda c: c[0], checks, is_leaf=pair),
+    leaves, treedef = jax.tree.flatten(tree)
+    checks = [_leaf_check(x) for x in leaves]
+    bad = [c[1] for c in checks]
+    return (jax.tree.unflatten(treedef, [c[0] for c in checks]),
             jnp.logical_not(jnp.any(jnp.stack(bad) != 0)) if bad else jnp.bool_(True))
 
 
