@@ -59,22 +59,22 @@ def fds_to(out_path, err_path):
 def smollm2_gguf_run_fixture(tmp_path_factory) -> dict:
     """SmolLM2-135M converted by `zoo-convert from-gguf` once a session: {"run": the workdir, "gguf": the file,
     "out"/"err": what the command wrote to stdout/stderr, "bars_kept": whether transformers' progress-bar
-    setting was as before, "reader_kept": whether the gguf package's reader and name table are its own again}. Read by tests/hf/test_smollm2.py (the model) and tests/cli/test_quiet_output.py
-    (what the command printed)."""
+    setting was as before, "reader_kept": whether the gguf package's reader and name table are its own again}.
+    Read by tests/hf/test_smollm2.py (the model) and tests/cli/test_quiet_output.py (what the command printed)."""
     from transformers.utils import logging as hf_logging
 
     from zoo.cli import convert
     gguf = os.path.join(smollm2_dir(), SMOLLM2_GGUF)
 
     def build(path):
-        import gguf as gguf_package
-        bars, reader = hf_logging.is_progress_bar_enabled(), (gguf_package.GGUFReader, gguf_package.get_tensor_name_map)
+        import gguf as package
+        bars, reader = hf_logging.is_progress_bar_enabled(), (package.GGUFReader, package.get_tensor_name_map)
         with fds_to(path / "out.txt", path / "err.txt"):
             code = convert.main(["from-gguf", gguf, str(path / "run")])
         assert code == 0, (path / "err.txt").read_text()[-2000:]
         (path / "kept.json").write_text(json.dumps({
             "bars_kept": hf_logging.is_progress_bar_enabled() == bars,
-            "reader_kept": (gguf_package.GGUFReader, gguf_package.get_tensor_name_map) == reader}))
+            "reader_kept": (package.GGUFReader, package.get_tensor_name_map) == reader}))
     path = shared.once(tmp_path_factory, "smollm2", build)
     return {"run": str(path / "run"), "gguf": gguf, "out": (path / "out.txt").read_text(),
             "err": (path / "err.txt").read_text(), **json.loads((path / "kept.json").read_text())}

@@ -1,9 +1,9 @@
 """Where a test's time goes, written when ZOO_TEST_PROFILE names a file: one JSON line per test phase
-(setup, call, teardown) with its wall seconds, the xdist worker and when it ended (epoch seconds), the seconds XLA spent compiling in this process, how many
-programs it compiled, how many came from the persistent cache, the seconds of Python's cyclic garbage collection,
-the wall seconds of the processes the test started (CLI runs, multi-process runs), and each program compiled
-(not loaded from the cache) in 0.05 s or more: [name, seconds, persistent-cache key]. `python -m tests.helpers.time_profile FILE` sums them up per
-module and per kind."""
+(setup, call, teardown) with its wall seconds, the xdist worker and when it ended (epoch seconds), the seconds
+XLA spent compiling in this process, how many programs it compiled, how many came from the persistent cache,
+the seconds of Python's cyclic garbage collection, the wall seconds of the processes the test started (CLI runs,
+multi-process runs), and each program compiled (not loaded from the cache) in 0.05 s or more: [name, seconds,
+persistent-cache key]. `python -m tests.helpers.time_profile FILE` sums them up per module and per kind."""
 
 import collections
 import gc
@@ -107,14 +107,16 @@ def summary(path, top=25):
     """Totals per module (wall, compile, subprocess seconds), and the slowest phases."""
     rows = [json.loads(line) for line in open(path)]
     per = collections.defaultdict(collections.Counter)
+    kinds = ("wall_s", "compile_s", "subprocess_s", "compiles", "gc_s")
     for r in rows:
-        per[r["test"].split("::")[0]].update({k: r.get(k, 0) for k in ("wall_s", "compile_s", "subprocess_s", "compiles", "gc_s")})
+        per[r["test"].split("::")[0]].update({k: r.get(k, 0) for k in kinds})
     total = collections.Counter()
     for c in per.values():
         total.update(c)
     out = [f"{'module':58s} {'wall s':>8s} {'compile s':>9s} {'subproc s':>9s} {'compiles':>8s} {'gc s':>6s}"]
     for name, c in sorted(per.items(), key=lambda kv: -kv[1]["wall_s"])[:top]:
-        out.append(f"{name:58s} {c['wall_s']:8.1f} {c['compile_s']:9.1f} {c['subprocess_s']:9.1f} {c['compiles']:8d} {c['gc_s']:6.1f}")
+        out.append(f"{name:58s} {c['wall_s']:8.1f} {c['compile_s']:9.1f} {c['subprocess_s']:9.1f} {c['compiles']:8d} "
+                   f"{c['gc_s']:6.1f}")
     out.append(f"{'all ' + str(len(per)) + ' modules':58s} {total['wall_s']:8.1f} {total['compile_s']:9.1f} "
                f"{total['subprocess_s']:9.1f} {total['compiles']:8d} {total['gc_s']:6.1f}")
     return "\n".join(out)
