@@ -2,14 +2,17 @@
 
 import os
 
-# 8 emulated CPU devices; LLVM's optimisation at level 1 instead of XLA:CPU's 2 (the processes the tests start
+# 8 emulated CPU devices; LLVM's optimisation at level 0 instead of XLA:CPU's 2 (the processes the tests start
 # inherit both). The suite's programs are tiny models' initialisations and steps, compiled once and run a few
-# times: level 1 compiles them 10-25% faster (tests/train/test_invariants.py: 130 -> 101 s of compiling), runs
-# them as fast (zoo-bench gpt_train --shapes cpu: 3201 vs 3174 tokens/s) and computes the same operations, with
-# float results that may differ from level 2's in the last bits. Every comparison in the suite is between runs of
-# the same session or within a tolerance; a user's runs keep XLA's defaults.
+# times: level 0 compiles them faster than level 1, which compiled them 10-25% faster than 2. The whole suite on
+# one 2-core machine: 1088 s at level 0, 1160 s at level 1. Their code runs slower (the 1600 steps of
+# learned_seq2seq below: 126 vs 58 s), so the few runs long enough to lose more than they gain train in a
+# process of their own at level 1 (tests/helpers/processes.train_alone). Level 0 computes the same operations,
+# with float results that may differ from level 2's in the last bits: every comparison in the suite is between
+# runs of the same session or within a tolerance. zoo.train.run_once's programs keep their own level (1), and a
+# user's runs keep XLA's defaults.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-                           " --xla_backend_optimization_level=1")
+                           " --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses  # noqa: E402
@@ -19,7 +22,7 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 from tests.helpers import shared, time_profile, tiny_configs  # noqa: E402
-from tests.helpers.runs import run  # noqa: E402
+from tests.helpers.processes import train_alone  # noqa: E402
 from zoo.train import checkpoint  # noqa: E402
 
 
@@ -90,9 +93,10 @@ def s2s_cfg(cache_dir):
 def learned_seq2seq(tmp_path_factory):
     """(cfg, params, workdir) of a 2+2-layer, width-64 model trained on the short phrases of the offline
     task: trained once a session (by whichever worker asks first), for the task's learning test, the
-    translate CLI's tests and zoo-eval's."""
+    translate CLI's tests and zoo-eval's. Its 1600 steps run by train.py in a process of their own, at LLVM
+    level 1: 58 s, where the suite's level 0 took 126."""
     cfg = tiny_configs.seq2seq_learnable(str(shared.session_root(tmp_path_factory) / "learned-cache"))
-    path = shared.once(tmp_path_factory, "learned", lambda p: run(cfg, p / "run", devices=jax.devices()[:1]))
+    path = shared.once(tmp_path_factory, "learned", lambda p: train_alone(cfg, p / "run", level=1))
     _, params, _, _ = checkpoint.load_run(str(path / "run"), "seq2seq")
     return cfg, params, str(path / "run")
 

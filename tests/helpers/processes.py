@@ -1,7 +1,9 @@
 """Several processes of one zoo command on a local coordinator (127.0.0.1), as hosts of a multi-host job would
-run it: tests/train/test_multihost.py, tests/eval/test_eval_multihost.py; and a test's config as a config file."""
+run it: tests/train/test_multihost.py, tests/eval/test_eval_multihost.py; a test's config as a config file; and
+a long training run in a process of its own (`train_alone`)."""
 
 import os
+import pathlib
 import socket
 import subprocess
 import sys
@@ -27,13 +29,31 @@ def start(args, n=2, port=None, only=None, devices=4, command=("train.py",)):
     """`python train.py ARGS` (or `python COMMAND ARGS`) as process i of n (all of them, or only those in `only`)
     on a local coordinator, each with `devices` CPU devices."""
     port = port or free_port()
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform")]
-    env = {**os.environ, "XLA_FLAGS": " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"]),
-           "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    env = environment(devices)
     return [subprocess.Popen([sys.executable, *command, *args, "--coordinator", f"127.0.0.1:{port}",
                               "--num-processes", str(n), "--process-id", str(i)], cwd=ROOT, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             for i in range(n) if only is None or i in only]
+
+
+def environment(devices: int, level: int | None = None) -> dict:
+    """This process's environment for a child with `devices` CPU devices, compiling at XLA:CPU's LLVM
+    optimisation level `level` (None: the suite's, which it inherits)."""
+    drop = ("--xla_force_host_platform",) + (("--xla_backend_optimization_level",) if level is not None else ())
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(drop)]
+    flags += [f"--xla_force_host_platform_device_count={devices}"]
+    flags += [f"--xla_backend_optimization_level={level}"] if level is not None else []
+    return {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+
+
+def train_alone(cfg, workdir, level: int | None = None) -> None:
+    """`python train.py` on `cfg` into `workdir`, in a process of its own with one CPU device, compiling at
+    XLA:CPU's level `level`; its stderr's end in the error if it fails."""
+    path = config_file(cfg, pathlib.Path(workdir).parent)  # beside the workdir
+    p = subprocess.run([sys.executable, "train.py", path, "--workdir", str(workdir)], cwd=ROOT,
+                       env=environment(1, level), capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError(f"train.py {path} exited with {p.returncode}: {p.stderr[-3000:]}")
 
 
 def finish(procs, timeout=300):

@@ -10,7 +10,7 @@ from tests.helpers import tiny_configs
 from zoo.train import checkpoint, run_once, trainer
 from zoo.train.checksums import _check
 
-# XLA:CPU's own level (tests/conftest.py compiles the suite at level 1)
+# XLA:CPU's own level (tests/conftest.py compiles the suite at level 0)
 XLA_DEFAULT = {"xla_backend_optimization_level": 2}
 COMPILES = []
 monitoring.register_event_duration_secs_listener(
