@@ -9,8 +9,8 @@ import os
 # learned_seq2seq below: 126 vs 58 s), so the few runs long enough to lose more than they gain train in a
 # process of their own at level 1 (tests/helpers/processes.train_alone). Level 0 computes the same operations,
 # with float results that may differ from level 2's in the last bits: every comparison in the suite is between
-# runs of the same session or within a tolerance. zoo.train.run_once's programs keep their own level (1), and a
-# user's runs keep XLA's defaults.
+# runs of the same session or within a tolerance. zoo.train.run_once's programs (initialisation, checksums) take
+# level 0 too (their level 1 is a ceiling); a user's runs keep XLA's defaults.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
                            " --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -22,7 +22,10 @@ def bits(tree):
             for x in jax.tree.leaves(jax.device_get(tree))]
 
 
-def test_the_state_and_its_checksums_compiled_once_equal_xla_defaults_bit_for_bit(cache_dir):
+def test_the_state_and_its_checksums_compiled_once_equal_xla_defaults_bit_for_bit(cache_dir, monkeypatch):
+    # A user's XLA_FLAGS, without the suite's level 0 (which run_once would keep: its bits differ from level 2's)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    assert run_once.cpu_options() == {"xla_backend_optimization_level": 1}
     s = trainer.setup(tiny_configs.TINY["bert_mlm"](cache_dir))
     rng = jax.random.PRNGKey(3)
     cheap = s.init_state(rng)
@@ -42,3 +45,10 @@ def test_a_sharded_save_in_one_process_compiles_only_its_checksums(cache_dir, tm
     with checkpoint.manager(str(tmp_path), async_save=False) as m:
         checkpoint.save(m, state, cfg)
     assert len(COMPILES) - before <= 2  # the params' and the optimizer state's checksums; no jit(slice)
+
+
+def test_level_1_is_a_ceiling_a_lower_level_in_xla_flags_is_kept(monkeypatch):
+    for flags, level in [("", 1), ("--xla_backend_optimization_level=2", 1), ("--xla_backend_optimization_level=3 "
+                         "--xla_backend_optimization_level=0", 0), ("--xla_force_host_platform_device_count=8", 1)]:
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        assert run_once.cpu_options() == {"xla_backend_optimization_level": level}, flags
