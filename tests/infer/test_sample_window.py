@@ -10,8 +10,8 @@ from tests.helpers.processes import train_alone
 from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.data.tokenizers import ByteTokenizer
 from zoo.infer.sample import generate
-from zoo.train import checkpoint
 from zoo.models.gpt import GptConfig
+from zoo.train import checkpoint
 
 WINDOW, NEW, INSIDE = 32, 120, 28  # trained length, tokens sampled, of which inside the first window
 
