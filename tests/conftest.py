@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 
 from tests.helpers import shared, time_profile, tiny_configs  # noqa: E402
 from tests.helpers.processes import train_alone  # noqa: E402
-from zoo.train import checkpoint  # noqa: E402
+from zoo.train import runs  # noqa: E402
 
 
 # Python's cyclic garbage collector at its defaults spent 4.6% of a worker's time (test_lora + test_trainer: 8.3 of
@@ -97,7 +97,7 @@ def learned_seq2seq(tmp_path_factory):
     level 1: 58 s, where the suite's level 0 took 126."""
     cfg = tiny_configs.seq2seq_learnable(str(shared.session_root(tmp_path_factory) / "learned-cache"))
     path = shared.once(tmp_path_factory, "learned", lambda p: train_alone(cfg, p / "run", level=1))
-    _, params, _, _ = checkpoint.load_run(str(path / "run"), "seq2seq")
+    _, params, _, _ = runs.load_run(str(path / "run"), "seq2seq")
     return cfg, params, str(path / "run")
 
 

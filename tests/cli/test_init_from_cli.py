@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fixture finished_gpt)
 from zoo.cli.train import parse, resolve, train_main
-from zoo.train import checkpoint
+from zoo.train import checkpoint, runs
 
 LR = "optim.lr=1e-12"  # one step at this rate leaves the weights where init_from put them
 
@@ -20,8 +20,8 @@ def read_config(workdir):
 
 
 def params_of(workdir):
-    cfg = checkpoint.load_config(str(workdir))
-    return jax.device_get(checkpoint.load_params_of(str(workdir), cfg))
+    cfg = runs.load_config(str(workdir))
+    return jax.device_get(runs.load_params_of(str(workdir), cfg))
 
 
 def test_a_zoo_run_fine_tunes_with_its_own_model_tokenizer_and_task(finished_gpt, tmp_path, capsys):
@@ -52,7 +52,7 @@ def test_a_hugging_face_directory_is_converted_into_the_workdir_first(hf_gpt2, t
                        f"data.cache_dir={cache_dir}", "--set", "train.eval_every=0"]) == 0
     base = os.path.join(work, "base")
     assert checkpoint.latest_step(base) == 0 and read_config(work)["init_from"] == "./base"  # inside: relative
-    assert checkpoint.load_config(work).init_from == os.path.abspath(base)
+    assert runs.load_config(work).init_from == os.path.abspath(base)
     wte = load_file(os.path.join(hf_gpt2, "model.safetensors"))["transformer.wte.weight"]
     np.testing.assert_allclose(params_of(work)["wte"]["embedding"], wte, atol=1e-6)
 
@@ -98,7 +98,7 @@ def test_a_config_file_may_init_from_a_hugging_face_directory(tmp_path, cache_di
     assert train_main(["minilm_cls", "--workdir", work, "--set", "train.steps=1", "--set", "train.batch_size=8",
                        "--set", "train.eval_every=0", "--set", "data.seq_len=32", "--set",
                        f"data.cache_dir={cache_dir}"]) == 0
-    cfg = checkpoint.load_config(work)  # its paths inside the run are saved relative to it, read absolute
+    cfg = runs.load_config(work)  # its paths inside the run are saved relative to it, read absolute
     assert cfg.init_from == os.path.join(work, "base") and checkpoint.latest_step(cfg.init_from) == 0
     assert cfg.data.tokenizer == os.path.join(work, "base", "tokenizer") and cfg.task == "bert_cls"
     theirs, ours = params_of(os.path.join(work, "base")), params_of(work)

@@ -13,7 +13,7 @@ import pytest
 from tests.helpers.shared_runs import smollm2_gguf_run_fixture  # noqa: F401
 from zoo.cli import bench, configs, convert
 from zoo.cli.train import train_main
-from zoo.train import checkpoint
+from zoo.train import runs
 
 LLAMA = dict(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=1)
@@ -43,7 +43,7 @@ def test_every_convert_subcommand_ends_with_what_it_wrote_where(tmp_path, capsys
     capsys.readouterr()
 
     assert convert.main(["from-hf", str(hf_dir), base]) == 0
-    _, params, _, _ = checkpoint.load_run(base)
+    _, params, _, _ = runs.load_run(base)
     n = sum(x.size for x in jax.tree.leaves(params))
     assert last_line(capsys) == (f"wrote {base}: a gpt_lm run of LlamaForCausalLM from {hf_dir} (gpt, {n:,} params, "
                                  f"step 0); tokenizer: bytes (the checkpoint has none)")
@@ -58,7 +58,7 @@ def test_every_convert_subcommand_ends_with_what_it_wrote_where(tmp_path, capsys
 
     lora = str(tmp_path / "lora")
     assert convert.main(["from-hf", str(tmp_path / "adapter"), lora]) == 0
-    trained = checkpoint.load_trained(lora, checkpoint.load_config(lora))[0]
+    trained = runs.load_trained(lora, runs.load_config(lora))[0]
     n = sum(x.size for x in jax.tree.leaves(trained))
     assert n == 4 * (32 + 32) + 4 * (32 + 16)  # rank 4 on q_proj (32 -> 32) and v_proj (32 -> 2 heads of 8)
     assert last_line(capsys) == (f"wrote {lora}: a gpt_lm LoRA run of the PEFT adapter {tmp_path / 'adapter'} (r=4, "

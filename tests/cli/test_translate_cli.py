@@ -7,7 +7,7 @@ import pytest
 from conftest import replace
 from tests.helpers.runs import run
 from zoo.cli import translate
-from zoo.train import checkpoint
+from zoo.train import runs
 from zoo.data.tokenizers import ByteTokenizer
 from zoo.tasks import seq2seq_data
 
@@ -22,7 +22,7 @@ def test_translate_cli_reverses_a_held_out_phrase(learned_seq2seq, capsys):
     # The first of 8 held-out phrases that greedy decoding reverses (the model gets >= 95% right, tested
     # in tests/tasks/test_seq2seq_task.py; which ones it misses depends on the numerics of training).
     srcs = [TOK.decode(val.src.ids[val.src.offsets[i]:val.src.offsets[i + 1]]) for i in range(8)]
-    hyps = translate.translate(*checkpoint.load_run(workdir, "encdec"), srcs, beam=1)
+    hyps = translate.translate(*runs.load_run(workdir, "encdec"), srcs, beam=1)
     src = next(s for s, h in zip(srcs, hyps) if h == seq2seq_data.reverse_words(s))
     assert translate.main([workdir, "--text", src, "--beam", "4"]) == 0
     assert capsys.readouterr().out.strip() == seq2seq_data.reverse_words(src)
@@ -43,4 +43,4 @@ def test_translate_cli_errors(learned_seq2seq, capsys, argv, fragment):
 def test_a_checkpoint_of_another_family_is_refused(tiny_cfg, tmp_path):
     run(replace(tiny_cfg, train=dict(steps=1)), tmp_path / "gpt", devices=jax.devices()[:1])
     with pytest.raises(ValueError, match="holds a gpt model; this command needs a run of family encdec"):
-        checkpoint.load_run(str(tmp_path / "gpt"), "encdec")
+        runs.load_run(str(tmp_path / "gpt"), "encdec")

@@ -26,7 +26,7 @@ from zoo.models.encdec import EncDecConfig  # noqa: E402
 from zoo.models.gpt import GptConfig  # noqa: E402
 from zoo.tasks import mlm  # noqa: E402
 from zoo.tasks.seq2seq_data import framing  # noqa: E402
-from zoo.train import checkpoint  # noqa: E402
+from zoo.train import checkpoint, runs  # noqa: E402
 from tests.helpers.hf_runs import one_torch_thread  # noqa: F401,E402  (autouse fixture)
 
 TEXTS = ["The if statement is used for conditional execution.", "  spaces\tand\nnewlines  \n\n",
@@ -203,7 +203,7 @@ def test_from_hf_of_the_export_gives_back_the_run(exports, tmp_path, name):
     assert (back.task, back.data.tokenizer, back.data.seq_len) == (cfg.task, cfg.data.tokenizer, cfg.data.seq_len)
     assert back.model == cfg.model
     assert not os.path.exists(tmp_path / "again" / "tokenizer")  # the named tokenizer; no (empty) folder
-    again = checkpoint.load_params_of(str(tmp_path / "again"), back)
+    again = runs.load_params_of(str(tmp_path / "again"), back)
     assert jax.tree.structure(again) == jax.tree.structure(params)
     for x, y in zip(jax.tree.leaves(jax.device_get(again)), jax.tree.leaves(params)):
         np.testing.assert_array_equal(x, y)

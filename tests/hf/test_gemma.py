@@ -27,7 +27,7 @@ from zoo.hf.convert import export_converter  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402
 from zoo.models.gpt import PRESETS, Gpt, GptConfig  # noqa: E402
 from zoo.nn import losses as zoo_losses  # noqa: E402
-from zoo.train import checkpoint  # noqa: E402
+from zoo.train import runs as run_reader  # noqa: E402
 
 V = 300
 # N * H = 60 != D = 42; initializer_range 0.2: attention far from uniform, logits past the caps.
@@ -90,7 +90,7 @@ def runs(hf_dirs, tmp_path_factory):
 def test_logits_and_kv_cached_greedy_decoding_equal_transformers(hf_dirs, runs, name):
     run_dir, report = runs[name]
     assert report["unused"] == []
-    zmodel, params, _, cfg = checkpoint.load_run(run_dir)
+    zmodel, params, _, cfg = run_reader.load_run(run_dir)
     assert {k: getattr(cfg.model, k) for k in MODELS[name][2]} == MODELS[name][2]
     ours = np.asarray(jax.jit(zmodel.apply)({"params": params}, jnp.asarray(IDS)))  # one program, not one per op
     theirs = hf_logits(hf_dirs[name][1], IDS)

@@ -28,7 +28,7 @@ from zoo.hf import gpt_neox, io, table  # noqa: E402
 from zoo.hf.convert import export_converter  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402
 from zoo.models.gpt import PYTHIA_160M, Gpt, GptConfig  # noqa: E402
-from zoo.train import checkpoint  # noqa: E402
+from zoo.train import runs as run_reader  # noqa: E402
 
 V = 300
 # 3 heads of width 16 (rope on 4 or 8 of them), MLP width 100; initializer_range 0.2: attention far from
@@ -83,7 +83,7 @@ def zoo_logits(model_cfg, params, ids=IDS):
 def test_logits_and_kv_cached_greedy_decoding_equal_transformers(hf_dirs, runs, name):
     run_dir, report = runs[name]
     assert report["unused"] == []
-    zmodel, params, _, cfg = checkpoint.load_run(run_dir)
+    zmodel, params, _, cfg = run_reader.load_run(run_dir)
     assert {k: getattr(cfg.model, k) for k in MODELS[name][1]} == MODELS[name][1]
     assert params["h_0"]["attn"]["query"]["kernel"].shape == (48, 3, 16)
     diff = np.abs(zoo_logits(cfg.model, params) - hf_logits(hf_dirs[name][1], IDS)).max()

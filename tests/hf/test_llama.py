@@ -30,6 +30,7 @@ from zoo.hf.convert import export_converter  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402
 from zoo.models.gpt import GptConfig  # noqa: E402
 from zoo.train import checkpoint  # noqa: E402
+from zoo.train import runs as run_reader  # noqa: E402
 
 one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
 hf_logits = hf_runs.hf_logits
@@ -111,7 +112,7 @@ IDS = np.random.default_rng(0).integers(0, V, (2, 12))
 def test_logits_equal_transformers(hf_dirs, runs, name):
     run_dir, report = runs[name]
     assert report["unused"] == []
-    zmodel, params, _, cfg = checkpoint.load_run(run_dir)
+    zmodel, params, _, cfg = run_reader.load_run(run_dir)
     assert {k: getattr(cfg.model, k) for k in MODELS[name][2]} == MODELS[name][2]
     ours = np.asarray(zmodel.apply({"params": params}, jnp.asarray(IDS)))
     diff = np.abs(ours - hf_logits(hf_dirs[name][1], IDS)).max()
@@ -121,7 +122,7 @@ def test_logits_equal_transformers(hf_dirs, runs, name):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_greedy_generation_equals_transformers_generate(hf_dirs, runs, name):
-    zmodel, params, _, _ = checkpoint.load_run(runs[name][0])
+    zmodel, params, _, _ = run_reader.load_run(runs[name][0])
     prompt = [5, 17, 42, 8]  # 4 + 8 tokens: past mistral's window of 4
     ours = generate(zmodel, params, prompt, 8, temperature=0.0)[0]
     with torch.no_grad():
@@ -147,7 +148,7 @@ def test_export_loads_in_transformers_as_the_same_architecture(hf_dirs, runs, na
 def test_the_checkpoint_tokenizer_and_chat_template_travel_both_ways(hf_dirs, runs, tmp_path):
     src, run_dir = hf_dirs["llama"][0], runs["llama"][0]
     theirs = transformers.AutoTokenizer.from_pretrained(src)
-    _, _, ours, cfg = checkpoint.load_run(run_dir)
+    _, _, ours, cfg = run_reader.load_run(run_dir)
     assert sorted(os.listdir(cfg.data.tokenizer)) == ["chat_template.jinja", "tokenizer.json", "tokenizer_config.json"]
     assert isinstance(ours, Pretrained) and (ours.eot_token, ours.bos_token) == (1, 0)
     for text in TEXTS:
@@ -209,7 +210,7 @@ def test_a_zoo_trained_llama_exports_to_transformers(cache_dir, tmp_path):
     hf.to_hf(str(tmp_path / "run"), str(tmp_path / "out"), verbose=False)
     exported = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
     assert type(exported).__name__ == "LlamaForCausalLM"
-    zmodel, params, tok, _ = checkpoint.load_run(str(tmp_path / "run"))
+    zmodel, params, tok, _ = run_reader.load_run(str(tmp_path / "run"))
     ids = np.random.default_rng(1).integers(0, 257, (2, 12))
     assert np.abs(np.asarray(zmodel.apply({"params": params}, jnp.asarray(ids))) - hf_logits(exported, ids)).max() \
         <= 1e-4

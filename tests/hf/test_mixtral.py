@@ -23,7 +23,7 @@ from zoo import hf  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
 from zoo.hf.convert import export_converter  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402
-from zoo.train import checkpoint  # noqa: E402
+from zoo.train import runs as run_reader  # noqa: E402
 
 V = 300
 # initializer_range 0.2: routing far from uniform, so a wrong top-k, renormalisation or expert order shows.
@@ -77,7 +77,7 @@ def runs(hf_dirs, tmp_path_factory):
 def test_logits_and_kv_cached_greedy_decoding_equal_transformers(hf_dirs, runs, name):
     run_dir, report = runs[name]
     assert report["unused"] == []
-    zmodel, params, _, cfg = checkpoint.load_run(run_dir)
+    zmodel, params, _, cfg = run_reader.load_run(run_dir)
     assert {k: getattr(cfg.model, k) for k in MODELS[name][2]} == MODELS[name][2]
     assert cfg.model.router_aux_loss_coef == 0.02
     mlp = params["h_1"]["mlp"]

@@ -32,7 +32,7 @@ from zoo.cli import train as train_cli  # noqa: E402
 from zoo.config import DataConfig, OptimConfig, TrainConfig  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
 from zoo.hf import peft as zoo_peft  # noqa: E402
-from zoo.train import checkpoint, freeze  # noqa: E402
+from zoo.train import checkpoint, freeze, runs  # noqa: E402
 
 V = 300
 LLAMA = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -64,7 +64,7 @@ def build(root, cache_dir):
         model.save_pretrained(root / name / "hf")
         base = str(root / name / "base")
         hf.from_hf(str(root / name / "hf"), base, verbose=False)
-        cfg = checkpoint.load_config(base)
+        cfg = runs.load_config(base)
         cfg = dataclasses.replace(
             cfg, init_from=base, model=dataclasses.replace(cfg.model, lora_rank=4, lora_alpha=8.0),
             data=DataConfig(source="builtin", tokenizer="bytes", seq_len=16, cache_dir=cache_dir),
@@ -105,7 +105,7 @@ def hf_logits(model, ids=IDS):
 
 
 def zoo_logits(run_dir, ids=IDS):
-    model, params, _, _ = checkpoint.load_run(run_dir)
+    model, params, _, _ = runs.load_run(run_dir)
     return np.asarray(jax.jit(model.apply)({"params": params}, jnp.asarray(ids)))  # one compile, not one per op
 
 
@@ -159,11 +159,11 @@ def test_the_adapter_config_and_key_names_are_peft_s(lora_runs, adapters):
 def test_zoo_to_peft_to_zoo_is_exact(lora_runs, adapters, name, tmp_path):
     base, lora = lora_runs[name]
     assert convert_cli.main(["from-hf", adapters[name], str(tmp_path / "back"), "--base", base]) == 0
-    mine, back = checkpoint.load_config(lora), checkpoint.load_config(str(tmp_path / "back"))
+    mine, back = runs.load_config(lora), runs.load_config(str(tmp_path / "back"))
     assert back.init_from == mine.init_from
     assert dataclasses.replace(back.model, lora_targets="x") == dataclasses.replace(mine.model, lora_targets="x")
     # the same layers adapted (lora_targets may name them otherwise: GPT-2 has no `gate`)
-    assert checkpoint.load_trained(str(tmp_path / "back"), back)[1] == checkpoint.load_trained(lora, mine)[1]
+    assert runs.load_trained(str(tmp_path / "back"), back)[1] == runs.load_trained(lora, mine)[1]
     np.testing.assert_array_equal(zoo_logits(str(tmp_path / "back")), zoo_logits(lora))
     zoo_peft.to_peft(str(tmp_path / "back"), str(tmp_path / "again"), verbose=False)
     first = load_file(os.path.join(adapters[name], "adapter_model.safetensors"))
@@ -185,7 +185,7 @@ def test_a_new_head_travels_whole_with_its_adapter_merged_into_it(tmp_path):
         cfg.model, lora_rank=4, lora_alpha=8.0, num_classes=3))
     task = tasks.build(cfg)
     boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0))
-    trained = freeze.split(nn.unbox(boxed), checkpoint.trainable_of(cfg, boxed, task.seen))[0]
+    trained = freeze.split(nn.unbox(boxed), runs.trainable_of(cfg, boxed, task.seen))[0]
     rng = np.random.default_rng(1)
     checkpoint.save_weights(lora_run, jax.tree.map(lambda s: 0.2 * rng.standard_normal(s.shape, np.float32),
                                                    trained), cfg)

@@ -25,7 +25,7 @@ from zoo.hf import io, phi3, table  # noqa: E402
 from zoo.hf.convert import export_converter  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402
 from zoo.models.gpt import PHI3_MINI, Gpt, GptConfig  # noqa: E402
-from zoo.train import checkpoint  # noqa: E402
+from zoo.train import runs as run_reader  # noqa: E402
 
 V = 300
 # 5 query heads of width 8 over width 40, MLP width 56; initializer_range 0.2: attention far from uniform.
@@ -78,7 +78,7 @@ def zoo_logits(model_cfg, params, ids=IDS):
 def test_logits_and_kv_cached_greedy_decoding_equal_transformers(hf_dirs, runs, name):
     run_dir, report = runs[name]
     assert report["unused"] == []
-    zmodel, params, _, cfg = checkpoint.load_run(run_dir)
+    zmodel, params, _, cfg = run_reader.load_run(run_dir)
     assert {k: getattr(cfg.model, k) for k in MODELS[name][1]} == MODELS[name][1]
     attn = params["h_0"]["attn"]
     assert (attn["query"]["kernel"].shape, attn["key"]["kernel"].shape) == ((40, 5, 8), (40, 1, 8))

@@ -26,7 +26,7 @@ from zoo.hf.convert import export_converter  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402
 from zoo.models.gpt import GptConfig  # noqa: E402
 from zoo.tasks.lm import LmTask  # noqa: E402
-from zoo.train import checkpoint  # noqa: E402
+from zoo.train import runs as run_reader  # noqa: E402
 
 V = 300
 # N * H = 72 != D = 40: every projection and reshape sees the head width, not D / N (13, odd).
@@ -77,7 +77,7 @@ def runs(hf_dirs, tmp_path_factory):
 def test_logits_and_kv_cached_greedy_decoding_equal_transformers(hf_dirs, runs, name):
     run_dir, report = runs[name]
     assert report["unused"] == []
-    zmodel, params, _, cfg = checkpoint.load_run(run_dir)
+    zmodel, params, _, cfg = run_reader.load_run(run_dir)
     assert {k: getattr(cfg.model, k) for k in MODELS[name][2]} == MODELS[name][2]
     assert params["h_0"]["attn"]["query"]["kernel"].shape == (40, 3, 24)
     ours = np.asarray(zmodel.apply({"params": params}, jnp.asarray(IDS)))

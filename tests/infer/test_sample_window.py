@@ -11,7 +11,7 @@ from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.data.tokenizers import ByteTokenizer
 from zoo.infer.sample import generate
 from zoo.models.gpt import GptConfig
-from zoo.train import checkpoint
+from zoo.train import runs
 
 WINDOW, NEW, INSIDE = 32, 120, 28  # trained length, tokens sampled, of which inside the first window
 
@@ -30,7 +30,7 @@ def test_samples_past_the_trained_window_stay_as_good_as_inside_it(cache_dir, tm
                  data=DataConfig(seq_len=WINDOW, cache_dir=cache_dir), optim=OptimConfig(lr=3e-3, warmup=20),
                  train=TrainConfig(steps=500, batch_size=32, log_every=100, eval_every=0, save_every=500))
     train_alone(cfg, tmp_path / "run", level=1)  # 500 steps: at the suite's level 0 they took 28 s instead of 19
-    model, params, _, _ = checkpoint.load_run(str(tmp_path / "run"), "gpt_lm")
+    model, params, _, _ = runs.load_run(str(tmp_path / "run"), "gpt_lm")
     score = bigram_scorer()
     prompt = ByteTokenizer().encode("The ")
 

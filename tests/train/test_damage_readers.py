@@ -29,7 +29,7 @@ from tests.helpers.runs import run
 from tests.train.test_faults import DAMAGE, copy_of
 from zoo.cli.train import train_main
 from zoo.hf import convert
-from zoo.train import checkpoint, start, trainer
+from zoo.train import checkpoint, runs, start, trainer
 from zoo.train.checksums import fingerprint
 
 # The item of a step each kind of damage hits (a checksum that disagrees is the params' entry in digest/).
@@ -51,11 +51,11 @@ def base(tmp_path_factory, cache_dir):
     run(replace(cfg, data=dict(seq_len=SEQ_LEN[4])), work, resume=True)
     held = {}
     for s in (2, 4):
-        params = jax.device_get(checkpoint.load_params(work, step=s))
+        params = jax.device_get(runs.load_params(work, step=s))
         with open(os.path.join(checkpoint.step_dir(work, s), "digest", "metadata")) as f:
             train_digest = json.load(f)["train"]
         held[s] = dict(params=params, fingerprint=fingerprint(params)[0], train=train_digest)
-        assert checkpoint.load_config(work, s).data.seq_len == SEQ_LEN[s]
+        assert runs.load_config(work, s).data.seq_len == SEQ_LEN[s]
     assert held[2]["fingerprint"] != held[4]["fingerprint"]  # the steps' weights are told apart too
     return cfg, work, held
 
@@ -127,7 +127,7 @@ def test_resume_says_it_once_goes_on_from_step_2_and_moves_step_4_aside_unchange
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_sampling_reads_the_config_and_weights_of_one_step_and_changes_nothing(base, tmp_path, capsys, damage):
     work, before = damaged(base, tmp_path, damage)
-    _, params, _, cfg = checkpoint.load_run(work)  # what zoo-sample reads
+    _, params, _, cfg = runs.load_run(work)  # what zoo-sample reads
     step = step_read(damage, WEIGHTS)
     check_said(capsys.readouterr().err, work, damage, step)
     assert fingerprint(params)[0] == base[2][step]["fingerprint"]
@@ -173,8 +173,8 @@ def test_init_from_copies_the_weights_of_one_whole_step_read_under_its_own_confi
             read[item].append(step)
             return out
         return wrapped
-    monkeypatch.setattr(checkpoint, "_restore_config", spy("config", checkpoint._restore_config))
-    monkeypatch.setattr(checkpoint, "_restore_params", spy("params", checkpoint._restore_params))
+    monkeypatch.setattr(checkpoint, "restore_config", spy("config", checkpoint.restore_config))
+    monkeypatch.setattr(runs, "_restore_params", spy("params", runs._restore_params))
     state, got = start.start_from(*fine_tune, work)
     step = step_read(damage, WEIGHTS)
     check_said(capsys.readouterr().err, work, damage, step)

@@ -21,7 +21,7 @@ from tests.helpers.runs import run
 from zoo.cli import train as train_cli
 from zoo.cli.train import train_main
 from zoo.errors import CheckpointError, TrainError
-from zoo.train import checkpoint, orbax_errors, trainer
+from zoo.train import checkpoint, orbax_errors, runs, trainer
 from zoo.train.checksums import fingerprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -110,13 +110,13 @@ def test_readers_fall_back_too_and_stop_naming_every_step_tried(base, tmp_path, 
     cfg, _ = base
     work = copy_of(base, tmp_path)
     _alter_digest(checkpoint.step_dir(work, 4))
-    params = checkpoint.load_params_of(work, cfg)
-    assert fingerprint_equal(params, checkpoint.load_params(base[1], step=2))
+    params = runs.load_params_of(work, cfg)
+    assert fingerprint_equal(params, runs.load_params(base[1], step=2))
     assert "checkpoints/4 does not restore" in capsys.readouterr().err
     _truncate(f"{checkpoint.step_dir(work, 2)}/params/_METADATA")
     with pytest.raises(CheckpointError, match=r"no checkpoint in .* restores; tried step 4 \(.*checksum.*\), "
                                               r"step 2 \(JSONDecodeError"):
-        checkpoint.load_params_of(work, cfg)
+        runs.load_params_of(work, cfg)
 
 
 def fingerprint_equal(a, b) -> bool:
@@ -162,7 +162,7 @@ def test_divergence_saves_nothing_non_finite_and_a_lower_lr_resumes(base, tmp_pa
     assert "\n" not in msg and "non-finite (NaN/Inf) at step 5" in msg
     assert f"the newest checkpoint, step 4 in {checkpoint.ckpt_dir(work)}, is finite" in msg
     assert checkpoint.all_steps(work) == [4, 2]
-    params = checkpoint.load_params(work)
+    params = runs.load_params(work)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
     out = run(replace(cfg, optim=dict(lr=1e-4), train=dict(steps=6)), work, resume=True)
     assert int(out["state"].step) == 6 and np.isfinite(out["records"][-1]["loss"])
@@ -265,27 +265,27 @@ def test_a_step_pruned_while_it_is_read_is_not_reported_as_damage(base, tmp_path
         if step == 4 and len(read) == 1:  # the trainer prunes it between the listing and the read
             shutil.rmtree(checkpoint.step_dir(work, 4))
             raise FileNotFoundError(f"{checkpoint.step_dir(work, 4)}/params")
-        return checkpoint.load_params(work, step=step)
+        return runs.load_params(work, step=step)
 
     assert checkpoint.first_restorable(work, load)[0] == 2 and read == [4, 2]
     assert capsys.readouterr().err == ""  # no "does not restore" warning: nothing is damaged
     # A damaged step that is still there is reported as before.
     shutil.rmtree(os.path.join(checkpoint.step_dir(work, 2), "params"))
     with pytest.raises(CheckpointError, match="restores; tried step 2"):
-        checkpoint.first_restorable(work, lambda s: checkpoint.load_params(work, step=s))
+        checkpoint.first_restorable(work, lambda s: runs.load_params(work, step=s))
 
 
 def test_resume_from_a_chosen_step_redoes_the_steps_after_it_and_keeps_the_newer_ones(base, tmp_path, capsys):
     """--resume DIR --step N: the run goes on from N (bit for bit the steps it had made after it); the newer
     checkpoints are moved aside, not deleted."""
     work = copy_of(base, tmp_path)
-    want = jax.device_get(checkpoint.load_params(work, step=4))
+    want = jax.device_get(runs.load_params(work, step=4))
     assert train_main(["--resume", work, "--step", "3"]) == 2
     assert capsys.readouterr().err.strip() == f"error: --step 3: {work!r} holds checkpoints at steps 2, 4"
     assert train_main(["--resume", work, "--step", "2", "--quiet"]) == 0
     assert checkpoint.all_steps(work) == [4, 2]
     assert [p.split("-")[0] for p in os.listdir(os.path.join(work, "checkpoints-superseded"))] == ["4"]
-    got = jax.device_get(checkpoint.load_params(work, step=4))
+    got = jax.device_get(runs.load_params(work, step=4))
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
 
@@ -295,7 +295,7 @@ def test_a_run_from_before_checksums_is_read_unverified_and_says_so_once(base, t
     for st in (2, 4):
         shutil.rmtree(os.path.join(checkpoint.step_dir(work, st), "digest"))
     for _ in range(2):
-        checkpoint.load_params(work)
+        runs.load_params(work)
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"note: {checkpoint.ckpt_dir(work)} was written before checkpoints carried checksums; read "
                    f"unverified"]

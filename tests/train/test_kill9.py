@@ -29,7 +29,7 @@ from conftest import replace
 from tests.helpers import tiny_configs
 from tests.helpers.runs import losses
 from zoo.errors import CheckpointError
-from zoo.train import checkpoint, trainer
+from zoo.train import checkpoint, runs, trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,7 +37,7 @@ DRIVER = r"""
 import json, os, random, signal, sys, threading, time
 import jax
 from zoo.config import from_dict
-from zoo.train import checkpoint, trainer
+from zoo.train import checkpoint, runs, trainer
 
 cfg, work, resume, kill = from_dict(json.loads(sys.argv[1])), sys.argv[2], sys.argv[3] == "resume", sys.argv[4]
 say = lambda line: print(line, flush=True)
@@ -233,7 +233,7 @@ def test_a_reader_beside_a_run_that_keeps_one_checkpoint_reads_20_times_and_neve
         deadline = time.monotonic() + 240
         while len(read) < READS and training.poll() is None and time.monotonic() < deadline:
             try:
-                checkpoint.load_run(work)
+                runs.load_run(work)
             except CheckpointError as e:  # only while the run has saved nothing yet
                 assert not read and str(e).startswith(f"no checkpoint in {work!r}"), e
                 time.sleep(0.1)

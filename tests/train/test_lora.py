@@ -17,7 +17,7 @@ from tests.helpers.runs import losses, run
 from zoo import tasks
 from zoo.errors import CheckpointError, ConfigError
 from zoo.nn import lora, quant
-from zoo.train import checkpoint, freeze, trainer
+from zoo.train import freeze, runs, trainer
 
 
 @pytest.fixture(scope="module")
@@ -75,17 +75,17 @@ def test_an_adapted_model_starts_as_its_base_and_only_its_adapters_train(base, t
     assert len(trainable) == 2 * 7 * cfg.model.num_layers  # A and B on q, k, v, o, gate, fc, proj of each layer
     moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
     assert sum(x.size for x in moments) == 2 * size(state.params)  # Adam's two moments, for the adapters only
-    base_params = checkpoint.load_params_of(base[1], base[0])
+    base_params = runs.load_params_of(base[1], base[0])
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 16)))
     plain_logits, adapted_logits = logits_fn(cfg)
     start = adapted_logits(s.full_params(state), ids)
     np.testing.assert_array_equal(np.asarray(start), np.asarray(plain_logits({"params": base_params}, ids)))
 
-    saved, paths = checkpoint.load_trained(work, cfg)
+    saved, paths = runs.load_trained(work, cfg)
     assert set(freeze.flat(saved)) == set(trainable) == set(paths)  # the checkpoint holds the adapters alone
     for k, v in freeze.flat(out["frozen"]).items():
         np.testing.assert_array_equal(v, freeze.flat(base_params)[k])  # the base never moved
-    merged = checkpoint.load_params_of(work, cfg)
+    merged = runs.load_params_of(work, cfg)
     node = out["params"]["h_1"]["attn"]["query"]
     ab = np.einsum("dr,rnh->dnh", node["lora_a"], node["lora_b"])
     assert np.abs(ab).max() > 1e-3  # B left zero: the adapters learned something
@@ -124,7 +124,7 @@ def test_a_quantized_base_trains_within_its_quantization_error(base, unquantized
     frozen = freeze.flat(jax.device_get(out["state"].frozen))
     codes = frozen["h_0/mlp/fc/qkernel/codes"]
     assert codes.dtype == (np.int8 if kind == "int8" else np.uint8) and "h_0/mlp/fc/kernel" not in frozen
-    w = checkpoint.load_params_of(base[1], base[0])["h_0"]["mlp"]["fc"]["kernel"]
+    w = runs.load_params_of(base[1], base[0])["h_0"]["mlp"]["fc"]["kernel"]
     q = {"codes": codes, "scale": frozen["h_0/mlp/fc/qkernel/scale"]}
     assert quant.nbytes(q) <= ratio * w.nbytes  # int8: ~1/4 of float32; nf4: 0.5625 / 4
     err = np.abs(np.asarray(quant.dequantize(q, w.shape, jnp.float32)) - w).max() / np.abs(w).max()
@@ -138,8 +138,8 @@ def test_train_trainable_trains_its_matches_alone(base, tmp_path):
     out = run(cfg, tmp_path / "partial", devices=jax.devices()[:1])
     trained = set(freeze.flat(out["state"].params))
     assert trained and all(k.startswith(("h_1/", "ln_f/")) for k in trained)
-    before = freeze.flat(checkpoint.load_params_of(base[1], base[0]))
-    after = freeze.flat(checkpoint.load_params_of(str(tmp_path / "partial"), cfg))
+    before = freeze.flat(runs.load_params_of(base[1], base[0]))
+    after = freeze.flat(runs.load_params_of(str(tmp_path / "partial"), cfg))
     assert set(after) == set(before)
     for k in before:
         assert np.array_equal(before[k], after[k]) == (k not in trained), k
@@ -197,11 +197,11 @@ def test_a_lora_run_reads_the_base_step_it_trained_on(cache_dir, tmp_path):
     lcfg = replace(dataclasses.replace(cfg, init_from=str(tmp_path / "base")), model=dict(lora_rank=2),
                    optim=dict(lr=1e-2), train=dict(steps=2))
     run(lcfg, tmp_path / "lora", **one)
-    before = checkpoint.load_params_of(str(tmp_path / "lora"), lcfg)
+    before = runs.load_params_of(str(tmp_path / "lora"), lcfg)
     run(cfg, tmp_path / "base", resume=True, stop_at_step=4, **one)  # the base trains on: step 4
-    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(checkpoint.load_params_of(str(tmp_path / "lora"), lcfg))):
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(runs.load_params_of(str(tmp_path / "lora"), lcfg))):
         np.testing.assert_array_equal(a, b)
     # keep=1: step 2 rotates out (8 stays, and 6, the last good step: the loss after it was calm)
     run(replace(cfg, train=dict(keep=1)), tmp_path / "base", resume=True, **one)
     with pytest.raises(CheckpointError, match=r"trained on step 2 of its base, .* no longer holds it \(steps: 8, 6\)"):
-        checkpoint.load_params_of(str(tmp_path / "lora"), lcfg)
+        runs.load_params_of(str(tmp_path / "lora"), lcfg)

@@ -18,7 +18,7 @@ import pytest
 from conftest import replace
 from tests.helpers.processes import config_file, finish, free_port, start
 from tests.helpers.runs import losses, run
-from zoo.train import checkpoint
+from zoo.train import checkpoint, runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -45,7 +45,7 @@ def test_two_processes_match_one_process_with_eight_devices(two, tmp_path):
     single = run(cfg, tmp_path / "single")
     assert single["setup"].mesh.devices.size == 8
     assert losses(work) == pytest.approx(losses(tmp_path / "single"), rel=1e-5)
-    multi = checkpoint.load_params(work)
+    multi = runs.load_params(work)
     for a, b in zip(jax.tree.leaves(multi), jax.tree.leaves(jax.device_get(single["params"]))):
         np.testing.assert_allclose(np.asarray(a), b, rtol=1e-5, atol=1e-6)
     assert sorted(os.listdir(os.path.join(work, "checkpoints"))) == [".checksummed", "3"]
@@ -167,7 +167,7 @@ def test_a_signal_to_one_process_stops_both_and_a_killed_one_ends_the_other_in_o
     assert losses(work) == pytest.approx(losses(tmp_path / "straight"), rel=1e-5)
     # Params whose gradient is ~0 take Adam steps of rounding noise (m / sqrt(v) of ~1e-9 values): 1e-5 absolute,
     # a hundredth of one step at lr 1e-3.
-    for a, b in zip(jax.tree.leaves(checkpoint.load_params(work)), jax.tree.leaves(jax.device_get(straight["params"]))):
+    for a, b in zip(jax.tree.leaves(runs.load_params(work)), jax.tree.leaves(jax.device_get(straight["params"]))):
         np.testing.assert_allclose(np.asarray(a), b, rtol=1e-5, atol=1e-5)
 
 
@@ -201,7 +201,7 @@ def test_two_processes_stream_their_own_documents_and_resume_bit_for_bit(cache_d
     outs = finish(start(["--resume", again, "--step", "2"]))
     assert all("Traceback" not in err for _, err in outs), outs
     assert losses(again) == full
-    for a, b in zip(jax.tree.leaves(checkpoint.load_params(again)), jax.tree.leaves(checkpoint.load_params(work))):
+    for a, b in zip(jax.tree.leaves(runs.load_params(again)), jax.tree.leaves(runs.load_params(work))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import replace
 from tests.helpers.runs import run
 from zoo.errors import CheckpointError, ConfigError, TrainError
-from zoo.train import checkpoint, trainer
+from zoo.train import runs, trainer
 
 
 def test_loss_on_a_repeated_batch_falls_below_ten_percent(tiny_cfg):
@@ -52,7 +52,7 @@ def test_checkpoints_hold_the_config_and_rotate(tiny_cfg, tmp_path):
     run(replace(tiny_cfg, train=dict(steps=6, save_every=1, keep=2)), tmp_path)
     steps = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
     assert steps == [5, 6]
-    assert checkpoint.load_config(str(tmp_path)).train.keep == 2
+    assert runs.load_config(str(tmp_path)).train.keep == 2
     assert json.load(open(tmp_path / "config.json"))["model"]["family"] == "gpt"
 
 

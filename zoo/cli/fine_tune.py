@@ -55,9 +55,9 @@ def base_run(src: str, workdir: str, dry: bool = False):
     a GGUF file is converted into a temporary directory)."""
     from zoo.errors import ConfigError
     from zoo.hf import peft
-    from zoo.train import checkpoint
+    from zoo.train import runs
     if not needs_conversion(src):
-        return checkpoint.load_config(src), src
+        return runs.load_config(src), src
     from zoo import hf
     from zoo.hf.gguf import from_gguf
     gguf, adapter = is_gguf(src), peft.is_adapter_dir(src)
@@ -68,7 +68,7 @@ def base_run(src: str, workdir: str, dry: bool = False):
         import tempfile
         with tempfile.TemporaryDirectory(prefix="zoo-print-config-") as tmp:
             from_gguf(src, os.path.join(tmp, "base"), verbose=False)
-            return checkpoint.load_config(os.path.join(tmp, "base")), base
+            return runs.load_config(os.path.join(tmp, "base")), base
     if dry:
         return hf.from_pretrained(src)[3], base
     if os.path.exists(workdir):
@@ -84,7 +84,7 @@ def base_run(src: str, workdir: str, dry: bool = False):
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)  # nothing half-converted stays behind
         raise
-    return checkpoint.load_config(base), base
+    return runs.load_config(base), base
 
 
 def _set_keys(sets) -> set[str]:
@@ -101,8 +101,8 @@ def _source_task(src: str) -> str | None:
             base = json.load(f).get("base_model_name_or_path")
         return _source_task(base) if isinstance(base, str) and os.path.isdir(base) and base != src else None
     if not is_hf_dir(src):
-        from zoo.train import checkpoint
-        return checkpoint.load_config(src).task
+        from zoo.train import runs
+        return runs.load_config(src).task
     hf_cfg = io.read_config(src)
     conv = convert._converter(hf_cfg)  # an unsupported architecture is refused here, before any conversion
     return conv.task_for(hf_cfg, io.Keys({}, conv.PREFIXES))

@@ -87,10 +87,10 @@ def optimizer_state(cfg):
     """The tree structure of a config's optimizer state (what a checkpoint's `train` item must match)."""
     import jax
     from zoo import tasks
-    from zoo.train import checkpoint, freeze, optim
+    from zoo.train import freeze, optim, runs
     task = tasks.build(cfg)
     abstract = jax.eval_shape(task.init, jax.random.PRNGKey(0))
-    abstract = freeze.split(abstract, checkpoint.trainable_of(cfg, abstract, getattr(task, "seen", ())))[0]
+    abstract = freeze.split(abstract, runs.trainable_of(cfg, abstract, getattr(task, "seen", ())))[0]
     tx = optim.make_optimizer(cfg.optim, optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model),
                               optim.decay_mask(abstract))
     return jax.tree.structure(jax.eval_shape(tx.init, abstract))
@@ -102,12 +102,12 @@ def resolve(a):
     from zoo import tasks
     from zoo.config import apply_overrides, load_config_file
     from zoo.errors import ConfigError
-    from zoo.train import checkpoint
+    from zoo.train import checkpoint, runs
     if a.resume:
         if a.step is not None and a.step not in checkpoint.all_steps(a.resume):
             raise ConfigError(f"--step {a.step}: {a.resume!r} holds checkpoints at steps "
                               f"{', '.join(map(str, sorted(checkpoint.all_steps(a.resume)))) or 'none'}")
-        old = checkpoint.load_config(a.resume, a.step)
+        old = runs.load_config(a.resume, a.step)
         cfg = apply_overrides(old, a.set)
         shapes = lambda c: jax.tree.map(lambda x: (x.shape, x.dtype),  # noqa: E731
                                         jax.eval_shape(tasks.build(c).init, jax.random.PRNGKey(0)))
@@ -253,8 +253,8 @@ def _config_of(workdir: str, overrides):
     @functools.cache
     def config_of(step: int):
         from zoo.config import apply_overrides
-        from zoo.train import checkpoint
-        return apply_overrides(checkpoint.load_config(workdir, step), overrides)
+        from zoo.train import runs
+        return apply_overrides(runs.load_config(workdir, step), overrides)
     return config_of
 
 

@@ -182,9 +182,9 @@ def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     bytes / tiktoken; zoo.hf.tokenizer_export); a LoRA run's adapters merged (its adapters alone, as a
     PEFT adapter: zoo.hf.peft.to_peft). Everything is checked before anything is written."""
     from zoo.data.tokenizers import get_tokenizer
-    from zoo.train import checkpoint
+    from zoo.train import runs
     # The config and params of one step (the newest that restores whole): never one step's under another's.
-    step, cfg, params = checkpoint.load_weights(run_dir)
+    step, cfg, params = runs.load_weights(run_dir)
     params = jax.device_get(params)
     conv = export_converter(cfg.model)
     if cfg.model.scan_layers:
@@ -223,10 +223,10 @@ def from_pretrained(path: str):
     directory (converted in memory, nothing written)."""
     from zoo import tasks
     from zoo.data.tokenizers import get_tokenizer
-    from zoo.train import checkpoint
+    from zoo.train import runs
     framing = None
     if os.path.isdir(os.path.join(path, "checkpoints")):
-        return checkpoint.load_run(path)
+        return runs.load_run(path)
     else:
         src = io.resolve(path)
         hf_cfg = io.read_config(src)

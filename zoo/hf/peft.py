@@ -142,11 +142,11 @@ def _hit(module: str, targets) -> bool:
 def to_peft(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     """Write the adapters (and other trained params, as modules_to_save) of LoRA run `run_dir` as a PEFT adapter
     for its base (init_from). Everything is checked before anything is written."""
-    from zoo.train import checkpoint
+    from zoo.train import checkpoint, runs
 
     def read(step):  # the config and trained params of one step, never one step's under another's config
-        c = checkpoint.load_config(run_dir, step)
-        return c, checkpoint.load_trained(run_dir, c, step=step)[0]
+        c = runs.load_config(run_dir, step)
+        return c, runs.load_trained(run_dir, c, step=step)[0]
     _, (cfg, trained) = checkpoint.first_restorable(run_dir, read)
     spec = lora.spec_of(cfg.model)
     if spec is None:
@@ -351,7 +351,7 @@ def from_peft(adapter_dir: str, run_dir: str, base: str | None = None, *, dry: b
     run is weights-only (checkpoint.save_weights): its params are the adapters (and modules_to_save, trained).
     `dry`: the run's config only, nothing written. Nothing is left behind when the adapter is refused."""
     from zoo import tasks
-    from zoo.train import checkpoint, freeze
+    from zoo.train import checkpoint, freeze, runs
     c = read_config(adapter_dir)
     src = base or c.get("base_model_name_or_path")
     if not isinstance(src, str) or not os.path.isdir(src):
@@ -364,16 +364,16 @@ def from_peft(adapter_dir: str, run_dir: str, base: str | None = None, *, dry: b
     where = os.path.join(adapter_dir, WEIGHTS)
     base_run = src if zoo_base else os.path.join(run_dir, "base")
     if dry:
-        base_cfg = checkpoint.load_config(src) if zoo_base else convert.from_pretrained(src)[3]
+        base_cfg = runs.load_config(src) if zoo_base else convert.from_pretrained(src)[3]
         return {"config": _plan(c, tensors, base_cfg, base_run, where)[0]}
     if os.path.exists(run_dir):
         raise ConversionError(f"{run_dir!r} exists; an adapter converts into a new run directory")
     try:
         if not zoo_base:
             convert.from_hf(src, base_run, verbose=False)
-        cfg, params = _plan(c, tensors, checkpoint.load_config(base_run), base_run, where)
+        cfg, params = _plan(c, tensors, runs.load_config(base_run), base_run, where)
         task = tasks.build(cfg)
-        trains = checkpoint.trainable_of(cfg, jax.eval_shape(task.init, jax.random.PRNGKey(0)), task.seen) or ()
+        trains = runs.trainable_of(cfg, jax.eval_shape(task.init, jax.random.PRNGKey(0)), task.seen) or ()
         missing = sorted(set(trains) - set(params))
         if missing:
             raise ConversionError(f"the run trains {missing[0]}, which its base lacks and the adapter does not hold "

@@ -1,4 +1,5 @@
-"""Orbax CheckpointManager wrapper: save / restore / resume, and the one loader of a run's weights.
+"""Orbax CheckpointManager wrapper: save / restore / resume, checksums, and the fallback past damaged steps.
+Reading a run's config and weights for use (sampling, init_from, conversion, zoo.load) is zoo.train.runs.
 
 Layout: WORKDIR/checkpoints/<step>/{params, train, config, digest}. `params` is stored as its own item
 so sampling, fine-tuning (`init_from`) and conversion read only the weights. Orbax writes each step
@@ -24,18 +25,13 @@ import sys
 import threading
 import time
 
-import flax.linen as nn
 import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint._src.metadata import array_metadata_store  # the Store Orbax's default ArrayHandler has
 
-from zoo import tasks
 from zoo.config import Config, from_dict
-from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import CheckpointError, ConfigError
-from zoo.models import FAMILIES
-from zoo.nn import lora
-from zoo.train import freeze, orbax_errors
+from zoo.train import orbax_errors
 from zoo.train.checksums import fingerprint
 
 
@@ -328,7 +324,7 @@ def restore_latest(workdir: str, abstract_state, step: int | None = None):
         if asked and step not in steps:
             raise CheckpointError(f"--step {step}: {ckpt_dir(workdir)} holds steps {', '.join(map(str, steps)) or 'none'}")
         # A step restores whole or not at all: its config too, so the run goes on with the config of its state.
-        load = lambda s: (_restore_config(workdir, s), restore(m, s, abstract_state, workdir))[1]  # noqa: E731
+        load = lambda s: (restore_config(workdir, s), restore(m, s, abstract_state, workdir))[1]  # noqa: E731
         if asked:
             try:
                 state = load(step)
@@ -393,48 +389,11 @@ def located(d: dict, workdir: str) -> dict:
     return _paths(d, lambda v: os.path.normpath(os.path.join(root, v[len(HERE):])) if v.startswith(HERE) else v)
 
 
-def _restore_config(workdir: str, step: int) -> Config:
+def restore_config(workdir: str, step: int) -> Config:
+    """The config saved with `step` (its paths located where the run is now)."""
     with manager(workdir, read_only=True) as m:
         d = m.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
     return from_dict(located(d, workdir))
-
-
-def load_config(workdir: str, step: int | None = None) -> Config:
-    """The config of the given step, or of the newest step whose config restores."""
-    if step is not None:
-        return _restore_config(workdir, step)
-    return first_restorable(workdir, lambda s: _restore_config(workdir, s))[1]
-
-
-def _on_one_device(workdir: str, step: int):
-    """The saved params' shapes and dtypes, laid out on this process's first device: a reader without a layout
-    of its own (sampling, conversion) reads a checkpoint whatever topology wrote it (2 processes x 4 devices,
-    an 8-device mesh), where Orbax's default, the saved sharding, would refuse it."""
-    with _absl_errors_only():  # "Metadata file does not exist" for an item of a composite step: noise
-        meta = ocp.StandardCheckpointer(**_alone()).metadata(os.path.join(step_dir(workdir, step), "params")).item_metadata
-    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), meta,
-                        is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
-
-
-def _restore_params(workdir: str, step: int, abstract_params):
-    if abstract_params is None:
-        try:
-            abstract_params = _on_one_device(workdir, step)
-        except Exception:  # damaged or missing: Orbax's own restore below says what is wrong with it
-            pass
-    with manager(workdir, read_only=True) as m:
-        params = m.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)))["params"]
-    _verify(workdir, step, "params", params)
-    return params
-
-
-def load_params(workdir: str, abstract_params=None, step: int | None = None):
-    """The verified params of the given step, or of the newest step whose params restore and verify;
-    laid out as `abstract_params` if given."""
-    if step is not None:
-        return _restore_params(workdir, step, abstract_params)
-    return first_restorable(workdir, lambda s: _restore_params(workdir, s, abstract_params))[1]
 
 
 def save_weights(workdir: str, params, cfg: Config, step: int = 0) -> None:
@@ -450,86 +409,3 @@ def save_weights(workdir: str, params, cfg: Config, step: int = 0) -> None:
 
 def has_train_state(workdir: str, step: int) -> bool:
     return os.path.isdir(os.path.join(step_dir(workdir, step), "train"))
-
-
-def load_trained(workdir: str, cfg: Config, sharding=None, step: int | None = None):
-    """(the params a run's checkpoint holds: what trained, the paths that trained (None: all)), laid out
-    with `sharding` (default: this process's first device). A LoRA run's are its adapters (and any new head)."""
-    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    task = tasks.build(cfg)
-    boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0))
-    trainable = trainable_of(cfg, boxed, getattr(task, "seen", ()))
-    abstract = freeze.split(nn.unbox(boxed), trainable)[0]
-    return load_params(workdir, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
-                                             abstract), step), trainable
-
-
-def trainable_of(cfg: Config, boxed, seen=()):
-    """zoo.train.freeze.trainable_paths of `cfg` (boxed abstract params `boxed`), its init_from run's config read."""
-    base_cfg = load_config(cfg.init_from) if freeze.partial(cfg) and cfg.init_from else None
-    return freeze.trainable_paths(cfg, boxed, seen, base_cfg)
-
-
-BASE_FILE = "base.json"  # beside a run that trained part of its model: the init_from run and step it froze
-
-
-def write_base(workdir: str, init_from: str, step: int) -> None:
-    with open(os.path.join(workdir, BASE_FILE), "w") as f:
-        json.dump({"init_from": portable({"init_from": init_from}, workdir)["init_from"], "step": int(step)}, f)
-
-
-def base_step(workdir: str, init_from: str) -> int | None:
-    """The step of `init_from` a partly trained run froze (base.json), or None (a run from before it)."""
-    path = os.path.join(workdir, BASE_FILE)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        step = json.load(f)["step"]
-    if step not in all_steps(init_from):
-        raise CheckpointError(f"{workdir!r} trained on step {step} of its base, init_from={init_from!r}, which no "
-                              f"longer holds it (steps: {', '.join(map(str, all_steps(init_from))) or 'none'})")
-    return step
-
-
-def load_params_of(workdir: str, cfg: Config, sharding=None, step: int | None = None):
-    """The params of run `workdir` (config `cfg`) laid out with `sharding` (default: this process's first device), as its
-    plain model takes them: a run that trained only part of its model (LoRA, train.trainable) is joined with
-    the frozen rest from its init_from run (the step it trained on, base.json), and LoRA adapters are merged
-    into their kernels."""
-    trained, trainable = load_trained(workdir, cfg, sharding, step)
-    if trainable is not None:
-        if not os.path.isdir(ckpt_dir(cfg.init_from)):
-            raise CheckpointError(f"{workdir!r} holds only what it trained; its base, init_from={cfg.init_from!r}, "
-                                  f"has no checkpoints any more")
-        base = freeze.flat(load_params_of(cfg.init_from, load_config(cfg.init_from), sharding,
-                                          base_step(workdir, cfg.init_from)))
-        frozen = {k: base[k] for k in freeze.flat(freeze.split(
-            nn.unbox(jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))), trainable)[1])}
-        trained = freeze.join(trained, freeze.unflat(frozen))
-    return lora.merge(trained, lora.spec_of(cfg.model))
-
-
-def load_weights(workdir: str, sharding=None, step: int | None = None):
-    """(step, config, params as load_params_of gives them) of the given step, or of the newest step whose
-    config and params both restore and verify: a reader never takes one step's params under another step's
-    config (a resumed run's steps may hold different configs)."""
-    def load(s):
-        cfg = _restore_config(workdir, s)
-        return cfg, load_params_of(workdir, cfg, sharding, s)
-    with _reading_alone() if sharding is None else contextlib.nullcontext():  # onto this process's own device
-        if step is not None:
-            return (step, *load(step))
-        step, (cfg, params) = first_restorable(workdir, load)
-    return step, cfg, params
-
-
-def load_run(workdir: str, task: str | None = None):
-    """(model, params, tokenizer, config) of a run's latest checkpoint, params on one device (the plain model
-    and merged params of a LoRA run); with `task`, the run must be of that task (or, given a family name,
-    of that family)."""
-    _, cfg, params = load_weights(workdir)
-    if task in FAMILIES and cfg.model.family != task:
-        raise CheckpointError(f"{workdir!r} holds a {cfg.model.family} model; this command needs a run of family {task}")
-    if task is not None and task not in FAMILIES and cfg.task != task:
-        raise CheckpointError(f"{workdir!r} holds a {cfg.task} run; this command needs a {task} run")
-    return tasks.build(cfg).model, params, get_tokenizer(cfg.data.tokenizer), cfg

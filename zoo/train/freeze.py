@@ -65,7 +65,7 @@ def base_shapes(base_cfg) -> dict:
 def trainable_paths(cfg, abstract, seen=(), base_cfg=None) -> frozenset | None:
     """The paths that train (None: all) for `cfg`, whose model's boxed abstract params are `abstract`;
     `seen` are the Einsum layers the model called (named when lora_targets matches none); `base_cfg` is the
-    init_from run's config (zoo.train.checkpoint.trainable_of reads it), whose params the frozen part is."""
+    init_from run's config (zoo.train.runs.trainable_of reads it), whose params the frozen part is."""
     pattern, adapters = cfg.train.trainable, lora.spec_of(cfg.model)
     if not partial(cfg):
         return None

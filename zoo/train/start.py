@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 
 from zoo.errors import ConfigError
-from zoo.train import checkpoint, freeze, sharding
+from zoo.train import freeze, runs, sharding
 from zoo.train.step import TrainState
 
 
@@ -17,7 +17,7 @@ def _base_params(s, source: str, step: int | None = None) -> tuple[int, dict]:
     """(the step read, path -> array on the host) of the params of run `source` (a LoRA run's merged into its
     plain model's): the newest step that restores, or `step`."""
     # Its config and params from one step (the config says how to read the params: LoRA, a frozen base).
-    step, other, params = checkpoint.load_weights(source, sharding.replicated(s.mesh), step)
+    step, other, params = runs.load_weights(source, sharding.replicated(s.mesh), step)
     if other.model.family != s.cfg.model.family:
         raise ConfigError(f"init_from={source!r} holds a {other.model.family} model; this config trains "
                           f"a {s.cfg.model.family} model")
@@ -71,5 +71,5 @@ def load_frozen(s, state: TrainState, workdir: str) -> TrainState:
     (checkpoints hold what trains)."""
     if s.trainable is None:
         return state
-    step = checkpoint.base_step(workdir, s.cfg.init_from)
+    step = runs.base_step(workdir, s.cfg.init_from)
     return state.replace(frozen=_frozen(s, state.params, _base_params(s, s.cfg.init_from, step)[1]))

@@ -35,7 +35,7 @@ from zoo import tasks
 from zoo.config import Config
 from zoo.errors import ConfigError, TrainError
 from zoo.eval import during
-from zoo.train import checkpoint, data_state, flops, freeze, memory, optim, orbax_errors, peers, run_once, sharding
+from zoo.train import checkpoint, data_state, flops, freeze, memory, optim, orbax_errors, peers, run_once, runs, sharding
 from zoo.train.guard import Guard
 from zoo.train.metrics import MetricsWriter
 from zoo.train.prefetch import Prefetcher
@@ -88,7 +88,7 @@ def setup(cfg: Config, devices=None) -> Setup:
                           f"={dp}")
     rng = jax.random.PRNGKey(cfg.train.seed)
     abstract_params = jax.eval_shape(task.init, rng)
-    trainable = checkpoint.trainable_of(cfg, abstract_params, getattr(task, "seen", ()))
+    trainable = runs.trainable_of(cfg, abstract_params, getattr(task, "seen", ()))
     schedule = optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model)
     tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(freeze.split(abstract_params, trainable)[0]))
     boxed_init = state_init(task, tx, trainable, cfg.model.quantize_base, cfg.model.scan_layers)
@@ -303,7 +303,7 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
             with open(os.path.join(path, "config.json"), "w") as f:
                 f.write(json.dumps(checkpoint.portable(cfg.to_dict(), path), indent=2, sort_keys=True))
             if s.trainable is not None and not resume:  # what the frozen half is: readers load the same step
-                checkpoint.write_base(path, cfg.init_from, base_step)
+                runs.write_base(path, cfg.init_from, base_step)
             for name, text in data.files.items():  # what the task keeps beside the run, e.g. labels.json
                 with open(os.path.join(path, name), "w") as f:
                     f.write(text)

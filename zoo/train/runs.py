@@ -1,0 +1,156 @@
+"""Reading a run for use: its config and its params, one path for every reader (zoo.load, `--init-from`, the
+frozen half of a resumed LoRA run, zoo-eval, zoo-convert, zoo-sample).
+
+    load_weights(run)                   (step, config, params) of the newest step that restores and verifies
+      checkpoint.restore_config           that step's own config (never another step's)
+      load_params_of(run, config)         its params as the plain model takes them:
+        load_trained                        what the step holds (a LoRA run: its adapters and any new head)
+        + load_weights(base, base step)     the frozen rest, read the same way from its init_from run at the
+                                            step it trained on (base.json), recursively
+        lora.merge                          the adapters merged into their kernels
+
+Every step tried is verified against its checksums (zoo.train.checkpoint); one that does not restore is
+reported in one line and the next older one is tried. `load_run` adds the task's model and the tokenizer.
+Writing is zoo.train.checkpoint's (`save`, `save_weights`); resuming a whole train state is its
+`restore_latest`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+import flax.linen as nn
+import jax
+import orbax.checkpoint as ocp
+
+from zoo import tasks
+from zoo.config import Config
+from zoo.data.tokenizers import get_tokenizer
+from zoo.errors import CheckpointError
+from zoo.models import FAMILIES
+from zoo.nn import lora
+from zoo.train import checkpoint, freeze
+from zoo.train.checkpoint import all_steps, ckpt_dir, first_restorable, manager, portable, step_dir
+
+BASE_FILE = "base.json"  # beside a run that trained part of its model: the init_from run and step it froze
+
+
+def load_weights(workdir: str, sharding=None, step: int | None = None):
+    """(step, config, params as load_params_of gives them) of the given step, or of the newest step whose
+    config and params both restore and verify: a reader never takes one step's params under another step's
+    config (a resumed run's steps may hold different configs)."""
+    def load(s):
+        cfg = checkpoint.restore_config(workdir, s)
+        return cfg, load_params_of(workdir, cfg, sharding, s)
+    with checkpoint._reading_alone() if sharding is None else contextlib.nullcontext():  # onto this process's device
+        if step is not None:
+            return (step, *load(step))
+        step, (cfg, params) = first_restorable(workdir, load)
+    return step, cfg, params
+
+
+def load_params_of(workdir: str, cfg: Config, sharding=None, step: int | None = None):
+    """The params of run `workdir` (config `cfg`) laid out with `sharding` (default: this process's first device), as
+    its plain model takes them: a run that trained only part of its model (LoRA, train.trainable) is joined with
+    the frozen rest from its init_from run (the step it trained on, base.json), and LoRA adapters are merged
+    into their kernels."""
+    trained, trainable = load_trained(workdir, cfg, sharding, step)
+    if trainable is not None:
+        if not os.path.isdir(ckpt_dir(cfg.init_from)):
+            raise CheckpointError(f"{workdir!r} holds only what it trained; its base, init_from={cfg.init_from!r}, "
+                                  f"has no checkpoints any more")
+        base = freeze.flat(load_weights(cfg.init_from, sharding, base_step(workdir, cfg.init_from))[2])
+        frozen = {k: base[k] for k in freeze.flat(freeze.split(
+            nn.unbox(jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))), trainable)[1])}
+        trained = freeze.join(trained, freeze.unflat(frozen))
+    return lora.merge(trained, lora.spec_of(cfg.model))
+
+
+def load_trained(workdir: str, cfg: Config, sharding=None, step: int | None = None):
+    """(the params a run's checkpoint holds: what trained, the paths that trained (None: all)), laid out
+    with `sharding` (default: this process's first device). A LoRA run's are its adapters (and any new head)."""
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    task = tasks.build(cfg)
+    boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0))
+    trainable = trainable_of(cfg, boxed, getattr(task, "seen", ()))
+    abstract = freeze.split(nn.unbox(boxed), trainable)[0]
+    return load_params(workdir, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                                             abstract), step), trainable
+
+
+def trainable_of(cfg: Config, boxed, seen=()):
+    """zoo.train.freeze.trainable_paths of `cfg` (boxed abstract params `boxed`), its init_from run's config read."""
+    base_cfg = load_config(cfg.init_from) if freeze.partial(cfg) and cfg.init_from else None
+    return freeze.trainable_paths(cfg, boxed, seen, base_cfg)
+
+
+def load_config(workdir: str, step: int | None = None) -> Config:
+    """The config of the given step, or of the newest step whose config restores."""
+    if step is not None:
+        return checkpoint.restore_config(workdir, step)
+    return first_restorable(workdir, lambda s: checkpoint.restore_config(workdir, s))[1]
+
+
+def load_params(workdir: str, abstract_params=None, step: int | None = None):
+    """The verified params of the given step, or of the newest step whose params restore and verify;
+    laid out as `abstract_params` if given."""
+    if step is not None:
+        return _restore_params(workdir, step, abstract_params)
+    return first_restorable(workdir, lambda s: _restore_params(workdir, s, abstract_params))[1]
+
+
+def _restore_params(workdir: str, step: int, abstract_params):
+    if abstract_params is None:
+        try:
+            abstract_params = _on_one_device(workdir, step)
+        except Exception:  # damaged or missing: Orbax's own restore below says what is wrong with it
+            pass
+    with manager(workdir, read_only=True) as m:
+        params = m.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)))["params"]
+    checkpoint._verify(workdir, step, "params", params)
+    return params
+
+
+def _on_one_device(workdir: str, step: int):
+    """The saved params' shapes and dtypes, laid out on this process's first device: a reader without a layout
+    of its own (sampling, conversion) reads a checkpoint whatever topology wrote it (2 processes x 4 devices,
+    an 8-device mesh), where Orbax's default, the saved sharding, would refuse it."""
+    with checkpoint._absl_errors_only():  # "Metadata file does not exist" for an item of a composite step: noise
+        meta = ocp.StandardCheckpointer(**checkpoint._alone()).metadata(
+            os.path.join(step_dir(workdir, step), "params")).item_metadata
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), meta,
+                        is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
+
+
+def write_base(workdir: str, init_from: str, step: int) -> None:
+    """base.json: the init_from run and step whose params a partly trained run keeps frozen."""
+    with open(os.path.join(workdir, BASE_FILE), "w") as f:
+        json.dump({"init_from": portable({"init_from": init_from}, workdir)["init_from"], "step": int(step)}, f)
+
+
+def base_step(workdir: str, init_from: str) -> int | None:
+    """The step of `init_from` a partly trained run froze (base.json), or None (a run from before it)."""
+    path = os.path.join(workdir, BASE_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        step = json.load(f)["step"]
+    if step not in all_steps(init_from):
+        raise CheckpointError(f"{workdir!r} trained on step {step} of its base, init_from={init_from!r}, which no "
+                              f"longer holds it (steps: {', '.join(map(str, all_steps(init_from))) or 'none'})")
+    return step
+
+
+def load_run(workdir: str, task: str | None = None):
+    """(model, params, tokenizer, config) of a run's latest checkpoint, params on one device (the plain model
+    and merged params of a LoRA run); with `task`, the run must be of that task (or, given a family name,
+    of that family)."""
+    _, cfg, params = load_weights(workdir)
+    if task in FAMILIES and cfg.model.family != task:
+        raise CheckpointError(f"{workdir!r} holds a {cfg.model.family} model; this command needs a run of family {task}")
+    if task is not None and task not in FAMILIES and cfg.task != task:
+        raise CheckpointError(f"{workdir!r} holds a {cfg.task} run; this command needs a {task} run")
+    return tasks.build(cfg).model, params, get_tokenizer(cfg.data.tokenizer), cfg
