@@ -17,7 +17,7 @@ from zoo import tasks
 from zoo.cli import classify, fill_mask
 from zoo.infer import encoder
 from zoo.train import checkpoint
-from zoo.train.checkpoint import load_run
+from zoo.train.runs import load_run
 
 TEXTS = ["short", "A somewhat longer text, with a comma", "mid length one", "x" * 40]
 NAMES = ["north", "east", "south", "west"]

@@ -9,7 +9,7 @@ from tests.helpers.hf_runs import one_torch_thread  # noqa: F401  (autouse fixtu
 from tests.helpers.shared_runs import SMOLLM2_GGUF as GGUF, smollm2_dir as gguf_dir, smollm2_gguf_run_fixture  # noqa: F401
 from zoo.cli import sample
 from zoo.infer.sample import generate
-from zoo.train.checkpoint import load_run
+from zoo.train.runs import load_run
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, metavar="PATH", help="write the output to this file (default: stdout)")
     a = ap.parse_args(argv)
     from zoo.cli import inputs
-    from zoo.train.checkpoint import load_run
+    from zoo.train.runs import load_run
     try:
         if a.file is not None and a.pair is not None:
             raise ValueError('--pair goes with --text; with --file give each .jsonl line a "pair" field')

@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, metavar="PATH", help="write the output to this file (default: stdout)")
     a = ap.parse_args(argv)
     from zoo.cli import inputs
-    from zoo.train.checkpoint import load_run
+    from zoo.train.runs import load_run
     try:
         if a.batch_size < 1:
             raise ValueError(f"--batch-size={a.batch_size} must be >= 1")

@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     chat = bool(messages) or a.chat
     conversations = [messages] if messages else [[{"role": "user", "content": t}] for t in texts] if chat else None
     from zoo.infer.sample import check_settings, crops, generate, generate_batch
-    from zoo.train.checkpoint import load_run
+    from zoo.train.runs import load_run
     try:
         check_settings(a.max_new_tokens, a.num_samples, a.temperature, a.top_k, a.top_p)  # before the run loads
         model, params, tok, cfg = load_run(a.workdir)

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the run's data.seq_len)")
     a = ap.parse_args(argv)
     from zoo.infer.decoding import check_beam
-    from zoo.train.checkpoint import load_run
+    from zoo.train.runs import load_run
     try:
         check_beam(a.beam)
         texts = a.text if a.text else [line.rstrip("\n") for line in sys.stdin if line.strip()]

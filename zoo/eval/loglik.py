@@ -21,7 +21,7 @@ import numpy as np
 
 from zoo.infer.encoder import batches, bucket
 from zoo.models.gpt import output_embedding
-from zoo.nn.losses import linear_cross_entropy
+from zoo.nn.losses import linear_cross_entropy, token_logprobs
 
 
 def prefix_token(tokenizer) -> int:
@@ -77,6 +77,33 @@ def score_rows(model, params, rows: list[Row], *, batch_size: int = 8, max_len: 
         arrays = pad_batch([rows[i] for i in idx], batch_size, cap)
         sums_B = np.asarray(_row_loglik(params, *map(jnp.asarray, arrays), model=model), np.float64)
         out[idx] = sums_B[:len(idx)]
+        if progress is not None:
+            progress(len(idx))
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _row_token_logprobs(params, inputs_BT, targets_BT, *, model):
+    """float32[B, T]: log p of each target given the ids before it in its row."""
+    h_BTD = model.apply({"params": params}, inputs_BT, hidden=True)
+    return token_logprobs(h_BTD, output_embedding(model.cfg, params), targets_BT, logit_cap=model.cfg.final_softcap)
+
+
+def score_tokens(model, params, rows: list[Row], *, batch_size: int = 8, max_len: int | None = None,
+                 progress=None) -> list[np.ndarray]:
+    """float32[row.scored] per row: the log-probability of each scored token, in the order given (batched and
+    bucketed as score_rows; their sums equal its sums to float32 rounding)."""
+    for r in rows:
+        if not 1 <= r.scored < len(r.ids):
+            raise ValueError(f"a row of {len(r.ids)} ids cannot score its last {r.scored}")
+    cap = max_len or model.cfg.max_len
+    out: list = [None] * len(rows)
+    for idx in batches([len(r.ids) for r in rows], batch_size):
+        inputs_BT, targets_BT, _ = pad_batch([rows[i] for i in idx], batch_size, cap)
+        lp_BT = np.asarray(_row_token_logprobs(params, jnp.asarray(inputs_BT), jnp.asarray(targets_BT), model=model))
+        for b, i in enumerate(idx):
+            n = len(rows[i].ids) - 1
+            out[i] = lp_BT[b, n - rows[i].scored:n]
         if progress is not None:
             progress(len(idx))
     return out

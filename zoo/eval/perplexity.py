@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from zoo.eval.loglik import Row, score_rows
+from zoo.eval.loglik import Row, score_rows, score_tokens
 
 
 def check_window(context: int, stride: int) -> None:
@@ -60,6 +60,22 @@ def document_logliks(model, params, docs: list[list[int]], *, prefix: int, conte
         owner += [d] * len(r)
     sums = score_rows(model, params, rows, batch_size=batch_size, max_len=context, progress=progress)
     return np.bincount(np.asarray(owner, np.int64), weights=sums, minlength=len(docs))
+
+
+def document_token_logprobs(model, params, docs: list[list[int]], *, prefix: int, context: int, stride: int,
+                            batch_size: int = 8) -> list[np.ndarray]:
+    """float32[len(doc)] per document: each token's log-probability, as document_logliks scores it (the first
+    conditioned on `prefix`, the windows' scored tails in order); their sums are its totals."""
+    rows, owner = [], []
+    for d, ids in enumerate(docs):
+        r = document_rows(ids, prefix, context, stride)
+        rows += r
+        owner += [d] * len(r)
+    per_row = score_tokens(model, params, rows, batch_size=batch_size, max_len=context)
+    out = [[] for _ in docs]
+    for d, lp in zip(owner, per_row):
+        out[d].append(lp)
+    return [np.concatenate(parts) if parts else np.zeros(0, np.float32) for parts in out]
 
 
 def summary(total_nll: float, tokens: int, n_bytes: int, documents: int) -> dict:

@@ -40,7 +40,8 @@ def sample_logits(logits_BV, rng, temperature: float, top_k: int, top_p: float):
 def _generate(params, prompt_BP, rng, pad_B=None, *, model, max_new_tokens, temperature, top_k, top_p, vocab_limit,
               eos_id):
     """New tokens out_BN. `pad_B`: how many padding ids each row's prompt starts with (left padding), then the
-    positions go per row (the first real token at 0, the padding below 0: never cached nor attended)."""
+    positions go per row (the first real token at 0, the padding below 0: never cached nor attended). `eos_id`:
+    an id or a tuple of ids a row ends at (filled with the first from then on)."""
     B, P = prompt_BP.shape
     total = P + max_new_tokens
     cache = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((B, total), jnp.int32),
@@ -57,7 +58,8 @@ def _generate(params, prompt_BP, rng, pad_B=None, *, model, max_new_tokens, temp
         return None if pad_B is None else start - pad_B[:, None]
 
     cache, logits_BV = step(cache, prompt_BP, positions(jnp.arange(P)[None]))
-    out_BN = jnp.full((B, max_new_tokens), eos_id if eos_id is not None else 0, jnp.int32)
+    eos = _eos(eos_id)
+    out_BN = jnp.full((B, max_new_tokens), eos[0] if eos else 0, jnp.int32)
 
     def cond(c):
         i, _, _, _, done_B = c
@@ -66,9 +68,9 @@ def _generate(params, prompt_BP, rng, pad_B=None, *, model, max_new_tokens, temp
     def body(c):
         i, cache, logits_BV, out_BN, done_B = c
         tok_B = sample_logits(logits_BV, jax.random.fold_in(rng, i), temperature, top_k, top_p).astype(jnp.int32)
-        if eos_id is not None:
-            tok_B = jnp.where(done_B, eos_id, tok_B)
-            done_B = done_B | (tok_B == eos_id)
+        if eos:
+            tok_B = jnp.where(done_B, eos[0], tok_B)
+            done_B = done_B | jnp.isin(tok_B, jnp.asarray(eos, jnp.int32))
         out_BN = out_BN.at[:, i].set(tok_B)
         cache, logits_BV = step(cache, tok_B[:, None], positions(P + i))
         return i + 1, cache, logits_BV, out_BN, done_B
@@ -78,7 +80,7 @@ def _generate(params, prompt_BP, rng, pad_B=None, *, model, max_new_tokens, temp
 
 
 def generate(model, params, prompt_ids, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int = 0, eos_id: int | None = None, vocab_limit: int | None = None,
+             top_p: float = 1.0, seed: int = 0, eos_id: int | tuple[int, ...] | None = None, vocab_limit: int | None = None,
              num_samples: int = 1, window: int | None = None) -> list[list[int]]:
     """Continuations (new tokens only, cut after end-of-text) of `prompt_ids` for each sample.
 
@@ -89,7 +91,7 @@ def generate(model, params, prompt_ids, max_new_tokens: int, *, temperature: flo
     """
     window = _check(model, [prompt_ids], max_new_tokens, num_samples, temperature, top_k, top_p, window)
     kw = dict(model=model, temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
-              vocab_limit=vocab_limit or model.cfg.vocab_size, eos_id=eos_id)
+              vocab_limit=vocab_limit or model.cfg.vocab_size, eos_id=_eos(eos_id) or None)
     context = np.asarray([list(prompt_ids)[-(window - 1):]] * num_samples, np.int32)
     out = np.zeros((num_samples, 0), np.int32)
     keep = window // 2  # context carried into each later segment
@@ -98,7 +100,7 @@ def generate(model, params, prompt_ids, max_new_tokens: int, *, temperature: flo
         rng = jax.random.PRNGKey(seed) if segment == 0 else jax.random.fold_in(jax.random.PRNGKey(seed), segment)
         new = np.asarray(_generate(params, jnp.asarray(context), rng, max_new_tokens=n, **kw))
         out = np.concatenate([out, new], 1)[:, :max_new_tokens]
-        done = eos_id is not None and bool((out == eos_id).any(1).all())
+        done = bool(_eos(eos_id)) and bool(np.isin(out, _eos(eos_id)).any(1).all())
         if out.shape[1] >= max_new_tokens or done:
             break
         context = np.concatenate([context, new], 1)[:, -keep:]
@@ -106,7 +108,7 @@ def generate(model, params, prompt_ids, max_new_tokens: int, *, temperature: flo
 
 
 def generate_batch(model, params, prompts: list[list[int]], max_new_tokens: int, *, temperature: float = 1.0,
-                   top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_id: int | None = None,
+                   top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_id: int | tuple[int, ...] | None = None,
                    vocab_limit: int | None = None, window: int | None = None) -> list[list[int]]:
     """One continuation per prompt, as `generate` (greedy: each row token for token its own `generate`), in one
     batch: the prompts left-padded to a length bucket (the next power of two, capped so the new tokens fit the
@@ -119,13 +121,17 @@ def generate_batch(model, params, prompts: list[list[int]], max_new_tokens: int,
                          f"({longest} tokens) + max-new-tokens ({max_new_tokens}) exceed it; sample it alone "
                          f"(one prompt is cropped)")
     P = min(1 << (longest - 1).bit_length(), window - max_new_tokens)  # the bucket: >= longest
+    # Rows too go to a power of two (repeats of the first prompt, dropped after), so batches of 5 to 8 share a program.
+    n = len(prompts)
+    prompts = list(prompts) + [prompts[0]] * ((1 << (n - 1).bit_length()) - n)
     pad_B = np.asarray([P - len(p) for p in prompts], np.int32)
     # Left padding: token 0 (any id will do, nothing attends it).
-    prompt_BP = np.asarray([[0] * n + list(p) for n, p in zip(pad_B, prompts)], np.int32)
+    prompt_BP = np.asarray([[0] * k + list(p) for k, p in zip(pad_B, prompts)], np.int32)
+    eos = _eos(eos_id)
     out = _generate(params, jnp.asarray(prompt_BP), jax.random.PRNGKey(seed), jnp.asarray(pad_B),
                     model=model, max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
-                    top_p=float(top_p), vocab_limit=vocab_limit or model.cfg.vocab_size, eos_id=eos_id)
-    return _cut(np.asarray(out), eos_id)
+                    top_p=float(top_p), vocab_limit=vocab_limit or model.cfg.vocab_size, eos_id=eos or None)
+    return _cut(np.asarray(out)[:n], eos)
 
 
 def check_settings(max_new_tokens, num_samples, temperature, top_k, top_p) -> None:
@@ -149,14 +155,40 @@ def _check(model, prompts, max_new_tokens, num_samples, temperature, top_k, top_
     return window
 
 
+def _eos(eos_id) -> tuple[int, ...]:
+    """The ids generation stops at: none, one, or several (end-of-text and end-of-turn)."""
+    if eos_id is None:
+        return ()
+    return tuple(int(i) for i in eos_id) if isinstance(eos_id, (tuple, list)) else (int(eos_id),)
+
+
 def _cut(out_BN, eos_id) -> list[list[int]]:
-    """Each row's new tokens up to (without) the first end-of-text."""
-    result = []
+    """Each row's new tokens up to (without) the first end-of-text (any of eos_id's)."""
+    eos, result = set(_eos(eos_id)), []
     for row in out_BN.tolist():
-        if eos_id is not None and eos_id in row:
-            row = row[:row.index(eos_id)]
-        result.append(row)
+        end = next((i for i, t in enumerate(row) if t in eos), len(row))
+        result.append(row[:end])
     return result
+
+
+# Special tokens that end a turn or a text in the chat formats zoo converts (ChatML's <|im_end|>, Llama 3's
+# <|eot_id|>, Gemma's <end_of_turn>, Phi-3's <|end|>, ...): generation stops at any the tokenizer holds as one id.
+END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>",
+              "<eos>")
+
+
+def stop_ids(tokenizer) -> tuple[int, ...]:
+    """The ids a decoder's generation ends at: the tokenizer's end-of-text id first, then every END_TOKENS entry
+    it reads as one special id (`encode_with_offsets`, which reads specials; plain text is never one id here)."""
+    ids = [tokenizer.eot_token]
+    for text in END_TOKENS:
+        try:
+            got = tokenizer.encode_with_offsets(text)[0]
+        except Exception:  # a tokenizer without specials in text (WordPiece): none of these
+            continue
+        if len(got) == 1 and got[0] not in ids and got[0] < tokenizer.n_vocab and tokenizer.decode(got) in ("", text):
+            ids.append(int(got[0]))
+    return tuple(ids)
 
 
 def crops(prompt_len: int, max_new_tokens: int, window: int) -> bool:

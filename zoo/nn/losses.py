@@ -226,3 +226,19 @@ def token_correct(h_BTD, w_VD, targets_BT, *, bias_V=None, chunks: int | None = 
         return None, correct_BC > 0
     _, out = jax.lax.scan(chunk, None, (_split(h_BTD, n), _split(targets_BT, n)))
     return _merge(out)
+
+
+def token_logprobs(h_BTD, w_VD, targets_BT, *, bias_V=None, logit_cap: float = 0.0, chunks: int | None = None):
+    """float32[B, T]: log p(target) of each position under logits h_BTD @ w_VD.T (+ bias_V), soft-capped as the
+    fused loss caps them: minus the loss it sums, per token, chunk by chunk (no [B, T, V] logits) and without a
+    gradient (scoring: zoo.eval.loglik, zoo.load(...).logprobs)."""
+    B, T, _ = h_BTD.shape
+    n = chunks or num_chunks(B, T, w_VD.shape[0])
+    h_BTD, w_VD = jax.lax.stop_gradient(h_BTD), jax.lax.stop_gradient(w_VD)
+
+    def chunk(_, xs):
+        h_BCD, t_BC = xs
+        loss_BC, _, _ = _chunk_stats(h_BCD, w_VD, bias_V, t_BC, 0.0, False, cap=logit_cap)
+        return None, -loss_BC
+    _, out = jax.lax.scan(chunk, None, (_split(h_BTD, n), _split(targets_BT, n)))
+    return _merge(out)
