@@ -1,8 +1,47 @@
-"""zoo: a JAX/Flax model zoo."""
+"""zoo: a JAX/Flax model zoo of transformer language models (GPT, BERT, encoder-decoder) on one training loop.
+
+    import zoo
+    lm = zoo.load("runs/x")                      # a zoo run, a Hugging Face directory, a .gguf file, a PEFT
+                                                 # adapter or a preset name -> zoo.Pretrained
+    lm.generate(["The", "Once"], max_new_tokens=20)
+    lm.chat("What is the capital of France?")
+    lm.logprobs("some text"), lm.loss(["a", "b"])
+    loss, metrics = lm.loss_fn(lm.params, lm.batch(texts))        # pure: jax.grad, jax.jit, your optax loop
+    run = zoo.train("gpt_tiny", workdir="runs/y", overrides={"train.steps": 100})
+    lm.save("out/hf", format="hf")
+
+Every name below is imported on first use, so `import zoo` imports neither jax nor flax. Errors are the
+typed exceptions of zoo.errors, each one line naming the culprit.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from zoo import errors
+
+__all__ = ["load", "Pretrained", "train", "config", "Run", "from_pretrained", "errors"]
+
+# name -> "module:attribute", imported when first asked for (PEP 562).
+_LAZY = {"load": "zoo.api.load:load", "Pretrained": "zoo.api.pretrained:Pretrained",
+         "train": "zoo.api.training:train", "config": "zoo.api.training:config", "Run": "zoo.api.training:Run"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module, _, attr = _LAZY[name].partition(":")
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'zoo' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def from_pretrained(path: str):
-    """(model, params, tokenizer, config) from a zoo run directory or a Hugging Face checkpoint
-    directory (see zoo.hf.from_pretrained). Imported on call, so `import zoo` stays light."""
-    from zoo.hf import from_pretrained as load
-    return load(path)
+    """zoo.load(path) (the name zoo had first): a Pretrained, which also unpacks as the old tuple
+    `model, params, tokenizer, config = zoo.from_pretrained(path)`."""
+    from zoo.api.load import load as _load
+    return _load(path)

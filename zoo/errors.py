@@ -1,6 +1,7 @@
 """zoo's errors: each one is bad input the user can fix, and its message names the culprit (config key,
 file, value) and the valid choices in one line. Entry points print `error: <message>` and exit 2 on
-any `ZooError` (a ValueError, so library callers may catch either)."""
+any `ZooError` (a ValueError, so library callers may catch either). The library (zoo.load, zoo.train, ...)
+raises them; only the commands print them."""
 
 
 class ZooError(ValueError):
@@ -21,6 +22,16 @@ class CheckpointError(ZooError):
 
 class ConversionError(ZooError):
     """A checkpoint cannot be converted; the message names the file, key or architecture."""
+
+
+class ArgumentError(ZooError):
+    """An argument of a library call (or a command's flag) is of the wrong kind or out of range: the message
+    names the argument, the value given and what is allowed."""
+
+
+class FamilyError(ZooError):
+    """The loaded model cannot do what was asked (a BERT asked to generate text); the message says what it
+    can do."""
 
 
 class TrainError(RuntimeError):

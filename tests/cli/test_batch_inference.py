@@ -13,11 +13,12 @@ import pytest
 from conftest import replace
 from tests.helpers.runs import write_jsonl
 from tests.helpers.tiny_configs import bert as cfg_for
+import zoo
 from zoo import tasks
+from zoo.api import encoder as api_encoder
 from zoo.cli import classify, fill_mask
 from zoo.infer import encoder
 from zoo.train import checkpoint
-from zoo.train.runs import load_run
 
 TEXTS = ["short", "A somewhat longer text, with a comma", "mid length one", "x" * 40]
 NAMES = ["north", "east", "south", "west"]
@@ -62,11 +63,12 @@ def test_classify_file_equals_one_at_a_time(runs, tmp_path, capsys):
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     assert classify.main([runs[0], "--file", src, "--batch-size", "2"]) == 0
     got = jsonl_out(capsys)
-    model, params, tok, _ = load_run(runs[0], "bert_cls")
+    lm = zoo.load(runs[0])
     assert [{k: g[k] for k in g if k in ("text", "pair")} for g in got] == [
         {k: r[k] for k in r if k != "id"} for r in rows]
     for g, r in zip(got, rows):
-        want = classify.predict(model, params, tok, r["text"], r.get("pair"))
+        alone = lm.classify(r["text"], r.get("pair"))  # a batch of one
+        want = np.asarray([alone["probs"][n] for n in NAMES])
         assert list(g["probs"]) == NAMES
         np.testing.assert_allclose([g["probs"][n] for n in NAMES], want, atol=1e-5)
         assert g["label"] == NAMES[int(np.argmax(want))]
@@ -87,16 +89,17 @@ def test_fill_mask_file_equals_one_at_a_time(runs, tmp_path, capsys):
     src.write_text("\n".join(MASKED[:2]) + "\n\n" + "\n".join(MASKED[2:]))
     assert fill_mask.main([runs[1], "--file", str(src), "--top-k", "3", "--batch-size", "2"]) == 0
     got = jsonl_out(capsys)
-    model, params, tok, _ = load_run(runs[1], "bert_mlm")
+    lm = zoo.load(runs[1])
+    tok = lm.tokenizer
     assert [g["text"] for g in got] == MASKED
     for g, text in zip(got, MASKED):
-        want = fill_mask.fill_mask(model, params, tok, text, 3)
+        want = api_encoder.fill_mask_ids(lm, [text], 3)[0]  # a batch of one
         assert [[m["id"] for m in row] for row in g["masks"]] == [[i for i, _ in row] for row in want]
         np.testing.assert_allclose([[m["prob"] for m in row] for row in g["masks"]],
                                    [[p for _, p in row] for row in want], atol=1e-5)
         assert max(p for row in want for _, p in row) > 0.1  # far from uniform (1/257)
         assert [[m["token"] for m in row] for row in g["masks"]] == [[tok.decode([i]) for i, _ in row] for row in want]
-        assert g["filled"] == fill_mask.filled(text, want, tok) and "[MASK]" not in g["filled"]
+        assert g["filled"] == api_encoder.filled(text, want, tok) and "[MASK]" not in g["filled"]
     # .jsonl input (other fields ignored), all in one batch: the same results.
     jl = write_jsonl(tmp_path / "in.jsonl", [{"text": t, "other": 1} for t in MASKED])
     assert fill_mask.main([runs[1], "--file", jl, "--top-k", "3"]) == 0

@@ -33,5 +33,5 @@ def test_mlm_then_fine_tune_through_train_py_and_the_clis(cache_dir, tmp_path, c
     assert fill_mask.main([mlm_dir, "--text", "no mask here"]) == 2
     assert fill_mask.main([mlm_dir, "--text", "[MASK]" + "x" * 200]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert "holds a bert_mlm run; this command needs a bert_cls run" in err[0]
+    assert ".classify needs a bert_cls model" in err[0] and "task bert_mlm, which offers fill_mask" in err[0]
     assert "has no [MASK]" in err[1] and "more than the model's max_len=128" in err[2]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from zoo.cli import configs
+from zoo.api import configs
 from zoo.cli.train import train_main
 
 COMMANDS = ("train", "sample", "eval", "translate", "fill_mask", "classify", "convert", "bench", "attention")

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fixture finished_gpt)
 from zoo import hf
-from zoo.cli import fine_tune
+from zoo.api import fine_tune
 from zoo.cli.train import parse, resolve, train_main
 from zoo.train import runs
 

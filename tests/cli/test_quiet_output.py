@@ -11,7 +11,8 @@ import jax
 import pytest
 
 from tests.helpers.shared_runs import smollm2_gguf_run_fixture  # noqa: F401
-from zoo.cli import bench, configs, convert
+from zoo.api import configs
+from zoo.cli import bench, convert
 from zoo.cli.train import train_main
 from zoo.train import runs
 

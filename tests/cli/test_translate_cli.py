@@ -6,6 +6,7 @@ import pytest
 
 from conftest import replace
 from tests.helpers.runs import run
+import zoo
 from zoo.cli import translate
 from zoo.train import runs
 from zoo.data.tokenizers import ByteTokenizer
@@ -22,7 +23,7 @@ def test_translate_cli_reverses_a_held_out_phrase(learned_seq2seq, capsys):
     # The first of 8 held-out phrases that greedy decoding reverses (the model gets >= 95% right, tested
     # in tests/tasks/test_seq2seq_task.py; which ones it misses depends on the numerics of training).
     srcs = [TOK.decode(val.src.ids[val.src.offsets[i]:val.src.offsets[i + 1]]) for i in range(8)]
-    hyps = translate.translate(*runs.load_run(workdir, "encdec"), srcs, beam=1)
+    hyps = zoo.load(workdir).translate(srcs, beam=1)
     src = next(s for s, h in zip(srcs, hyps) if h == seq2seq_data.reverse_words(s))
     assert translate.main([workdir, "--text", src, "--beam", "4"]) == 0
     assert capsys.readouterr().out.strip() == seq2seq_data.reverse_words(src)

@@ -12,7 +12,7 @@ from tests.helpers import tiny_configs
 from tests.helpers.runs import run, write_jsonl
 from zoo import hf
 from zoo.cli import eval as zoo_eval
-from zoo.cli import translate
+import zoo
 from zoo.config import DataConfig
 from zoo.eval import mlm as mlm_eval
 from zoo.eval import seq2seq as s2s_eval
@@ -28,7 +28,7 @@ def test_an_encoder_decoder_run_is_scored_on_its_outputs(learned_seq2seq, tmp_pa
     rows = [{"source": p, "target": reverse_words(p)} for p in short[-12:]]
     path = write_jsonl(tmp_path / "pairs.jsonl", rows)
     out = s2s_eval.evaluate(model, params, tok, cfg, DataConfig(source=path), beam=1, batch_size=5)
-    want = translate.translate(model, params, tok, cfg, [r["source"] for r in rows], beam=1)
+    want = zoo.load(workdir).translate([r["source"] for r in rows], beam=1)
     targets = [r["target"] for r in rows]
     # The scores are those of the outputs zoo-translate gives (batches of 5, the last one filled, change nothing).
     assert out["examples"] == 12 and out["truncated"] == 0

@@ -20,6 +20,8 @@ from tests.helpers.hf_runs import convert_all, one_torch_thread  # noqa: F401,E4
 from zoo.cli import classify  # noqa: E402
 from zoo.cli import train as cli  # noqa: E402
 from zoo.cli import fill_mask  # noqa: E402
+import zoo  # noqa: E402
+from zoo.api import encoder  # noqa: E402
 from zoo import hf  # noqa: E402
 from zoo.tasks import mlm  # noqa: E402
 from zoo import tasks  # noqa: E402
@@ -218,7 +220,7 @@ def test_wordpiece_specials_drive_masking_batches_and_fill_mask(tmp_path, cache_
 
     zmodel, params, tok, _ = hf.from_pretrained(run)
     text = "the capital of france is [MASK]."
-    fills = fill_mask.fill_mask(zmodel, params, tok, text, top_k=3)[0]
+    fills = encoder.fill_mask_ids(zoo.load(run), [text], 3)[0][0]
     with torch.no_grad():
         logits = model(torch.tensor([[sp.cls, *tok.encode(text), sp.sep]])).logits[0].numpy()
     where = 1 + tok.encode(text).index(sp.mask)

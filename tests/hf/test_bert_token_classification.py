@@ -18,7 +18,8 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 from tests.helpers import hf_runs  # noqa: E402
 from zoo import hf  # noqa: E402
-from zoo.cli.classify import class_names  # noqa: E402
+import zoo  # noqa: E402
+from zoo.api.encoder import class_names  # noqa: E402
 
 one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
 V = 101
@@ -81,7 +82,7 @@ def test_logits_match_transformers_and_tags_come_along(hf_dirs, tmp_path, arch):
     out = hf.from_hf(src, run, verbose=False)
     cfg = out["config"]
     assert out["unused"] == [] and cfg.task == "bert_tokens" and cfg.model.num_classes == len(TAGS)
-    assert cfg.data.label_names == ",".join(TAGS) and class_names(run, cfg) == TAGS
+    assert cfg.data.label_names == ",".join(TAGS) and class_names(zoo.load(run)) == TAGS
     zmodel, params, _, _ = hf.from_pretrained(run)
     assert set(params) == {"bert", "token_head"}  # no pooler: the token classifier has none
     ids, segments, valid = padded_inputs(arch)

@@ -130,8 +130,10 @@ def _run_task(workdir: str) -> str | None:
 
 
 def _load(workdir: str, task: str = "gpt"):
-    from zoo import hf
-    model, params, tok, cfg = hf.from_pretrained(workdir)
+    """zoo.load(workdir), of the family or task `task`: a Pretrained, which unpacks as (model, params, tok, cfg)."""
+    import zoo
+    lm = zoo.load(workdir)
+    cfg = lm.config
     if task == "bert_cls" and cfg.task != "bert_cls":
         raise ValueError(f"--task classify scores BERT classification runs (task bert_cls); {workdir} is a {cfg.task} "
                          f"run")
@@ -146,20 +148,21 @@ def _load(workdir: str, task: str = "gpt"):
         hint = f"; {kinds[cfg.task]} (task {cfg.task}) is scored with --task {RUN_TASKS[cfg.task]}" \
             if cfg.task in RUN_TASKS else ""
         raise ValueError(f"zoo-eval scores GPT-family runs; {workdir} is a {cfg.model.family} run{hint}")
-    return model, params, tok, cfg
+    return lm
 
 
 def classify(a) -> dict:
-    from zoo.cli.classify import class_names
+    from zoo.api.encoder import class_names
     from zoo.config import DataConfig
     from zoo.eval import classification
     if not sys.stderr.isatty():
         import datasets
         datasets.disable_progress_bars()  # its bars are noise in a log
-    model, params, tok, cfg = _load(a.workdir, "bert_cls")
+    lm = _load(a.workdir, "bert_cls")
+    model, params, tok, cfg = lm
     data = DataConfig(source=a.data, text_column=a.text_column, text_pair_column=a.pair_column,
                       label_column=a.label_column, split=a.split, cache_dir=a.cache_dir)
-    out = classification.evaluate(model, params, tok, cfg, class_names(a.workdir, cfg), data,
+    out = classification.evaluate(model, params, tok, cfg, class_names(lm), data,
                                   batch_size=a.batch_size, max_rows=a.max_docs)
     if _gather("classify", {}) is None:  # several processes: each scored every row; process 0 prints
         return None
@@ -167,16 +170,17 @@ def classify(a) -> dict:
 
 
 def tokens(a) -> dict:
-    from zoo.cli.classify import class_names
+    from zoo.api.encoder import class_names
     from zoo.config import DataConfig
     from zoo.tasks import token_classify
     if not sys.stderr.isatty():
         import datasets
         datasets.disable_progress_bars()  # its bars are noise in a log
-    model, params, tok, cfg = _load(a.workdir, "bert_tokens")
+    lm = _load(a.workdir, "bert_tokens")
+    model, params, tok, cfg = lm
     data = DataConfig(source=a.data, text_column=a.text_column, label_column=a.label_column, split=a.split,
                       cache_dir=a.cache_dir)
-    out = token_classify.evaluate_source(model, params, tok, class_names(a.workdir, cfg), data,
+    out = token_classify.evaluate_source(model, params, tok, class_names(lm), data,
                                          batch_size=a.batch_size, max_rows=a.max_docs)
     if _gather("tokens", {}) is None:  # several processes: each scored every row; process 0 prints
         return None
@@ -295,11 +299,12 @@ def generate(a) -> dict:
     from zoo.eval import generation as gen
     path = a.file or a.data
     items = [{**r, "index": i} for i, r in enumerate(gen.read_items(path)[:a.max_docs])]  # checked before loading
-    model, params, tok, cfg = _load(a.workdir)
+    lm = _load(a.workdir)
+    model, params, tok, cfg = lm
     mine = _share(items)
     update, close = _progress(len(mine), "answer")
     try:
-        out = gen.evaluate(model, params, tok, cfg.data.tokenizer, mine, run_dir=a.workdir, window=cfg.window,
+        out = gen.evaluate(model, params, tok, cfg.data.tokenizer, mine, run_dir=lm.run_dir, window=cfg.window,
                            max_new_tokens=a.max_new_tokens, progress=update)
     finally:
         close()

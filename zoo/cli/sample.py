@@ -1,4 +1,5 @@
-"""Sample from a causal LM run (trained, or converted from Hugging Face): prompt in, continuations out.
+"""Sample from a decoder (a zoo run, a Hugging Face directory, a GGUF file or a PEFT adapter): prompt in,
+continuations out. A shell over zoo.load(...) and zoo.api.decoder (Pretrained.generate and .chat).
 
 The context is cropped to the longest sequence the weights were trained on (the run's context_len: its
 base's training included, all positions of a converted checkpoint; else data.seq_len), as nanoGPT crops
@@ -10,8 +11,8 @@ to its block size, so no position the model never trained is used.
     zoo-sample runs/x --prompt "The" --prompt "Once upon a time" --temperature 0
 
 Several --prompt flags are sampled in one batch (left-padded; each row as if sampled alone when greedy) and
-printed in order, each after a "--- prompt i" line; a batch is not cropped to the window (see below), so a
-prompt plus --max-new-tokens longer than it is refused.
+printed in order, each after a "--- prompt i" line; a prompt that does not fit the window with
+--max-new-tokens is sampled alone, its context cropped (said once).
 
 --chat wraps the prompt as one user message; --conversation FILE.json gives a whole conversation, a JSON
 list of {"role": "system" | "user" | "assistant", "content": "..."} messages, and the model answers
@@ -26,12 +27,15 @@ import argparse
 import json
 import sys
 
+from zoo.api import decoder
 from zoo.cli import BAD_INPUT, error
+from zoo.errors import ArgumentError
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="zoo-sample", description=__doc__.split("\n")[0])
-    ap.add_argument("workdir", help="a run directory with checkpoints (train.py --workdir)")
+    ap.add_argument("workdir", help="a zoo run, a Hugging Face directory, a .gguf file or a PEFT adapter directory "
+                                    "(whatever zoo.load reads)")
     ap.add_argument("--prompt", action="append",
                     help="text to continue, or with --chat the user's message (default: 'The'); repeat it to sample "
                          "several prompts in one batch")
@@ -45,36 +49,33 @@ def main(argv=None) -> int:
                     help="the prompt is a user message, rendered with the run's chat template; prints the answer only")
     ap.add_argument("--conversation", metavar="FILE.json",
                     help="a JSON list of {role, content} messages (system, user, assistant) to answer; implies --chat")
+    ap.add_argument("--system", help="with --chat: a system message put before the user's (a --conversation's own "
+                                     "system message stays)")
     a = ap.parse_args(argv)
     texts = ["The"] if a.prompt is None else a.prompt
-    try:  # the conversation is checked before jax is imported
+    try:  # the arguments and the conversation are checked before jax is imported
         messages = _messages(a.conversation, a.prompt) if a.conversation else None
-    except BAD_INPUT as e:
-        return error(e)
-    chat = bool(messages) or a.chat
-    conversations = [messages] if messages else [[{"role": "user", "content": t}] for t in texts] if chat else None
-    from zoo.infer.sample import check_settings, crops, generate, generate_batch
-    from zoo.train.runs import load_run
-    try:
-        check_settings(a.max_new_tokens, a.num_samples, a.temperature, a.top_k, a.top_p)  # before the run loads
-        model, params, tok, cfg = load_run(a.workdir)
+        chat = bool(messages) or a.chat
+        if a.system is not None and not chat:
+            raise ArgumentError("--system goes with --chat or --conversation")
+        convs = None
         if chat:
-            from zoo.infer.chat import prompt_ids
-            prompts = [prompt_ids(tok, cfg.data.tokenizer, m, a.workdir) for m in conversations]
-        else:
-            prompts = [tok.encode(t) for t in texts]
-        window = cfg.window  # the longest the weights were trained on, their base's training included
-        kw = dict(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed, eos_id=tok.eot_token,
-                  vocab_limit=tok.n_vocab, window=window)
-        if len(prompts) == 1:
-            outs = generate(model, params, prompts[0], a.max_new_tokens, num_samples=a.num_samples, **kw)
-        else:  # each prompt num_samples times, in one batch (num_samples >= 1: checked above)
-            outs = generate_batch(model, params, [p for p in prompts for _ in range(a.num_samples)],
-                                  a.max_new_tokens, **kw)
+            convs = decoder.conversations_of([messages] if messages else [[{"role": "user", "content": t}]
+                                                                          for t in texts], a.system)[0]
+        from zoo.infer.sample import check_settings
+        check_settings(a.max_new_tokens, a.num_samples, a.temperature, a.top_k, a.top_p)  # named as the flags are
+        import zoo
+        lm = zoo.load(a.workdir)
+        decoder.require_decoder(lm, "generate")
+        decoder.check_settings(lm, a.max_new_tokens, a.temperature, a.top_k, a.top_p, a.seed, a.num_samples, None)
+        prompts = decoder.prompt_tokens(lm, texts, convs)
+        outs = decoder.generate_ids(lm, prompts, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+                                    top_k=a.top_k, top_p=a.top_p, seed=a.seed, n=a.num_samples)
     except BAD_INPUT as e:
         return error(e)
-    if len(prompts) == 1 and crops(len(prompts[0]), a.max_new_tokens, window):  # said once the arguments passed
-        print(f"note: the model was trained on {window}-token windows; the context is cropped to the last "
+    window = lm.config.window  # the longest the weights were trained on, their base's training included
+    if any(len(p) + a.max_new_tokens > window for p in prompts):  # said once the arguments passed
+        print(f"note: the model was trained on {window}-token windows; a longer context is cropped to the last "
               f"{window} tokens", file=sys.stderr)
     for i, ids in enumerate(outs):
         p, s = divmod(i, a.num_samples)
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
             print(f"--- prompt {p}" + (f" sample {s}" if a.num_samples > 1 else ""))
         elif a.num_samples > 1:
             print(f"--- sample {i}")
-        print(tok.decode(ids) if chat else texts[p] + tok.decode(ids))  # ids stop before the eot token
+        print(lm.detokenize(ids) if chat else texts[p] + lm.detokenize(ids))  # ids stop before the end-of-text
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Translate with a trained seq2seq run: greedy (--beam 1) or beam search, one output line per input.
+"""Translate with a trained seq2seq run: greedy (--beam 1) or beam search, one output line per input. A shell
+over zoo.load(...).translate (zoo.api.seq2seq).
 
     zoo-translate runs/s2s --text "the class object is created by calling" --beam 4
     printf 'first input\\nsecond input\\n' | zoo-translate runs/s2s --beam 1
@@ -17,21 +18,6 @@ import sys
 from zoo.cli import BAD_INPUT, error
 
 
-def translate(model, params, tokenizer, cfg, texts: list[str], *, beam: int = 4, length_penalty: float | None = None,
-              max_len: int | None = None) -> list[str]:
-    """Decoded outputs; length_penalty None takes the run's (zoo: GNMT alpha 0.6; converted: the checkpoint's)."""
-    from zoo.infer import decoding
-    from zoo.tasks.seq2seq_data import check_framing, encode_sources
-    decoding.check_beam(beam)
-    sp = check_framing(cfg.model, tokenizer)
-    src_BS, valid_BS = encode_sources(tokenizer, texts, cfg.data.seq_len, sp)
-    out = decoding.generate(model, params, src_BS, valid_BS, max_len=max_len or cfg.data.seq_len,
-                            bos_id=sp.decoder_start, eos_id=sp.eos, vocab_limit=tokenizer.n_vocab, beam=beam,
-                            length_penalty=sp.length_penalty if length_penalty is None else length_penalty,
-                            style=sp.beam_style, early_stopping=sp.early_stopping)
-    return [tokenizer.decode(ids) for ids in out]
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="zoo-translate", description=__doc__.split("\n")[0])
     ap.add_argument("workdir", help="a seq2seq run directory with checkpoints (train.py --workdir)")
@@ -42,16 +28,14 @@ def main(argv=None) -> int:
                          "converted ones); 0 ranks by log-probability")
     ap.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the run's data.seq_len)")
     a = ap.parse_args(argv)
-    from zoo.infer.decoding import check_beam
-    from zoo.train.runs import load_run
     try:
-        check_beam(a.beam)
+        if a.beam < 1:
+            raise ValueError(f"beam size {a.beam} must be >= 1 (1 is greedy decoding)")
         texts = a.text if a.text else [line.rstrip("\n") for line in sys.stdin if line.strip()]
         if not texts:
             raise ValueError("no input: give --text or lines on stdin")
-        model, params, tok, cfg = load_run(a.workdir, "encdec")
-        outs = translate(model, params, tok, cfg, texts, beam=a.beam, length_penalty=a.length_penalty,
-                         max_len=a.max_len)
+        import zoo
+        outs = zoo.load(a.workdir).translate(texts, beam=a.beam, length_penalty=a.length_penalty, max_len=a.max_len)
     except BAD_INPUT as e:
         return error(e)
     for line in outs:

@@ -41,8 +41,9 @@ class Converter(Protocol):
     def params_to_hf(self, params: dict, cfg) -> dict:
         """The HF state dict (full key names), derived from the same key table as params_from_hf."""
 
-    def head_config(self, cfg, run_dir: str) -> dict:
-        """config.json fields that follow the run's task (architecture, labels; {} if none)."""
+    def head_config(self, cfg, run_dir: str | None) -> dict:
+        """config.json fields that follow the run's task (architecture, labels; {} if none); run_dir None: a model
+        loaded in memory, its labels in its config."""
 
     def run_fields(self, cfg) -> dict:
         """config.json fields from the run's tokenizer (special ids; {} if none)."""

@@ -118,7 +118,7 @@ def head_config(cfg, run_dir: str, export: dict = EXPORT) -> dict:
     out = {"architectures": [export[cfg.task]]}
     if cfg.task in LABELLED:
         C = cfg.model.num_classes
-        path = os.path.join(run_dir, "labels.json")
+        path = os.path.join(run_dir, "labels.json") if run_dir else ""  # (no run: a model loaded in memory)
         if os.path.isfile(path):
             with open(path) as f:
                 names = json.load(f)

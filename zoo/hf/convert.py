@@ -176,15 +176,21 @@ def _check_out_dir(out_dir: str) -> None:
 
 
 def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
-    """Export the latest checkpoint of a zoo run as a transformers directory: config.json (with the
-    run's data.seq_len, and its tokenizer's name when it is bytes or a tiktoken encoding),
-    model.safetensors and tokenizer files (the run's own tokenizer directory, else files written for
-    bytes / tiktoken; zoo.hf.tokenizer_export); a LoRA run's adapters merged (its adapters alone, as a
-    PEFT adapter: zoo.hf.peft.to_peft). Everything is checked before anything is written."""
-    from zoo.data.tokenizers import get_tokenizer
+    """Export the latest checkpoint of a zoo run as a transformers directory (`export`); a LoRA run's adapters
+    merged (its adapters alone, as a PEFT adapter: zoo.hf.peft.to_peft)."""
     from zoo.train import runs
     # The config and params of one step (the newest that restores whole): never one step's under another's.
     step, cfg, params = runs.load_weights(run_dir)
+    return export(cfg, params, out_dir, run_dir=run_dir, what=f"{run_dir}, step {step}", verbose=verbose)
+
+
+def export(cfg, params, out_dir: str, *, run_dir: str | None = None, what: str = "", verbose: bool = True) -> dict:
+    """Write a model (config `cfg`, its plain model's `params`) as a transformers directory: config.json (with
+    the run's data.seq_len, and its tokenizer's name when it is bytes or a tiktoken encoding), model.safetensors
+    and tokenizer files (the run's own tokenizer directory, else files written for bytes / tiktoken;
+    zoo.hf.tokenizer_export). `run_dir`: the run it came from (a classifier's labels.json), `what` names it in the
+    `wrote` line. Everything is checked before anything is written."""
+    from zoo.data.tokenizers import get_tokenizer
     params = jax.device_get(params)
     conv = export_converter(cfg.model)
     if cfg.model.scan_layers:
@@ -212,9 +218,8 @@ def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
         if not own_files and tok_files is None:
             print(f"note: no tokenizer files: the ids of data.tokenizer={tok!r} do not fit model.vocab_size="
                   f"{cfg.model.vocab_size} (a checkpoint converted without its tokenizer)")
-        print(f"wrote {out_dir}: {', '.join(files + written)} ({count(tensors):,} params of {run_dir}, step "
-              f"{step}); load it with transformers.{hf_cfg['architectures'][0]}"
-              f".from_pretrained({out_dir!r})")
+        print(f"wrote {out_dir}: {', '.join(files + written)} ({count(tensors):,} params of {what or 'the model'}); "
+              f"load it with transformers.{hf_cfg['architectures'][0]}.from_pretrained({out_dir!r})")
     return {"tensors": tensors, "tokenizer_files": written}
 
 

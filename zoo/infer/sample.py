@@ -138,8 +138,9 @@ def check_settings(max_new_tokens, num_samples, temperature, top_k, top_p) -> No
     """The sampling settings, checked (zoo-sample checks them before it loads a run)."""
     if max_new_tokens < 1 or num_samples < 1:
         raise ValueError(f"max-new-tokens={max_new_tokens} and num-samples={num_samples} must be >= 1")
-    if top_k < 0 or not 0 < top_p <= 1 or not temperature >= 0:  # `not >=` also refuses NaN
-        raise ValueError(f"need top_k >= 0, 0 < top_p <= 1, temperature >= 0; got {top_k}, {top_p}, {temperature}")
+    if top_k < 0 or not 0 < top_p <= 1 or not 0 <= temperature < float("inf"):  # `not <=` also refuses NaN
+        raise ValueError(f"need top_k >= 0, 0 < top_p <= 1, a finite temperature >= 0; got {top_k}, {top_p}, "
+                         f"{temperature}")
 
 
 def _check(model, prompts, max_new_tokens, num_samples, temperature, top_k, top_p, window) -> int:

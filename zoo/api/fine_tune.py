@@ -1,5 +1,5 @@
-"""`train.py --init-from SRC`: what a fine-tune starts from (a zoo run as it is; a Hugging Face directory,
-GGUF file or PEFT adapter directory converted into WORKDIR/base) and with which settings.
+"""`train.py --init-from SRC` and zoo.train(init_from=SRC): what a fine-tune starts from (a zoo run as it is; a
+Hugging Face directory, GGUF file or PEFT adapter directory converted into WORKDIR/base) and with which settings.
 
 Without a CONFIG, the model, tokenizer and task come from SRC and the rest from FINE_TUNE, zoo's
 documented fine-tuning defaults (printed once), not from SRC's own run: a converted checkpoint has no
@@ -20,7 +20,7 @@ import os
 import shutil
 import sys
 
-from zoo.cli import configs
+from zoo.api import configs
 
 CLS_FIELDS = ("data.label_column", "data.text_pair_column", "data.label_names")  # --set keys that mean bert_cls
 
@@ -115,7 +115,7 @@ def _task(theirs_task: str, sets) -> str:
     return task
 
 
-def precheck(a, src: str) -> None:
+def precheck(src: str, config: str | None, overrides) -> None:
     """The data of `--init-from SRC` checked against the task it will train, before SRC is converted: the
     file opens, the columns exist and hold text, the labels are labels (the tokenizer waits for the
     conversion). Unknown tasks (an adapter on a hub base) are left to the trainer's own check."""
@@ -125,15 +125,15 @@ def precheck(a, src: str) -> None:
     theirs_task = _source_task(src)
     if theirs_task is None:
         return
-    task = _task(theirs_task, a.set)
-    sets = [s for s in a.set if s.split("=", 1)[0].strip() == "task" or s.startswith("data.")]
-    base = load_config_file(configs.find(a.config)) if a.config else Config()
+    task = _task(theirs_task, overrides)
+    sets = [s for s in overrides if s.split("=", 1)[0].strip() == "task" or s.startswith("data.")]
+    base = load_config_file(configs.find(config)) if config else Config()
     family = FAMILIES[TASK_FAMILY[task]]
     model = family.config()
     if hasattr(model, "max_len"):  # any data.seq_len: the checkpoint's positions are checked after conversion
         model = dataclasses.replace(model, max_len=1 << 20)
     if hasattr(model, "num_classes"):  # count the labels unless the user fixed the head's size
-        num = [s.split("=", 1)[1] for s in a.set if s.split("=", 1)[0].strip() == "model.num_classes"]
+        num = [s.split("=", 1)[1] for s in overrides if s.split("=", 1)[0].strip() == "model.num_classes"]
         model = dataclasses.replace(model, num_classes=int(num[-1]) if num else 0)
     light = apply_overrides(dataclasses.replace(base, task=task, model=model), sets)
     with contextlib.redirect_stdout(io.StringIO()):  # what it counts is said once, by the trainer's own check
@@ -146,31 +146,32 @@ def defaults(theirs, sets) -> list[str]:
     return [f"{k}={v}" for k, v in FINE_TUNE.items()] + [f"data.seq_len={seq_len}"]
 
 
-def fine_tune_config(a, workdir: str):
-    """The config of `--init-from SRC [CONFIG]`: model, tokenizer and task from SRC's run (a Hugging Face
-    directory is converted into WORKDIR/base first); data from CONFIG or that run; optim and train from
-    CONFIG, else FINE_TUNE (said on the console)."""
+def fine_tune_config(src: str, workdir: str, *, config: str | None = None, overrides=(), dry: bool = False):
+    """The config of `--init-from SRC [CONFIG]` (zoo.train(init_from=SRC)): model, tokenizer and task from SRC's
+    run (a Hugging Face directory is converted into WORKDIR/base first; `dry`: nothing written); data from CONFIG
+    or that run; optim and train from CONFIG, else FINE_TUNE (said on the console)."""
     from zoo.config import apply_overrides, load_config_file
-    if not a.print_config and needs_conversion(a.init_from):
-        precheck(a, a.init_from)
-    theirs, src = base_run(a.init_from, workdir, a.print_config)
-    ours = load_config_file(configs.find(a.config)) if a.config else theirs
-    task = _task(theirs.task, a.set)
+    overrides = list(overrides)
+    if not dry and needs_conversion(src):
+        precheck(src, config, overrides)
+    theirs, base = base_run(src, workdir, dry)
+    ours = load_config_file(configs.find(config)) if config else theirs
+    task = _task(theirs.task, overrides)
     model = theirs.model
-    if task == "bert_cls" and theirs.task != "bert_cls" and "model.num_classes" not in _set_keys(a.set):
+    if task == "bert_cls" and theirs.task != "bert_cls" and "model.num_classes" not in _set_keys(overrides):
         model = dataclasses.replace(model, num_classes=0)  # a fresh head: as many classes as the labels have
     data = dataclasses.replace(ours.data, tokenizer=theirs.data.tokenizer, label_names=theirs.data.label_names
-                               if not a.config else ours.data.label_names)
-    cfg = dataclasses.replace(ours, task=task, model=model, data=data, init_from=os.path.abspath(src))
-    given = defaults(theirs, a.set) if not a.config else []
-    cfg = apply_overrides(cfg, given + a.set)
-    if given and cfg.model.lora_rank and "optim.lr" not in _set_keys(a.set):
+                               if not config else ours.data.label_names)
+    cfg = dataclasses.replace(ours, task=task, model=model, data=data, init_from=os.path.abspath(base))
+    given = defaults(theirs, overrides) if not config else []
+    cfg = apply_overrides(cfg, given + overrides)
+    if given and cfg.model.lora_rank and "optim.lr" not in _set_keys(overrides):
         cfg = apply_overrides(cfg, [f"optim.lr={LORA_LR}"])
         given = [g if not g.startswith("optim.lr=") else f"optim.lr={LORA_LR}" for g in given]
     cfg = dataclasses.replace(cfg, context_len=max(theirs.window, cfg.data.seq_len))
     if given:
-        mine = _set_keys(a.set)
+        mine = _set_keys(overrides)
         shown = ", ".join(g for g in given if g.split("=", 1)[0] not in mine)
         print(f"fine-tuning defaults (no CONFIG given): {shown}; data.source={cfg.data.source}; change any with "
-              f"--set", file=sys.stderr if a.print_config else sys.stdout, flush=True)
+              f"--set", file=sys.stderr if dry else sys.stdout, flush=True)
     return cfg

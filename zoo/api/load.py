@@ -1,0 +1,231 @@
+"""zoo.load: any checkpoint zoo reads -> one Pretrained (model, params, tokenizer, config).
+
+Which kind `source` is, is decided from the path alone, before anything is read or built:
+
+    a zoo run directory (checkpoints/)   its newest step that restores and verifies (`step`: that one);
+                                         a LoRA run's adapters merged into its base (zoo.train.runs)
+    a Hugging Face directory             converted in memory, nothing written (zoo.hf.convert.from_pretrained)
+    (config.json + weights)
+    a PEFT adapter directory             its base (`base`, else adapter_config.json's base_model_name_or_path:
+    (adapter_config.json)                any of these kinds itself) with the adapter merged, in memory
+    a .gguf file                         converted once, as `zoo-convert from-gguf` converts it, into a run in
+                                         the cache (ZOO_CACHE, default ~/.cache/zoo/converted/), reused after
+    a preset name (zoo.models.PRESETS)   fresh weights from `seed`, the byte tokenizer
+
+`dtype` ("bfloat16", "float16", "float32") casts the floating params and computes in it; `mesh` (a
+jax.sharding.Mesh with zoo's axes) lays the params out by zoo's rules table (zoo.train.sharding; read on the host
+first, then put on the devices).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+
+from zoo.errors import ArgumentError, CheckpointError
+
+KINDS = ("a zoo run directory (checkpoints/)", "a Hugging Face directory (config.json)",
+         "a PEFT adapter directory (adapter_config.json)", "a .gguf file", "a preset name")
+DTYPES = ("float32", "bfloat16", "float16")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")  # zoo.train.sharding.AXES (not imported: it imports jax)
+
+
+def kind_of(source: str) -> str:
+    """run | hf | adapter | gguf | preset, from the path alone; CheckpointError naming what was looked for."""
+    from zoo.models import PRESETS
+    path = os.path.expanduser(source)
+    if os.path.isdir(path):
+        if os.path.isdir(os.path.join(path, "checkpoints")):
+            return "run"
+        if os.path.isfile(os.path.join(path, "adapter_config.json")) and \
+                not os.path.isfile(os.path.join(path, "config.json")):
+            return "adapter"
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return "hf"
+        raise CheckpointError(f"{source!r} is a directory but none zoo reads: no checkpoints/ (a zoo run), "
+                              f"config.json (Hugging Face) or adapter_config.json (PEFT)")
+    if os.path.isfile(path):
+        if path.endswith(".gguf"):
+            return "gguf"
+        raise CheckpointError(f"{source!r} is a file but not a .gguf file; zoo.load reads " + ", ".join(KINDS))
+    if source in PRESETS:
+        return "preset"
+    raise CheckpointError(f"{source!r}: no such file or directory, and no preset of that name; give "
+                          + ", ".join(KINDS) + f" (presets: {', '.join(PRESETS)})")
+
+
+def check(source, dtype, step, base, mesh) -> str:
+    """The arguments of `load`, checked before anything is read; returns the source's kind."""
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, str) or not source:
+        raise ArgumentError(f"source={source!r}: give a path or a preset name as a string")
+    if dtype is not None and str(getattr(dtype, "name", dtype)) not in DTYPES:
+        raise ArgumentError(f"dtype={dtype!r}; choose one of {', '.join(DTYPES)} (or None: as saved)")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ArgumentError(f"step={step!r} must be a checkpoint's step number (an int >= 0)")
+    if mesh is not None and set(getattr(mesh, "axis_names", ())) != set(MESH_AXES):
+        raise ArgumentError(f"mesh={mesh!r}: give a jax.sharding.Mesh with zoo's axes {', '.join(MESH_AXES)} "
+                            f"(zoo.train.sharding.make_mesh(zoo.config.MeshConfig(fsdp=...)) makes one)")
+    kind = kind_of(source)
+    if step is not None and kind != "run":
+        raise ArgumentError(f"step={step} picks a checkpoint of a zoo run; {source!r} is not one")
+    if base is not None and kind != "adapter":
+        raise ArgumentError(f"base={base!r} is the base of a PEFT adapter directory; {source!r} is not one")
+    return kind
+
+
+def load(source, *, dtype=None, step: int | None = None, base: str | None = None, mesh=None, seed: int = 0):
+    """The model in `source`, as a zoo.Pretrained (model, params, tokenizer, config and the calls of its family).
+
+    source: a zoo run directory (its newest step that restores and verifies, or `step`; a LoRA run's adapters
+    merged into its base), a Hugging Face directory (converted in memory), a PEFT adapter directory (on `base`,
+    default its adapter_config.json's base_model_name_or_path; merged in memory), a .gguf file (converted once
+    into $ZOO_CACHE, default ~/.cache/zoo, as `zoo-convert from-gguf` converts it, and read from there after),
+    or a preset name (zoo.models.PRESETS: fresh weights from `seed`, the byte tokenizer).
+    dtype: "bfloat16", "float16" or "float32": params cast to it and computed in it (None: as saved).
+    mesh: a jax.sharding.Mesh with zoo's axes (data, fsdp, tensor, expert; zoo.train.sharding.make_mesh): the
+    params laid out over it by zoo's rules table, as the trainer lays them out.
+    Raises zoo.errors.CheckpointError (a missing path, a directory of no kind zoo reads, damage in every step),
+    ArgumentError (a bad dtype, step, base or mesh) before anything is read.
+    """
+    from zoo.api.pretrained import Pretrained
+    kind = check(source, dtype, step, base, mesh)
+    source = os.path.expanduser(os.fspath(source))
+    run_dir, lora_run = None, None
+    if kind == "run":
+        cfg, params, step = _run(source, step)
+        run_dir, lora_run = source, source if _lora(cfg) else None
+    elif kind == "gguf":
+        run_dir = converted_gguf(source)
+        cfg, params, step = _run(run_dir, None)
+    elif kind == "hf":
+        from zoo.hf.convert import from_pretrained
+        _, params, tok, cfg = from_pretrained(source)
+    elif kind == "adapter":
+        cfg, params, base_lm = _adapter(source, base)
+        run_dir = base_lm.run_dir
+    else:
+        cfg, params = _preset(source, seed)
+    from zoo.data.tokenizers import get_tokenizer
+    tok = tok if kind == "hf" else get_tokenizer(cfg.data.tokenizer)
+    cfg = plain(cfg)
+    if dtype is not None:
+        cfg, params = _cast(cfg, params, str(getattr(dtype, "name", dtype)))
+    if mesh is not None:
+        params = _laid_out(cfg, params, mesh)
+    from zoo import tasks
+    return Pretrained(tasks.build(cfg).model, params, tok, cfg, source=source, kind=kind, step=step, run_dir=run_dir,
+                      lora_run=lora_run)
+
+
+def _run(path: str, step):
+    from zoo.train import runs
+    step, cfg, params = runs.load_weights(path, step=step)
+    return cfg, params, step
+
+
+def _lora(cfg) -> bool:
+    from zoo.nn import lora
+    return lora.spec_of(cfg.model) is not None
+
+
+def plain(cfg):
+    """The config of the plain model a loaded run's merged params fit: no adapters, no quantized base, nothing
+    frozen (a LoRA run's model.lora_rank would describe params it no longer has)."""
+    from zoo.models.base import ModelConfig
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name.startswith(("lora_", "quantize"))}
+    model = dataclasses.replace(cfg.model, **defaults)
+    return dataclasses.replace(cfg, model=model, train=dataclasses.replace(cfg.train, trainable=""))
+
+
+def cache_root() -> str:
+    """Where converted checkpoints are kept: $ZOO_CACHE, else ~/.cache/zoo."""
+    return os.path.expanduser(os.environ.get("ZOO_CACHE", "~/.cache/zoo"))
+
+
+def converted_gguf(path: str) -> str:
+    """A zoo run of the GGUF file `path`, converted once (zoo.hf.gguf.from_gguf) into the cache, keyed by the
+    file's absolute path, size and modification time; converted into a temporary directory first and renamed, so
+    an interrupted conversion leaves nothing a later load would take."""
+    st = os.stat(path)
+    key = hashlib.sha256(json.dumps([os.path.abspath(path), st.st_size, st.st_mtime_ns]).encode()).hexdigest()[:16]
+    name = os.path.splitext(os.path.basename(path))[0]
+    final = os.path.join(cache_root(), "converted", f"{name}-{key}")
+    if os.path.isdir(os.path.join(final, "checkpoints")):
+        return final
+    from zoo.hf.gguf import from_gguf
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=os.path.dirname(final))
+    try:
+        from_gguf(path, os.path.join(tmp, "run"), verbose=False)
+        try:
+            os.replace(os.path.join(tmp, "run"), final)
+        except OSError:  # another process converted it meanwhile: theirs serves
+            if not os.path.isdir(os.path.join(final, "checkpoints")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _adapter(path: str, base: str | None):
+    """(config, merged params, the base's Pretrained) of a PEFT adapter on its base, in memory."""
+    from zoo.hf import io, peft
+    from zoo.nn import lora
+    from zoo.train import freeze
+    c = peft.read_config(path)
+    src = base or c.get("base_model_name_or_path")
+    if not isinstance(src, str) or not (os.path.exists(os.path.expanduser(src)) or _is_preset(src)):
+        raise CheckpointError(f"the adapter's base_model_name_or_path={json.dumps(src)} is not here; give its base "
+                              f"with base= (a zoo run, a Hugging Face directory or a .gguf file)")
+    base_lm = load(src)
+    lora_cfg, adapters = peft._plan(c, io.read_tensors(path), base_lm.config, base_lm.run_dir or src,
+                                    os.path.join(path, peft.WEIGHTS))
+    merged = lora.merge(freeze.unflat({**freeze.flat(base_lm.params), **adapters}), lora.spec_of(lora_cfg.model))
+    return base_lm.config, merged, base_lm
+
+
+def _is_preset(name: str) -> bool:
+    from zoo.models import PRESETS
+    return name in PRESETS
+
+
+def _preset(name: str, seed: int):
+    """(config, fresh params) of a preset: the family's first task, the byte tokenizer, its own positions."""
+    import flax.linen as nn
+    import jax
+    from zoo import tasks
+    from zoo.config import Config, DataConfig
+    from zoo.models import FAMILIES, PRESETS
+    model = PRESETS[name]
+    family = FAMILIES[model.family]
+    if model.vocab_size < 257:
+        raise ArgumentError(f"preset {name!r} has {model.vocab_size} ids, fewer than the byte tokenizer's 257")
+    seq_len = min(getattr(model, "max_len", 512), 512)
+    cfg = Config(task=family.default_task, model=model, data=DataConfig(tokenizer="bytes", seq_len=seq_len))
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ArgumentError(f"seed={seed!r} must be an int >= 0")
+    params = jax.jit(lambda r: nn.unbox(tasks.build(cfg).init(r)))(jax.random.PRNGKey(seed))
+    return cfg, params
+
+
+def _cast(cfg, params, dtype: str):
+    import jax
+    import jax.numpy as jnp
+    model = dataclasses.replace(cfg.model, dtype=dtype, param_dtype=dtype)
+    cast = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+    return dataclasses.replace(cfg, model=model), cast
+
+
+def _laid_out(cfg, params, mesh):
+    """`params` over `mesh` as the trainer lays them out (logical axes -> mesh axes, zoo.train.sharding)."""
+    import jax
+    from zoo import tasks
+    from zoo.train import sharding
+    boxed = jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))
+    return jax.device_put(params, sharding.shardings(boxed, mesh))

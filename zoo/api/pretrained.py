@@ -1,0 +1,182 @@
+"""Pretrained: what zoo.load returns. One object per loaded model, whatever its family, holding the Flax linen
+module (`model`), its `params`, `tokenizer` and `config`, with the calls a user of that family makes:
+
+    decoders (GPT family)     generate, chat, logprobs, loss
+    BERT                      classify (bert_cls), fill_mask (bert_mlm), tag (bert_tokens)
+    encoder-decoders          translate
+    every family              apply, loss_fn, batch (a training loop of one's own), save, tokenize, detokenize
+
+`apply` and `loss_fn` are pure functions of (params, batch): `jax.jit`, `jax.grad` and shardings apply to
+them as to any. The methods are thin: the work is in zoo.api.decoder, encoder, seq2seq, batches and save, the
+same functions the commands call. A call the model cannot answer (a BERT asked to generate) raises
+zoo.errors.FamilyError naming what it offers; a bad argument raises zoo.errors.ArgumentError naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator
+
+from zoo.api import batches, decoder, encoder, save, seq2seq
+from zoo.config import Config
+
+# What each task's model answers (besides apply, loss_fn, batch, save, tokenize).
+OFFERS = {"gpt_lm": ("generate", "chat", "logprobs", "loss"), "sft": ("generate", "chat", "logprobs", "loss"),
+          "bert_cls": ("classify",), "bert_mlm": ("fill_mask",), "bert_tokens": ("tag",), "seq2seq": ("translate",),
+          "bert_encoder": ()}
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class Pretrained:
+    """A loaded model: `model` (the Flax linen module), `params` (its parameter tree, a dict of jax arrays),
+    `tokenizer` (encode / decode; `n_vocab`, `eot_token`), `config` (the run's zoo.config.Config).
+
+    `source` is what was loaded, `kind` which kind it was (run, hf, adapter, gguf, preset), `step` the
+    checkpoint's step (a zoo run), `run_dir` the zoo run its chat template and class names come from, and
+    `lora_run` the LoRA run whose adapters `save(format="peft")` writes (its params here are merged).
+    Unpacks as the old tuple: `model, params, tokenizer, config = zoo.load(...)`.
+    """
+
+    model: Any
+    params: Any
+    tokenizer: Any
+    config: Config
+    source: str = ""
+    kind: str = ""
+    step: int | None = None
+    run_dir: str | None = None
+    lora_run: str | None = None
+
+    def __iter__(self) -> Iterator:
+        return iter((self.model, self.params, self.tokenizer, self.config))
+
+    def __repr__(self) -> str:
+        from zoo.hf.convert import count
+        return (f"Pretrained({self.source!r}: {self.config.model.family} model, task {self.config.task}, "
+                f"{count(self.params):,} params" + (f", step {self.step}" if self.step is not None else "") + ")")
+
+    def offers(self) -> list[str]:
+        """The task-specific methods this model answers (e.g. ['generate', 'chat', 'logprobs', 'loss'])."""
+        return list(OFFERS.get(self.config.task, ())) + ["apply", "loss_fn", "batch", "save"]
+
+    # ---- decoders ------------------------------------------------------------------------------------
+    def generate(self, prompts: str | list[str], *, max_new_tokens: int = 64, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: str | list[str] | None = None,
+                 n: int = 1) -> str | list:
+        """The continuation (new text only) of a prompt, or of each prompt of a list, decoded together in one
+        KV-cached batch. temperature 0 is greedy; top_k 0 and top_p 1 are off; `seed` makes sampling repeatable;
+        `n` samples per prompt (a list of n for one prompt, a list of lists for several). A row stops at the
+        tokenizer's end-of-text or end-of-turn token or after max_new_tokens; `stop` strings cut the text after.
+        A string in gives a string out; a list gives a list in the same order."""
+        return decoder.generate(self, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                top_p=top_p, seed=seed, stop=stop, n=n)
+
+    def chat(self, messages: str | list, *, system: str | None = None, max_new_tokens: int = 256,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             stop: str | list[str] | None = None, n: int = 1) -> str | list:
+        """The assistant's answer, rendered with the checkpoint's chat template (a chat run's own, else its
+        tokenizer's, else zoo's default): to a user message (a string), to a conversation (a list of {"role":
+        "system" | "user" | "assistant", "content": ...} dicts, multi-turn), or to each of a list of conversations
+        (decoded in one batch). `system` is put first where a conversation has no system message; the other
+        arguments are generate's."""
+        return decoder.chat(self, messages, system=system, max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_k=top_k, top_p=top_p, seed=seed, stop=stop, n=n)
+
+    def logprobs(self, texts: str | list[str], *, batch_size: int = 8):
+        """Each token's log-probability (natural log, float32 numpy array of the text's token count) under
+        zoo-eval's conventions: the first token conditioned on the tokenizer's BOS (else its end-of-text token),
+        every token scored once, a text longer than the context scored in windows every half context. One text
+        gives one array, a list a list. Their sums are zoo-eval's per-document log-likelihoods."""
+        return decoder.logprobs(self, texts, batch_size=batch_size)
+
+    def loss(self, texts: str | list[str], *, batch_size: int = 8) -> float:
+        """The mean next-token loss (negative log-likelihood per token, nats) of the texts together: zoo-eval's
+        NLL/token (the logprobs of every token of every text, summed, over their count)."""
+        return decoder.loss(self, texts, batch_size=batch_size)
+
+    # ---- BERT ----------------------------------------------------------------------------------------
+    def classify(self, texts: str | list[str], pairs: str | list[str] | None = None, *,
+                 batch_size: int = 32) -> dict | list[dict]:
+        """A classifier's (task bert_cls) prediction for a text, or each of a list: {"label": the most likely
+        class, "probs": {class: probability}}; `pairs` the second texts of sentence pairs. Class names come from
+        the run's labels.json, else its config."""
+        return encoder.classify(self, texts, pairs, batch_size=batch_size)
+
+    def fill_mask(self, texts: str | list[str], *, top_k: int = 5, batch_size: int = 32) -> list:
+        """A masked LM's (task bert_mlm) top_k tokens at each "[MASK]" of a text: a list (one per [MASK]) of
+        (token text, probability) pairs, most likely first; for a list of texts, a list of those."""
+        return encoder.fill_mask(self, texts, top_k=top_k, batch_size=batch_size)
+
+    def tag(self, texts: str | list[str], *, batch_size: int = 32) -> list:
+        """A token classifier's (task bert_tokens) tag of each whitespace-separated word: [(word, tag), ...], read
+        at each word's first token; for a list of texts, a list of those."""
+        return encoder.tag(self, texts, batch_size=batch_size)
+
+    # ---- encoder-decoders ----------------------------------------------------------------------------
+    def translate(self, texts: str | list[str], *, beam: int = 4, length_penalty: float | None = None,
+                  max_len: int | None = None) -> str | list[str]:
+        """An encoder-decoder's output for a text, or each of a list (one batch): greedy with beam=1, else beam
+        search ranked as the run says; length_penalty None takes the run's (zoo: 0.6; a converted T5/BART: the
+        checkpoint's); max_len caps the output tokens (default: the run's data.seq_len)."""
+        return seq2seq.translate(self, texts, beam=beam, length_penalty=length_penalty, max_len=max_len)
+
+    # ---- a training loop of one's own ----------------------------------------------------------------
+    def apply(self, params, batch: dict):
+        """The model's output on a batch (Pretrained.batch's layout), a pure function of (params, batch): a
+        decoder's logits_BTV (float32) of batch["inputs"] (with batch["positions"] and batch["segment_ids"] when
+        given: packed rows); a BERT's logits of batch["inputs"], ["segment_ids"], ["valid"] (an MLM's [B, T, V],
+        a classifier's [B, C], a tagger's [B, T, C]); an encoder-decoder's logits_BTV of batch["src"],
+        ["src_valid"] and ["tgt_in"]."""
+        family, variables = self.config.model.family, {"params": params}
+        if family == "gpt":
+            return self.model.apply(variables, batch["inputs"], positions_BT=batch.get("positions"),
+                                    segment_ids_BT=batch.get("segment_ids"))
+        if family == "bert":
+            return self.model.apply(variables, batch["inputs"], batch["segment_ids"], batch["valid"])
+        return self.model.apply(variables, batch["src"], batch["src_valid"], batch["tgt_in"])
+
+    def loss_fn(self, params, batch: dict, rng=None) -> tuple[Any, dict]:
+        """(loss, metrics) of the task the model trains on: the mean loss over the batch's weighted targets,
+        exactly the trainer's (zoo.tasks: the same function), and {"accuracy", "weight" (the targets counted),
+        "tokens", ...}. A pure function of (params, batch, rng): `rng` (a jax PRNG key) turns training mode on
+        (dropout, label smoothing as the config says); None evaluates. jax.grad(lambda p: lm.loss_fn(p, b)[0])."""
+        import jax
+        train = rng is not None
+        loss_sum, aux = self._task().loss(params, batch, rng if train else jax.random.PRNGKey(0), train)
+        weight = aux["weight"]
+        metrics = {**aux, "loss": loss_sum / weight, "accuracy": aux["correct"] / weight}
+        return loss_sum / weight, metrics
+
+    def batch(self, examples: list, *, seq_len: int | None = None, labels: list | None = None,
+              pairs: list[str] | None = None, targets: list[str] | None = None, seed: int = 0) -> dict:
+        """A batch (numpy arrays) in the layout loss_fn and apply read, from examples: texts, or for a decoder
+        conversations (the loss on the assistant's tokens); a classifier's `labels` (and `pairs`), a tagger's
+        `labels` (a tag per word), an encoder-decoder's `targets`; a masked LM masks from `seed`. Rows are padded
+        (or cut) to `seq_len`, default the longest. The layouts: zoo.api.batches."""
+        return batches.batch(self, examples, seq_len=seq_len, labels=labels, pairs=pairs, targets=targets, seed=seed)
+
+    def save(self, out_dir: str, format: str = "zoo", *, params=None, verbose: bool = True) -> str:
+        """Write the model into a new or empty directory: "zoo" a weights-only zoo run (zoo.load, --init-from and
+        every command read it), "hf" a transformers directory (config.json, model.safetensors, tokenizer files),
+        "peft" a LoRA run's adapters as a PEFT adapter (adapter_config.json + adapter_model.safetensors). `params`
+        (default: self.params) saves other weights of the same model, e.g. those a loop of one's own trained.
+        Returns out_dir; prints one `wrote` line unless verbose=False."""
+        return save.save(self, out_dir, format, params=params, verbose=verbose)
+
+    def tokenize(self, text: str) -> list[int]:
+        """The token ids of `text` (no special tokens added)."""
+        return self.tokenizer.encode(text)
+
+    def detokenize(self, ids) -> str:
+        """The text of token ids."""
+        return self.tokenizer.decode(list(ids))
+
+    def _task(self):
+        if "_task_" not in self.__dict__:
+            from zoo import tasks
+            self.__dict__["_task_"] = tasks.build(self.config)
+        return self.__dict__["_task_"]
+
+    def with_params(self, params) -> "Pretrained":
+        """The same model with other params (e.g. after a loop of one's own), sharing everything else."""
+        return dataclasses.replace(self, params=params)

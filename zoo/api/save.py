@@ -1,0 +1,67 @@
+"""Pretrained.save: a loaded (or tuned) model written as a zoo run, a Hugging Face directory or a PEFT adapter,
+by the writers `zoo-convert` uses (zoo.hf.convert.export, zoo.hf.peft.to_peft, zoo.train.checkpoint.save_weights).
+Every format writes into a new or empty directory and checks everything before it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from zoo.errors import ArgumentError, ConversionError
+
+FORMATS = ("zoo", "hf", "peft")
+
+
+def save(lm, out_dir: str, format: str = "zoo", *, params=None, verbose: bool = True) -> str:
+    """See Pretrained.save."""
+    if format not in FORMATS:
+        raise ArgumentError(f"format={format!r}; choose one of {', '.join(FORMATS)}")
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise ArgumentError(f"out_dir={out_dir!r} must be a path")
+    out_dir = os.path.expanduser(os.fspath(out_dir))
+    params = lm.params if params is None else params
+    if format == "peft":
+        from zoo.hf import peft
+        if lm.lora_run is None:
+            raise ArgumentError(f"format='peft' writes a LoRA run's adapters; {lm.source!r} holds none (train LoRA "
+                                f"with zoo.train(..., overrides={{'model.lora_rank': 16}}) or save with format='hf')")
+        if params is not lm.params:
+            raise ArgumentError("format='peft' writes the adapters the run trained; params= applies to 'zoo' and 'hf'")
+        peft.to_peft(lm.lora_run, out_dir, verbose=verbose)
+    elif format == "hf":
+        from zoo.hf.convert import export
+        what = f"{lm.source}" + (f", step {lm.step}" if lm.step is not None else "")
+        export(lm.config, params, out_dir, run_dir=lm.run_dir, what=what, verbose=verbose)
+    else:
+        _zoo(lm, out_dir, params, verbose)
+    return out_dir
+
+
+def _zoo(lm, out_dir: str, params, verbose: bool) -> None:
+    """A weights-only zoo run: params, config, checksums, the tokenizer's files (and the run's chat template and
+    class names) copied in, so the directory stands alone; zoo.load, --init-from and zoo-sample read it."""
+    import dataclasses
+
+    import jax
+    from zoo.data.chat import TEMPLATE_FILE
+    from zoo.hf.convert import _check_out_dir, count
+    from zoo.train import checkpoint
+    from zoo.train.workdir import own_tokenizer
+    _check_out_dir(out_dir)
+    cfg = own_tokenizer(lm.config, out_dir, write=False)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        own_tokenizer(lm.config, out_dir)
+        for name in (TEMPLATE_FILE, "labels.json"):
+            if lm.run_dir and os.path.isfile(os.path.join(lm.run_dir, name)):
+                shutil.copyfile(os.path.join(lm.run_dir, name), os.path.join(out_dir, name))
+        cfg = dataclasses.replace(cfg, init_from="")
+        checkpoint.save_weights(out_dir, jax.device_get(params), cfg)
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump(checkpoint.portable(cfg.to_dict(), out_dir), f, indent=2, sort_keys=True)
+    except OSError as e:
+        raise ConversionError(f"cannot write {out_dir!r}: {e.strerror or e}") from None
+    if verbose:
+        print(f"wrote {out_dir}: a {cfg.task} run of {lm.source} ({count(params):,} params, step 0); read it with "
+              f"zoo.load({out_dir!r})")
