@@ -22,15 +22,18 @@ from zoo import errors
 
 __all__ = ["load", "Pretrained", "train", "config", "Run", "from_pretrained", "errors"]
 
-# name -> "module:attribute", imported when first asked for (PEP 562).
-_LAZY = {"load": "zoo.api.load:load", "Pretrained": "zoo.api.pretrained:Pretrained",
-         "train": "zoo.api.training:train", "config": "zoo.api.training:config", "Run": "zoo.api.training:Run"}
+# name -> "module:attribute" (or a module), imported when first asked for (PEP 562). zoo.train and zoo.config
+# are the package of the trainer and the module of Config, which calling makes zoo.api.training's train and
+# config (zoo.callable_module): `import zoo.train.trainer` sets the same object as zoo.train.
+_LAZY = {"load": "zoo.api.load:load", "Pretrained": "zoo.api.pretrained:Pretrained", "Run": "zoo.api.training:Run",
+         "train": "zoo.train", "config": "zoo.config"}
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         module, _, attr = _LAZY[name].partition(":")
-        value = getattr(importlib.import_module(module), attr)
+        value = importlib.import_module(module)
+        value = getattr(value, attr) if attr else value
         globals()[name] = value
         return value
     raise AttributeError(f"module 'zoo' has no attribute {name!r}")

@@ -1,4 +1,5 @@
-"""A run's configuration: typed, frozen sections (data, optim, train, mesh) around a model config.
+"""A run's configuration: typed, frozen sections (data, optim, train, mesh) around a model config. Called,
+zoo.config(name, **overrides) builds and checks one (zoo.api.training.config; zoo.callable_module).
 
 A run is fully described by a `Config`. Model configs live with their family (zoo.models; the
 FAMILIES registry maps `model.family` and every task name to them). Config files in `configs/`
@@ -17,9 +18,12 @@ import types
 import typing
 from dataclasses import dataclass, field
 
+from zoo.callable_module import make_callable
 from zoo.errors import ConfigError
 from zoo.models import FAMILIES, TASK_FAMILY
 from zoo.models.gpt import GptConfig
+
+make_callable(__name__, "zoo.api.training:config")
 
 
 
