@@ -60,6 +60,17 @@ def compile_cache(tmp_path_factory):
     yield path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def zoo_cache(tmp_path_factory):
+    """zoo.load's cache of converted checkpoints (ZOO_CACHE), one per test session, shared by the workers and the
+    processes tests start: a GGUF file zoo.load reads is converted once a session (tests/helpers/shared_runs.py
+    puts the session's SmolLM2 conversion there), and no test writes into the user's ~/.cache/zoo."""
+    path = shared.session_root(tmp_path_factory) / "zoo-cache"
+    path.mkdir(exist_ok=True)
+    os.environ["ZOO_CACHE"] = str(path)
+    yield path
+
+
 @pytest.fixture
 def one_device(monkeypatch):
     """Processes started in this test (zoo-bench's workers) see one CPU device, as a user's run does: the

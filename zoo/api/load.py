@@ -148,14 +148,20 @@ def cache_root() -> str:
     return os.path.expanduser(os.environ.get("ZOO_CACHE", "~/.cache/zoo"))
 
 
-def converted_gguf(path: str) -> str:
-    """A zoo run of the GGUF file `path`, converted once (zoo.hf.gguf.from_gguf) into the cache, keyed by the
-    file's absolute path, size and modification time; converted into a temporary directory first and renamed, so
-    an interrupted conversion leaves nothing a later load would take."""
+def converted_path(path: str) -> str:
+    """Where the conversion of the GGUF file `path` is kept: the cache, keyed by the file's absolute path, size
+    and modification time (another file, or this one changed, is converted anew)."""
     st = os.stat(path)
     key = hashlib.sha256(json.dumps([os.path.abspath(path), st.st_size, st.st_mtime_ns]).encode()).hexdigest()[:16]
+    return os.path.join(cache_root(), "converted", f"{os.path.splitext(os.path.basename(path))[0]}-{key}")
+
+
+def converted_gguf(path: str) -> str:
+    """A zoo run of the GGUF file `path`, converted once (zoo.hf.gguf.from_gguf) into the cache (converted_path);
+    converted into a temporary directory first and renamed, so an interrupted conversion leaves nothing a later
+    load would take."""
+    final = converted_path(path)
     name = os.path.splitext(os.path.basename(path))[0]
-    final = os.path.join(cache_root(), "converted", f"{name}-{key}")
     if os.path.isdir(os.path.join(final, "checkpoints")):
         return final
     from zoo.hf.gguf import from_gguf
