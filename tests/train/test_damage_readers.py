@@ -107,7 +107,7 @@ def test_resume_says_it_once_goes_on_from_step_2_and_moves_step_4_aside_unchange
     def first_step(cfg, workdir, s, state, data, mngr, *rest):  # the run as it would start training
         checkpoint.finish(mngr)
         reached.update(cfg=cfg, state=state)
-        return {"records": [], "state": state, "interrupted": True}
+        return {"records": [], "state": state, "interrupted": True, "setup": s}
     monkeypatch.setattr(trainer, "_loop", first_step)
     assert train_main(["--resume", work, "--quiet"]) == 0
     check_said(capsys.readouterr().err, work, damage, 2)  # --resume needs every item

@@ -10,12 +10,12 @@ import re
 import shutil
 import textwrap
 
-import zoo
 from zoo.errors import ConfigError
 
 # Where config names are looked up: ./configs, then the configs/ beside the installed package (an
 # editable install, `pip install -e .`, as the README's set-up command makes).
-SEARCH = ("configs", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(zoo.__file__))), "configs"))
+SEARCH = ("configs", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                  "configs"))
 
 
 def config_dirs() -> list[str]:

@@ -79,12 +79,13 @@ def generate_ids(lm, prompts: list[list[int]], *, max_new_tokens: int, temperatu
     rows = [p for p in prompts for _ in range(n)]
     fits = [i for i, p in enumerate(rows) if len(p) + max_new_tokens <= window]
     out: list = [None] * len(rows)
+    model, params = lm.decoding()
     if fits:
-        for i, ids in zip(fits, generate_batch(lm.model, lm.params, [rows[i] for i in fits], max_new_tokens, **kw)):
+        for i, ids in zip(fits, generate_batch(model, params, [rows[i] for i in fits], max_new_tokens, **kw)):
             out[i] = ids
     for j, p in enumerate(prompts):  # too long for the window with max_new_tokens: alone, its context cropped
         if len(p) + max_new_tokens > window:
-            for s, ids in enumerate(generate(lm.model, lm.params, p, max_new_tokens, num_samples=n, **kw)):
+            for s, ids in enumerate(generate(model, params, p, max_new_tokens, num_samples=n, **kw)):
                 out[j * n + s] = ids
     return out
 
@@ -168,7 +169,8 @@ def token_logprobs(lm, texts: list[str], batch_size: int = 8) -> list[np.ndarray
     top = max([prefix, *(max(d) for d in docs if d)])
     if top >= lm.config.model.vocab_size:
         raise ArgumentError(f"the tokenizer gives id {top}, beyond the model's {lm.config.model.vocab_size} tokens")
-    return document_token_logprobs(lm.model, lm.params, docs, prefix=prefix, context=context, stride=stride,
+    model, params = lm.decoding()
+    return document_token_logprobs(model, params, docs, prefix=prefix, context=context, stride=stride,
                                    batch_size=batch_size)
 
 

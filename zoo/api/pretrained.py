@@ -171,6 +171,14 @@ class Pretrained:
         """The text of token ids."""
         return self.tokenizer.decode(list(ids))
 
+    def decoding(self):
+        """(model, params) that generation and scoring run: the layers as one scan (zoo.infer.sample.scanned: one
+        layer compiled instead of L), made on first use and kept; the same outputs as (model, params)."""
+        if "_decoding_" not in self.__dict__:
+            from zoo.infer.sample import scanned
+            self.__dict__["_decoding_"] = scanned(self.model, self.params)
+        return self.__dict__["_decoding_"]
+
     def _task(self):
         if "_task_" not in self.__dict__:
             from zoo import tasks
