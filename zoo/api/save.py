@@ -45,10 +45,10 @@ def _zoo(lm, out_dir: str, params, verbose: bool) -> None:
 
     import jax
     from zoo.data.chat import TEMPLATE_FILE
-    from zoo.hf.convert import _check_out_dir, count
+    from zoo.hf.convert import check_out_dir, count
     from zoo.train import checkpoint
     from zoo.train.workdir import own_tokenizer
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     cfg = own_tokenizer(lm.config, out_dir, write=False)
     try:
         os.makedirs(out_dir, exist_ok=True)

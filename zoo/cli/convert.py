@@ -40,6 +40,9 @@ def main(argv=None) -> int:
     from zoo.errors import ConversionError
     from zoo.hf import peft
     try:
+        if args.cmd == "to-hf":  # a non-empty output directory is refused before anything loads
+            from zoo.hf.convert import check_out_dir
+            check_out_dir(args.out_dir)
         if args.cmd == "from-hf" and peft.is_adapter_dir(args.source):
             peft.from_peft(args.source, args.run_dir, args.base)
         elif args.cmd == "from-hf":

@@ -164,7 +164,7 @@ def _check_tree(params, expected) -> None:
                                   f"describes needs {shape}; config.json and the weights disagree")
 
 
-def _check_out_dir(out_dir: str) -> None:
+def check_out_dir(out_dir: str) -> None:
     """to-hf writes into a new or empty directory: never over an earlier export or other files."""
     if os.path.isdir(out_dir):
         held = sorted(os.listdir(out_dir))
@@ -195,7 +195,7 @@ def export(cfg, params, out_dir: str, *, run_dir: str | None = None, what: str =
     conv = export_converter(cfg.model)
     if cfg.model.scan_layers:
         raise ConversionError("the run uses model.scan_layers=True; export supports unscanned layers only")
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     tok = cfg.data.tokenizer
     hf_cfg = conv.config_to_hf(cfg.model)  # refuses what the architecture cannot hold
     hf_cfg.update(conv.head_config(cfg, run_dir))  # the architecture follows the run's task (BERT's heads)

@@ -151,7 +151,7 @@ def to_peft(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     spec = lora.spec_of(cfg.model)
     if spec is None:
         raise ConversionError(f"{run_dir!r} has no LoRA adapters (model.lora_rank=0); export it without --adapter")
-    convert._check_out_dir(out_dir)
+    convert.check_out_dir(out_dir)
     sites, names, rows, _ = _layers(cfg, spec.rank)
     trained, r = _flat(jax.device_get(trained)), spec.rank
     for e in [p.removesuffix("/lora_a") for p in trained if p.endswith("/lora_a") and p[:-6] + "kernel" in trained]:
@@ -221,7 +221,7 @@ def _modules_to_save(trained: dict, rows: list, names: dict, cfg) -> list:
 
 def _write(out_dir: str, adapter: dict, tensors: dict) -> None:
     from safetensors.numpy import save_file
-    existed = os.path.isdir(out_dir)  # new or empty (convert._check_out_dir): left as it was on failure
+    existed = os.path.isdir(out_dir)  # new or empty (convert.check_out_dir): left as it was on failure
     try:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, CONFIG), "w") as f:
