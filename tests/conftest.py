@@ -62,12 +62,12 @@ def compile_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def zoo_cache(tmp_path_factory):
-    """zoo.load's cache of converted checkpoints (ZOO_CACHE), one per test session, shared by the workers and the
+    """zoo's cache (ZOO_CACHE_DIR: converted checkpoints, the CPU's measured peak), one per test session, shared by the workers and the
     processes tests start: a GGUF file zoo.load reads is converted once a session (tests/helpers/shared_runs.py
     puts the session's SmolLM2 conversion there), and no test writes into the user's ~/.cache/zoo."""
     path = shared.session_root(tmp_path_factory) / "zoo-cache"
     path.mkdir(exist_ok=True)
-    os.environ["ZOO_CACHE"] = str(path)
+    os.environ["ZOO_CACHE_DIR"] = str(path)
     yield path
 
 

@@ -84,6 +84,16 @@ def test_sampling_n_and_stop_strings(llama):
     assert lm.generate("The", max_new_tokens=NEW, stop=full[3:5]) == full[:full.index(full[3:5])]
 
 
+def test_single_prompts_of_nearby_lengths_share_one_program(llama):
+    from zoo.infer import sample
+    lm = zoo.load(llama[1])
+    lm.generate("warm", max_new_tokens=5)
+    before = sample._generate._cache_size()
+    for prompt in ("abcdefghij", "abcdefghijkl", "abcdefghij klmn"):  # 10, 12 and 15 tokens: one bucket of 16
+        lm.generate(prompt, max_new_tokens=5)
+    assert sample._generate._cache_size() == before + 1
+
+
 def test_logprobs_equal_transformers(llama):
     src, _, torch_model = llama
     lm = zoo.load(src)

@@ -52,3 +52,16 @@ def test_chat_answers_a_question(smollm2, capsys):
                         "--max-new-tokens", "24"]) == 0
     answer = capsys.readouterr().out
     assert "Paris" in answer and "<|im_start|>" not in answer and "user" not in answer.split("Paris")[0].lower()
+
+
+def test_generation_stops_at_the_end_of_turn_and_of_text_tokens(smollm2_gguf_run):
+    """SmolLM2's chat turns end with <|im_end|>, its texts with <|endoftext|>: zoo.load's generation stops at
+    either (zoo.infer.sample.stop_ids), so a chat answer never runs on into a next turn."""
+    from zoo.data.tokenizers import get_tokenizer
+    from zoo.infer.sample import stop_ids
+    from zoo.train.runs import load_config
+    tok = get_tokenizer(load_config(smollm2_gguf_run["run"]).data.tokenizer)
+    ids = stop_ids(tok)
+    one = {text: tok.encode_with_offsets(text)[0] for text in ("<|im_end|>", "<|endoftext|>")}
+    assert ids[0] == tok.eot_token and all(len(v) == 1 and v[0] in ids for v in one.values())
+    assert len(ids) == len(set(ids)) == 2

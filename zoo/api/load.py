@@ -9,7 +9,7 @@ Which kind `source` is, is decided from the path alone, before anything is read 
     a PEFT adapter directory             its base (`base`, else adapter_config.json's base_model_name_or_path:
     (adapter_config.json)                any of these kinds itself) with the adapter merged, in memory
     a .gguf file                         converted once, as `zoo-convert from-gguf` converts it, into a run in
-                                         the cache (ZOO_CACHE, default ~/.cache/zoo/converted/), reused after
+                                         zoo's cache (zoo.runtime: ~/.cache/zoo/converted/), reused after
     a preset name (zoo.models.PRESETS)   fresh weights from `seed`, the byte tokenizer
 
 `dtype` ("bfloat16", "float16", "float32") casts the floating params and computes in it; `mesh` (a
@@ -85,7 +85,7 @@ def load(source, *, dtype=None, step: int | None = None, base: str | None = None
     source: a zoo run directory (its newest step that restores and verifies, or `step`; a LoRA run's adapters
     merged into its base), a Hugging Face directory (converted in memory), a PEFT adapter directory (on `base`,
     default its adapter_config.json's base_model_name_or_path; merged in memory), a .gguf file (converted once
-    into $ZOO_CACHE, default ~/.cache/zoo, as `zoo-convert from-gguf` converts it, and read from there after),
+    into zoo's cache, ~/.cache/zoo or $ZOO_CACHE_DIR, as `zoo-convert from-gguf` converts it, read from there after),
     or a preset name (zoo.models.PRESETS: fresh weights from `seed`, the byte tokenizer).
     dtype: "bfloat16", "float16" or "float32": params cast to it and computed in it (None: as saved).
     mesh: a jax.sharding.Mesh with zoo's axes (data, fsdp, tensor, expert; zoo.train.sharding.make_mesh): the
@@ -94,7 +94,9 @@ def load(source, *, dtype=None, step: int | None = None, base: str | None = None
     ArgumentError (a bad dtype, step, base or mesh) before anything is read.
     """
     from zoo.api.pretrained import Pretrained
+    from zoo.runtime import use_compile_cache
     kind = check(source, dtype, step, base, mesh)
+    use_compile_cache()
     source = os.path.expanduser(os.fspath(source))
     run_dir, lora_run = None, None
     if kind == "run":
@@ -143,16 +145,12 @@ def plain(cfg):
     return dataclasses.replace(cfg, model=model, train=dataclasses.replace(cfg.train, trainable=""))
 
 
-def cache_root() -> str:
-    """Where converted checkpoints are kept: $ZOO_CACHE, else ~/.cache/zoo."""
-    return os.path.expanduser(os.environ.get("ZOO_CACHE", "~/.cache/zoo"))
-
-
 def converted_path(path: str) -> str:
     """Where the conversion of the GGUF file `path` is kept: the cache, keyed by the file's absolute path, size
     and modification time (another file, or this one changed, is converted anew)."""
     st = os.stat(path)
     key = hashlib.sha256(json.dumps([os.path.abspath(path), st.st_size, st.st_mtime_ns]).encode()).hexdigest()[:16]
+    from zoo.runtime import cache_root
     return os.path.join(cache_root(), "converted", f"{os.path.splitext(os.path.basename(path))[0]}-{key}")
 
 

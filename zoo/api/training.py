@@ -237,7 +237,9 @@ def train(config=None, *, workdir: str | None = None, overrides=None, resume: bo
     import jax
     from zoo.train import trainer
     from zoo.train.workdir import check_free
+    from zoo.runtime import use_compile_cache
     check_arguments(config, resume, init_from, workdir, step, new_batch)
+    use_compile_cache()
     workdir = workdir or default_workdir(config, init_from)
     sets = assignments(overrides)
     main = jax.process_index() == 0

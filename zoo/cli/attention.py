@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import sys
 
+from zoo import runtime
 from zoo.cli import BAD_INPUT, error
 
 KINDS = ("self", "encoder", "decoder", "cross")  # zoo.infer.attention.KINDS (imported only after parsing)
@@ -132,6 +133,7 @@ def report(maps, heads):
 
 
 def main(argv=None) -> int:
+    runtime.prepare_command()  # the compilation cache, XLA's log level: before jax starts
     ap = argparse.ArgumentParser(prog="zoo-attention", description=__doc__.split("\n")[0])
     ap.add_argument("workdir", help="a run directory with checkpoints (GPT, BERT or encoder-decoder)")
     ap.add_argument("--text", required=True, help="the text the model reads (the encoder-decoder's source)")

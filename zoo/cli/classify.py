@@ -21,10 +21,12 @@ import sys
 import numpy as np
 
 from zoo.api import encoder
+from zoo import runtime
 from zoo.cli import BAD_INPUT, error
 
 
 def main(argv=None) -> int:
+    runtime.prepare_command()  # the compilation cache, XLA's log level: before jax starts
     ap = argparse.ArgumentParser(prog="zoo-classify", description=__doc__.split("\n")[0])
     ap.add_argument("workdir", help="a bert_cls run directory (train.py --workdir)")
     src = ap.add_mutually_exclusive_group(required=True)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from zoo import runtime
 from zoo.cli import BAD_INPUT, error
 
 
 def main(argv=None) -> int:
+    runtime.prepare_command()  # the compilation cache, XLA's log level: before jax starts
     ap = argparse.ArgumentParser(prog="zoo-convert", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("from-hf", help="a Hugging Face checkpoint (directory or hub id) -> a zoo run directory")

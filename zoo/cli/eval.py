@@ -39,6 +39,7 @@ import sys
 
 import numpy as np
 
+from zoo import runtime
 from zoo.cli import BAD_INPUT, error
 
 TASKS = ("perplexity", "choice", "generate", "classify", "tokens", "mlm", "translate")
@@ -394,6 +395,7 @@ def _table(r: dict) -> str:
 
 
 def main(argv=None) -> int:
+    runtime.prepare_command()  # the compilation cache, XLA's log level: before jax starts
     from zoo import accel, distributed
     from zoo.errors import TrainError
     accel.configure()  # XLA's GPU flags, before anything starts jax's backend

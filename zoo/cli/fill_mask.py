@@ -18,10 +18,12 @@ import argparse
 import sys
 
 from zoo.api import encoder
+from zoo import runtime
 from zoo.cli import BAD_INPUT, error
 
 
 def main(argv=None) -> int:
+    runtime.prepare_command()  # the compilation cache, XLA's log level: before jax starts
     ap = argparse.ArgumentParser(prog="zoo-fill-mask", description=__doc__.split("\n")[0])
     ap.add_argument("workdir", help="a bert_mlm run directory (train.py --workdir)")
     src = ap.add_mutually_exclusive_group(required=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from zoo import runtime
 from zoo.cli import error
 
 
@@ -31,6 +32,7 @@ def _model_args(argv: list[str]) -> dict | None:
 
 
 def main(argv=None) -> int:
+    runtime.prepare_command()  # the compilation cache, XLA's log level: before jax starts
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in ("ls", "validate", "-h", "--help") and not any(
             a == "--model" or a.startswith("--model=") for a in argv):

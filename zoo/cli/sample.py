@@ -28,11 +28,13 @@ import json
 import sys
 
 from zoo.api import decoder
+from zoo import runtime
 from zoo.cli import BAD_INPUT, error
 from zoo.errors import ArgumentError
 
 
 def main(argv=None) -> int:
+    runtime.prepare_command()  # the compilation cache, XLA's log level: before jax starts
     ap = argparse.ArgumentParser(prog="zoo-sample", description=__doc__.split("\n")[0])
     ap.add_argument("workdir", help="a zoo run, a Hugging Face directory, a .gguf file or a PEFT adapter directory "
                                     "(whatever zoo.load reads)")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zoo import distributed
+from zoo import distributed, runtime
 from zoo.api import configs
 from zoo.cli import BAD_INPUT, error
 
@@ -82,6 +82,7 @@ def resolve(a):
 
 
 def train_main(argv=None) -> int:
+    runtime.prepare_command()  # the compilation cache, XLA's log level: before jax starts
     from zoo import accel
     accel.configure()  # XLA's GPU flags, before anything starts jax's backend
     a = parse(sys.argv[1:] if argv is None else argv)

@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from zoo import runtime
 from zoo.cli import BAD_INPUT, error
 
 
 def main(argv=None) -> int:
+    runtime.prepare_command()  # the compilation cache, XLA's log level: before jax starts
     ap = argparse.ArgumentParser(prog="zoo-translate", description=__doc__.split("\n")[0])
     ap.add_argument("workdir", help="a seq2seq run directory with checkpoints (train.py --workdir)")
     ap.add_argument("--text", action="append", help="an input (repeatable); default: one per line from stdin")

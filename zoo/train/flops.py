@@ -46,9 +46,8 @@ _measured: dict = {}
 
 
 def cache_path() -> str:
-    root = os.environ.get("ZOO_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "zoo")
-    return os.path.join(root, "cpu_peak.json")
+    from zoo.runtime import cache_root
+    return os.path.join(cache_root(), "cpu_peak.json")
 
 
 def _cpu_model() -> str:

@@ -1,0 +1,61 @@
+"""What zoo sets up around jax for its commands and library calls: where zoo keeps what it computes once
+(`cache_root`), JAX's persistent compilation cache there, and XLA's C++ log lines kept off the console.
+
+- Cache root: $ZOO_CACHE_DIR, else $XDG_CACHE_HOME/zoo, else ~/.cache/zoo. It holds the CPU's measured matmul
+  peak (zoo.train.flops), checkpoints converted once (zoo.load of a .gguf file: converted/) and compiled
+  programs (jax/).
+- Compiled programs: every command and zoo.load / zoo.train turn on JAX's persistent compilation cache in
+  CACHE_ROOT/jax, so a program compiled once (a decoder's generation loop, a train step) is read back by the
+  next command instead of compiled again (jax keeps those that took >= 1 s to compile). A cache the user
+  chose (JAX_COMPILATION_CACHE_DIR, or jax.config's jax_compilation_cache_dir) is left as it is;
+  ZOO_COMPILE_CACHE=0 turns zoo's off.
+- XLA's C++ logging: the commands set TF_CPP_MIN_LOG_LEVEL=3 (fatal only) unless it is set, so XLA's
+  error-level chatter ("Very slow compile?" alarms after a long compile, which are not errors) stays off the
+  console; a real failure still reaches the command as an exception and its one `error:` line.
+  TF_CPP_MIN_LOG_LEVEL=0 shows everything again.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+OFF = ("0", "false", "off", "no")
+
+
+def cache_root() -> str:
+    """Where zoo keeps what it computes once (see the module's docstring)."""
+    root = os.environ.get("ZOO_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "zoo")
+    return os.path.expanduser(root)
+
+
+def compile_cache_dir() -> str | None:
+    """zoo's persistent compilation cache directory, or None when ZOO_COMPILE_CACHE turns it off."""
+    if os.environ.get("ZOO_COMPILE_CACHE", "").strip().lower() in OFF:
+        return None
+    return os.path.join(cache_root(), "jax")
+
+
+def prepare_command(env=None) -> None:
+    """For a command, before jax is imported: the compilation cache and XLA's log level, as environment
+    variables jax reads when it starts (the user's own settings kept)."""
+    env = os.environ if env is None else env
+    path = compile_cache_dir()
+    if path is not None and "JAX_COMPILATION_CACHE_DIR" not in env:
+        env["JAX_COMPILATION_CACHE_DIR"] = path
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if "jax" in sys.modules:  # imported already (a command called from Python): the same, through jax.config
+        use_compile_cache()
+
+
+def use_compile_cache() -> None:
+    """For a library call (zoo.load, zoo.train): turn on zoo's compilation cache unless jax has one already."""
+    import jax
+    path = compile_cache_dir()
+    if path is not None and not jax.config.jax_compilation_cache_dir:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError:  # an unwritable cache directory only costs the compiles
+            return
+        jax.config.update("jax_compilation_cache_dir", path)
