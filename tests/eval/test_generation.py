@@ -73,3 +73,17 @@ def test_a_bad_row_is_one_error_line_naming_file_and_line(run, tmp_path, capsys,
 def test_generate_needs_its_file(run, capsys):
     assert zoo_eval.main([run, "--task", "generate"]) == 2
     assert "--task generate needs the prompts and answers" in capsys.readouterr().err
+
+
+def test_batches_answer_as_one_at_a_time(run):
+    """The questions decode in batches sorted by length; each answer is the one it gets alone, in file order."""
+    model, params, tok, cfg = hf.from_pretrained(run)
+    items = [{"prompt": p, "answers": ["x"], "index": i}
+             for i, p in enumerate(["The cat", "A", "Once upon a time there", "The", "Hello world"])]
+    calls = []
+    kw = dict(run_dir=run, window=cfg.window, max_new_tokens=8)
+    batched = generation.evaluate(model, params, tok, cfg.data.tokenizer, items, batch_size=3, progress=calls.append,
+                                  **kw)
+    alone = generation.evaluate(model, params, tok, cfg.data.tokenizer, items, batch_size=1, **kw)
+    assert batched["rows"] == alone["rows"] and calls == [3, 2]
+    assert [r["answer"] for r in batched["rows"][:1]] == [greedy(run, prompt="The cat")[:len(batched["rows"][0]["answer"])]]

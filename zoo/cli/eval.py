@@ -110,9 +110,11 @@ def _check_args(a) -> None:
         if v is not None and v < 1:
             raise ZooDataError(f"{flag} {v} must be >= 1")
     if not (os.path.isdir(os.path.join(a.workdir, "checkpoints"))
-            or os.path.isfile(os.path.join(a.workdir, "config.json"))):
-        raise ZooDataError(f"{a.workdir!r} is neither a zoo run (no checkpoints/) nor a Hugging Face checkpoint "
-                           f"directory (no config.json)")
+            or os.path.isfile(os.path.join(a.workdir, "config.json"))
+            or os.path.isfile(os.path.join(a.workdir, "adapter_config.json"))
+            or (a.workdir.endswith(".gguf") and os.path.isfile(a.workdir))):
+        raise ZooDataError(f"{a.workdir!r} is neither a zoo run (no checkpoints/), a Hugging Face checkpoint "
+                           f"directory (no config.json), a PEFT adapter (no adapter_config.json) nor a .gguf file")
 
 
 def _run_config(workdir: str) -> dict | None:
@@ -301,12 +303,14 @@ def generate(a) -> dict:
     path = a.file or a.data
     items = [{**r, "index": i} for i, r in enumerate(gen.read_items(path)[:a.max_docs])]  # checked before loading
     lm = _load(a.workdir)
-    model, params, tok, cfg = lm
+    model, params = lm.decoding()  # the layers as one scan: one layer compiled (zoo.infer.sample.scanned)
+    cfg = lm.config
     mine = _share(items)
     update, close = _progress(len(mine), "answer")
     try:
-        out = gen.evaluate(model, params, tok, cfg.data.tokenizer, mine, run_dir=lm.run_dir, window=cfg.window,
-                           max_new_tokens=a.max_new_tokens, progress=update)
+        out = gen.evaluate(model, params, lm.tokenizer, cfg.data.tokenizer, mine, run_dir=lm.run_dir,
+                           window=cfg.window, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size,
+                           progress=update)
     finally:
         close()
     parts = _gather("generate", out)

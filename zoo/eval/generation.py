@@ -5,7 +5,7 @@ the worst rows kept for printing.
 A row of the JSONL file is {"messages": [{"role", "content"}, ...], "answer": "..."} (the conversation up to
 the user's last turn, rendered with the run's chat template, zoo.infer.chat) or {"prompt": "...", "answer":
 "..."} (plain text continued as it is); "answer" may be a list of acceptable answers. The answer is cut at the
-tokenizer's end-of-text token.
+tokenizer's end-of-text or end-of-turn token.
 """
 
 from __future__ import annotations
@@ -53,23 +53,36 @@ def score(got: str, answers: list[str]) -> tuple[bool, bool]:
 
 
 def evaluate(model, params, tok, tokenizer_name: str, items: list[dict], *, run_dir: str | None, window: int,
-             max_new_tokens: int, progress=None) -> dict:
-    """Greedy answers to `items`: counts of exact and contained answers, and every row's answer and scores."""
+             max_new_tokens: int, batch_size: int = 8, progress=None) -> dict:
+    """Greedy answers to `items`: counts of exact and contained answers, and every row's answer and scores. The
+    prompts decode `batch_size` at a time in KV-cached batches (zoo.infer.sample.generate_batch: sorted by
+    length, so each batch pads little and prompts of one length bucket share a program), each answer stopping
+    at the tokenizer's end-of-text or end-of-turn token; a prompt too long for the window with max_new_tokens
+    is answered alone, its context cropped. `progress(n)` after each batch."""
     from zoo.infer.chat import prompt_ids
-    from zoo.infer.sample import generate
+    from zoo.infer.sample import generate, generate_batch, stop_ids
+    prompts = [prompt_ids(tok, tokenizer_name, item["messages"], run_dir) if "messages" in item
+               else tok.encode(item["prompt"]) for item in items]
+    kw = dict(temperature=0.0, eos_id=stop_ids(tok), vocab_limit=tok.n_vocab, window=window)
+    answers: list = [None] * len(items)
+    fits = sorted((i for i, p in enumerate(prompts) if len(p) + max_new_tokens <= window), key=lambda i: len(prompts[i]))
+    for start in range(0, len(fits), batch_size):
+        chunk = fits[start:start + batch_size]
+        for i, ids in zip(chunk, generate_batch(model, params, [prompts[i] for i in chunk], max_new_tokens, **kw)):
+            answers[i] = ids
+        if progress:
+            progress(len(chunk))
+    for i in (i for i, a in enumerate(answers) if a is None):
+        answers[i] = generate(model, params, prompts[i], max_new_tokens, **kw)[0]
+        if progress:
+            progress(1)
     rows, exact, contains = [], 0, 0
-    for i, item in enumerate(items):
-        ids = (prompt_ids(tok, tokenizer_name, item["messages"], run_dir) if "messages" in item
-               else tok.encode(item["prompt"]))
-        out = generate(model, params, ids, max_new_tokens, temperature=0.0, eos_id=tok.eot_token,
-                       vocab_limit=tok.n_vocab, window=window)[0]
-        got = tok.decode(out)
+    for i, (item, ids) in enumerate(zip(items, answers)):
+        got = tok.decode(ids)
         em, ct = score(got, item["answers"])
         exact, contains = exact + em, contains + ct
         rows.append({"index": item.get("index", i), "answer": got, "expected": item["answers"][0],
                      "exact_match": em, "contains": ct})
-        if progress:
-            progress(1)
     return {"items": len(items), "exact": exact, "contained": contains, "rows": rows}
 
 
