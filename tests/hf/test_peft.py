@@ -130,12 +130,34 @@ def test_peft_loads_the_adapter_with_the_lora_runs_logits(hf_dirs, lora_runs, ad
     assert np.abs(plain - ours).max() > 1e-2  # the adapters moved the logits, and PEFT applied them
 
 
-def test_the_adapter_config_and_key_names_are_peft_s(lora_runs, adapters):
+@pytest.mark.parametrize("base", ["hf", "zoo"])
+def test_the_exported_folder_alone_loads_with_auto_peft(hf_dirs, lora_runs, adapters, base, tmp_path, cache_dir):
+    """AutoPeftModelForCausalLM.from_pretrained(OUT) with nothing else: a base converted from a Hugging Face
+    directory is named by that directory; a base zoo trained (here: saved by zoo.load(...).save) is exported
+    beside the adapter, OUT/base, and named by it. Either way transformers + PEFT give the LoRA run's logits."""
+    if base == "hf":
+        out, lora = adapters["llama"], lora_runs["llama"][1]
+    else:
+        import zoo
+        zoo.load(lora_runs["llama"][0]).save(str(tmp_path / "zoo-base"), verbose=False)  # no record of an origin
+        cfg = runs.load_config(lora_runs["llama"][1])
+        lora = str(tmp_path / "lora")
+        run(dataclasses.replace(cfg, init_from=str(tmp_path / "zoo-base"), data=dataclasses.replace(
+            cfg.data, cache_dir=cache_dir)), lora, devices=jax.devices()[:1])
+        out = str(tmp_path / "adapter")
+        assert convert_cli.main(["to-hf", lora, out, "--adapter"]) == 0
+        assert json.load(open(os.path.join(out, "adapter_config.json")))["base_model_name_or_path"] == \
+            os.path.join(out, "base") and os.path.isfile(os.path.join(out, "base", "model.safetensors"))
+    model = peft.AutoPeftModelForCausalLM.from_pretrained(out).eval()
+    assert np.abs(hf_logits(model) - zoo_logits(lora)).max() <= 1e-4
+
+
+def test_the_adapter_config_and_key_names_are_peft_s(hf_dirs, lora_runs, adapters):
     cfg = json.load(open(os.path.join(adapters["llama"], "adapter_config.json")))
     assert (cfg["peft_type"], cfg["task_type"], cfg["r"], cfg["lora_alpha"], cfg["bias"], cfg["fan_in_fan_out"]) == \
         ("LORA", "CAUSAL_LM", 4, 8, "none", False)
     assert cfg["target_modules"] == LLAMA_TARGETS and cfg["rank_pattern"] == {} and cfg["modules_to_save"] is None
-    assert cfg["base_model_name_or_path"] == lora_runs["llama"][0]
+    assert cfg["base_model_name_or_path"] == os.path.abspath(hf_dirs["llama"])  # the checkpoint the base came from
     tensors = load_file(os.path.join(adapters["llama"], "adapter_model.safetensors"))
     assert len(tensors) == 2 * 7 * 2  # 2 layers x 7 projections x (A, B)
     layer = "base_model.model.model.layers.1."

@@ -102,11 +102,31 @@ def _run_config(model_cfg, task: str, tokenizer: str | None, hf_cfg: dict | None
     return Config(task=task, model=model_cfg, data=data, context_len=context)
 
 
-def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True, source: str | None = None) -> dict:
+ORIGIN_FILE = "origin.json"  # beside a converted run: {"kind": "hf" | "gguf", "source": the directory, hub id or file}
+
+
+def write_origin(run_dir: str, kind: str, source: str) -> None:
+    """Where a converted run came from, so an adapter trained on it can name a base transformers opens."""
+    with open(os.path.join(run_dir, ORIGIN_FILE), "w") as f:
+        json.dump({"kind": kind, "source": source}, f)
+
+
+def origin(run_dir: str) -> dict | None:
+    """{"kind", "source"} of a converted run (ORIGIN_FILE), None for a run zoo trained or one of no record."""
+    try:
+        with open(os.path.join(run_dir, ORIGIN_FILE)) as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) and isinstance(d.get("source"), str) and d.get("kind") in ("hf", "gguf") else None
+
+
+def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True, source: str | None = None,
+            kind: str = "hf") -> dict:
     """Convert; returns a report with the unused keys. The weights are checked against the zoo
     model's own parameter tree (every key, every shape) before anything is written. `verbose` ends
-    with one `wrote RUN_DIR: ...` line naming the source as `source` (default: path_or_id). (A PEFT
-    LoRA adapter directory converts with zoo.hf.peft.from_peft.)"""
+    with one `wrote RUN_DIR: ...` line naming the source as `source` (default: path_or_id), which ORIGIN_FILE
+    records with its `kind`. (A PEFT LoRA adapter directory converts with zoo.hf.peft.from_peft.)"""
     from zoo import tasks
     from zoo.train import checkpoint
     src = io.resolve(path_or_id)
@@ -129,6 +149,8 @@ def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True, source: str 
     checkpoint.save_weights(run_dir, params, cfg)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         f.write(cfg.to_json())
+    local = os.path.isdir(os.path.expanduser(path_or_id))
+    write_origin(run_dir, kind, source or (os.path.abspath(os.path.expanduser(path_or_id)) if local else path_or_id))
     unused = keys.unused(conv.IGNORED)
     if verbose:
         if unused:

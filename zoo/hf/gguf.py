@@ -44,7 +44,10 @@ def from_gguf(path: str, run_dir: str, *, verbose: bool = True) -> dict:
             raise ConversionError(f"{path!r}: transformers could not read it as a GGUF model ({first})") from None
         _save(model, hf_dir)
         tok.save_pretrained(hf_dir)
-        return from_hf(hf_dir, run_dir, verbose=verbose, source=f"{path}, dequantised")
+        report = from_hf(hf_dir, run_dir, verbose=verbose, source=f"{path}, dequantised", kind="gguf")
+    from zoo.hf.convert import write_origin
+    write_origin(run_dir, "gguf", os.path.abspath(path))
+    return report
 
 
 @contextlib.contextmanager

@@ -147,7 +147,7 @@ def to_peft(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     def read(step):  # the config and trained params of one step, never one step's under another's config
         c = runs.load_config(run_dir, step)
         return c, runs.load_trained(run_dir, c, step=step)[0]
-    _, (cfg, trained) = checkpoint.first_restorable(run_dir, read)
+    step, (cfg, trained) = checkpoint.first_restorable(run_dir, read)
     spec = lora.spec_of(cfg.model)
     if spec is None:
         raise ConversionError(f"{run_dir!r} has no LoRA adapters (model.lora_rank=0); export it without --adapter")
@@ -184,14 +184,31 @@ def to_peft(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
                "inference_mode": True, "layers_to_transform": None, "layers_pattern": None, "rank_pattern": pattern,
                "alpha_pattern": {t: spec.alpha * k / r for t, k in pattern.items()},
                "modules_to_save": sorted({names[n].rsplit(".", 1)[0] for _, n, _ in save}) or None,
-               "base_model_name_or_path": cfg.init_from, "revision": None}
+               "base_model_name_or_path": None, "revision": None}
+    adapter["base_model_name_or_path"], how = _base_for_transformers(cfg.init_from, out_dir)
     _write(out_dir, adapter, tensors)
     if verbose:
         saved = f"; modules_to_save: {', '.join(adapter['modules_to_save'])}" if save else ""
         print(f"wrote {out_dir}: {CONFIG}, {WEIGHTS} (PEFT LoRA r={r} on {len(ranks)} layers{saved}; "
-              f"{convert.count(tensors):,} params of {run_dir}, step {checkpoint.latest_step(run_dir)}) for the base "
-              f"{cfg.init_from}; load it with peft.PeftModel.from_pretrained(base_model, {out_dir!r})")
+              f"{convert.count(tensors):,} params of {run_dir}, step {step}) for the base {how}; load it with "
+              f"peft.AutoPeftModelForCausalLM.from_pretrained({out_dir!r})")
     return {"config": adapter, "tensors": tensors}
+
+
+BASE_DIR = "base"  # beside an adapter whose base transformers cannot open as it is: the base, exported
+
+
+def _base_for_transformers(base_run: str, out_dir: str) -> tuple[str, str]:
+    """(adapter_config.json's base_model_name_or_path, how the `wrote` line says it): the Hugging Face directory or
+    hub id the base run was converted from, where it was one; else (a GGUF file, a base zoo trained) the base
+    exported beside the adapter as a transformers directory, OUT/base, which AutoPeftModelForCausalLM opens."""
+    came = convert.origin(base_run)
+    if came is not None and came["kind"] == "hf":
+        return came["source"], f"{came['source']} (the Hugging Face checkpoint {base_run} was converted from)"
+    path = os.path.abspath(os.path.join(out_dir, BASE_DIR))
+    convert.to_hf(base_run, path, verbose=False)
+    what = f"a GGUF file, {came['source']}" if came else "a model zoo trained"
+    return path, f"{path} ({base_run}, from {what}, exported beside the adapter for transformers)"
 
 
 def _rank_pattern(ranks: dict, targets: list, r: int) -> dict:
