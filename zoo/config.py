@@ -66,6 +66,10 @@ class DataConfig:
     train_on_prompt: bool = False  # sft: the loss on every token, not only on the assistant's answers
     packing: bool = True  # sft: several examples per row (first fit decreasing), attention kept within each
     truncation: str = "truncate"  # sft: an example longer than seq_len + 1 tokens: truncate | drop
+    # sft: held-out conversations of your own (any source zoo reads, data.source's columns): the validation set
+    # instead of a split of data.source (which then trains whole), and at each evaluation their last answers
+    # generated greedily and scored as zoo-eval --task generate scores them (eval_answer_exact_match, _contains)
+    eval_source: str = ""
 
     def __post_init__(self):
         _check(self.seq_len > 0, f"data.seq_len={self.seq_len} must be positive")
@@ -93,6 +97,9 @@ class OptimConfig:
     eps: float = 1e-8  # Adam epsilon
     weight_decay: float = 0.1  # decoupled; applied only to params of rank >= 2
     clip_norm: float = 1.0  # global gradient-norm clip; 0 disables
+    # Params new to a fine-tune (the init_from checkpoint lacks them: a fresh classifier head) learn at lr times
+    # this: a zero-initialised head at a pretrained encoder's small lr barely leaves uniform in a short run.
+    head_lr_mult: float = 1.0
 
     def __post_init__(self):
         _check(self.schedule in SCHEDULES,
@@ -108,6 +115,8 @@ class OptimConfig:
         _check(self.eps > 0, f"optim.eps={self.eps} must be positive")
         _check(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} must be >= 0")
         _check(self.clip_norm >= 0, f"optim.clip_norm={self.clip_norm} must be >= 0 (0 disables clipping)")
+        _check(math.isfinite(self.head_lr_mult) and self.head_lr_mult > 0,
+               f"optim.head_lr_mult={self.head_lr_mult} must be a positive number (1: the same rate as the rest)")
 
     def warmup_steps(self, total_steps: int) -> int:
         """Warmup resolved once: a value >= 1 is steps, a value < 1 a fraction of training."""
@@ -121,7 +130,11 @@ EVAL_SET_KINDS = ("choice", "generate")
 class TrainConfig:
     """Loop length, batch, cadence of logging, evaluation and checkpoints."""
 
-    steps: int = 1000  # optimizer steps in the whole run
+    steps: int = 1000  # optimizer steps in the whole run (with epochs > 0: derived from the data instead)
+    # Passes over the training rows (Keras' fit(epochs=), TRL's num_train_epochs): > 0 sets train.steps from the
+    # data when the run starts, ceil(epochs * rows / batch_size), rows as the task lays them out (packed rows
+    # for sft, examples for classification, windows of seq_len for a corpus); 0: train.steps as given.
+    epochs: float = 0.0
     batch_size: int = 32  # global batch (sequences per optimizer step, all devices together)
     grad_accum: int = 1  # microbatches per step; batch_size must divide by it
     seed: int = 0  # params init, dropout and data order
@@ -159,6 +172,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches", "save_every",
                      "keep", "sample_tokens", "seed"):  # step counters and PRNG seeds are 32-bit
             _check(getattr(self, name) < INT32, f"train.{name}={getattr(self, name)} is too large (at most {INT32 - 1})")
+        _check(math.isfinite(self.epochs) and self.epochs >= 0,
+               f"train.epochs={self.epochs} must be a finite number >= 0 (0: train.steps as given)")
         _check(self.spike_guard == 0 or self.spike_guard > 1,
                f"train.spike_guard={self.spike_guard} must be > 1 (a factor over the running median) or 0 (off)")
         _check(0 < self.distributed_timeout < INT32,

@@ -164,3 +164,27 @@ def test_an_sft_run_trains_and_logs_the_real_token_share(tmp_path):
     assert 0.0 <= last["eval_exact_match"] <= 1.0 and last["loss"] < out["records"][0]["loss"]
     assert (tmp_path / "run" / "chat_template.jinja").read_text() == json.loads(json.dumps(
         out["setup"].task.make_data(cfg, 0, 1).files["chat_template.jinja"]))
+
+
+def test_a_held_out_file_validates_and_its_answers_are_generated_and_scored(tmp_path, capsys):
+    """data.eval_source: all of data.source trains, the held-out conversations are the validation set, and at
+    each evaluation their last answers are generated and scored as zoo-eval --task generate scores them."""
+    from zoo.cli import eval as zoo_eval
+    src = write_jsonl(tmp_path / "train.jsonl", [{"messages": c} for c in CHATS])
+    held = [[{"role": "user", "content": f"what is {a} plus 9?"}, {"role": "assistant", "content": str(a + 9)}]
+            for a in range(4)]
+    held.append([{"role": "user", "content": "what is 2 plus 3?"}, {"role": "assistant", "content": "5"}])  # trained
+    ev = write_jsonl(tmp_path / "held.jsonl", [{"messages": c} for c in held])
+    cfg = dataclasses.replace(sft_cfg(tmp_path, str(src), eval_source=str(ev)),
+                              train=TrainConfig(steps=40, batch_size=8, log_every=10, eval_every=20, eval_batches=2,
+                                                save_every=40))
+    cfg = dataclasses.replace(cfg, optim=OptimConfig(lr=1e-2, warmup=2))
+    out = run(cfg, tmp_path / "run")
+    assert f"{len(CHATS)} train, {len(held)} validation" in capsys.readouterr().out
+    last = out["records"][-1]
+    assert {"eval_answer_exact_match", "eval_answer_contains"} <= set(last)
+    qa = write_jsonl(tmp_path / "qa.jsonl", [{"messages": c[:-1], "answer": c[-1]["content"]} for c in held])
+    assert zoo_eval.main([str(tmp_path / "run"), "--task", "generate", str(qa), "--json", "--max-new-tokens", "10"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert (scored["exact_match"], scored["contains"]) == (last["eval_answer_exact_match"], last["eval_answer_contains"])
+    assert last["eval_answer_exact_match"] > 0, scored["worst"]  # 2 plus 3 at least: a trained conversation

@@ -26,9 +26,9 @@ CLS_FIELDS = ("data.label_column", "data.text_pair_column", "data.label_names") 
 
 # --init-from without a CONFIG: Hugging Face Trainer's schedule and scale (linear decay, lr 5e-5, small
 # batches), a short warmup (6%, as RoBERTa/GLUE recipes), and LoRA's usual higher rate. --set overrides any.
-FINE_TUNE = {"optim.lr": "5e-5", "optim.schedule": "linear", "optim.warmup": "0.06", "optim.weight_decay": "0.01",
-             "train.batch_size": "16", "train.steps": "300", "train.eval_every": "50", "train.save_every": "100",
-             "train.log_every": "10"}
+FINE_TUNE = {"optim.lr": "1e-4", "optim.schedule": "linear", "optim.warmup": "0.06", "optim.weight_decay": "0.01",
+             "optim.head_lr_mult": "20", "train.batch_size": "8", "train.epochs": "3", "train.eval_every": "50",
+             "train.save_every": "100", "train.log_every": "10"}
 FINE_TUNE_SEQ_LEN = 256  # data.seq_len, or the source run's if shorter
 LORA_LR = "2e-4"  # optim.lr when the model carries LoRA adapters (model.lora_rank > 0)
 
@@ -143,7 +143,10 @@ def precheck(src: str, config: str | None, overrides) -> None:
 def defaults(theirs, sets) -> list[str]:
     """FINE_TUNE as --set assignments for a fine-tune of `theirs` (the user's own --set come after them)."""
     seq_len = min(FINE_TUNE_SEQ_LEN, theirs.data.seq_len)
-    return [f"{k}={v}" for k, v in FINE_TUNE.items()] + [f"data.seq_len={seq_len}"]
+    given = [f"{k}={v}" for k, v in FINE_TUNE.items()] + [f"data.seq_len={seq_len}"]
+    if "train.steps" in _set_keys(sets):  # a number of steps asked for: no epochs to derive it from
+        given = [g for g in given if not g.startswith("train.epochs=")]
+    return given
 
 
 def fine_tune_config(src: str, workdir: str, *, config: str | None = None, overrides=(), dry: bool = False):

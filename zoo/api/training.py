@@ -165,8 +165,9 @@ def optimizer_state(cfg):
     task = tasks.build(cfg)
     abstract = jax.eval_shape(task.init, jax.random.PRNGKey(0))
     abstract = freeze.split(abstract, runs.trainable_of(cfg, abstract, getattr(task, "seen", ())))[0]
+    from zoo.train.trainer import new_params
     tx = optim.make_optimizer(cfg.optim, optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model),
-                              optim.decay_mask(abstract))
+                              optim.decay_mask(abstract), new_params(cfg, abstract))
     return jax.tree.structure(jax.eval_shape(tx.init, abstract))
 
 

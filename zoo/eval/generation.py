@@ -61,7 +61,8 @@ def evaluate(model, params, tok, tokenizer_name: str, items: list[dict], *, run_
     is answered alone, its context cropped. `progress(n)` after each batch."""
     from zoo.infer.chat import prompt_ids
     from zoo.infer.sample import generate, generate_batch, stop_ids
-    prompts = [prompt_ids(tok, tokenizer_name, item["messages"], run_dir) if "messages" in item
+    prompts = [item["prompt_ids"] if "prompt_ids" in item else  # ids rendered already (zoo.tasks.sft)
+               prompt_ids(tok, tokenizer_name, item["messages"], run_dir) if "messages" in item
                else tok.encode(item["prompt"]) for item in items]
     kw = dict(temperature=0.0, eos_id=stop_ids(tok), vocab_limit=tok.n_vocab, window=window)
     answers: list = [None] * len(items)

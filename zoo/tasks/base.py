@@ -31,6 +31,8 @@ class Data:
     eval: list  # fixed validation batches (this process's slices)
     tokenizer: Any
     files: dict = dataclasses.field(default_factory=dict)  # name -> text to keep beside the run (labels.json)
+    rows: int = 0  # training rows in one epoch, all processes together (train.epochs counts them); 0: unknown
+    answers: list = dataclasses.field(default_factory=list)  # held-out prompts and answers scored by generation
 
 
 class Task(Protocol):

@@ -92,7 +92,7 @@ class LmTask(BaseTask):
                                 process_index, process_count)
         evals = batches.eval_batches(tokens.val, cfg.data.seq_len, cfg.train.batch_size, cfg.train.eval_batches,
                                      process_index, process_count)
-        return Data(train=train, eval=evals, tokenizer=tokenizer)
+        return Data(train=train, eval=evals, tokenizer=tokenizer, rows=len(tokens.train) // cfg.data.seq_len)
 
     def sample(self, params, tokenizer, prompt: str, max_new_tokens: int) -> str:
         """A sampled continuation (temperature 0.8, top-k 40, seed 0), its context cropped to the trained length."""

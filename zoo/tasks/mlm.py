@@ -245,4 +245,4 @@ class MlmTask(BaseTask):
                            process_index, process_count)
         evals = eval_batches(tokens.val, cfg.data.seq_len, cfg.train.batch_size, cfg.train.eval_batches, eot, sp,
                              process_index, process_count)
-        return Data(train=train, eval=evals, tokenizer=tokenizer)
+        return Data(train=train, eval=evals, tokenizer=tokenizer, rows=len(tokens.train) // (cfg.data.seq_len - 2))

@@ -72,7 +72,7 @@ class Seq2SeqTask(BaseTask):
         d, t = cfg.data, cfg.train
         return Data(train=Seq2SeqBatches(train, sp, d.seq_len, t.batch_size, t.seed, process_index, process_count),
                     eval=eval_batches(val, sp, d.seq_len, t.batch_size, t.eval_batches, process_index, process_count),
-                    tokenizer=tokenizer)
+                    tokenizer=tokenizer, rows=len(train))
 
     def evaluate_extra(self, params, data: Data) -> dict:
         return bleu.evaluate(self.model, params, data.eval, data.tokenizer, framing(data.tokenizer),

@@ -23,6 +23,7 @@ carry `real_tokens` beside `tokens` (every position of the rows), so the log sho
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import datasets
@@ -104,6 +105,33 @@ def encode_rows(dcfg, tokenizer, template: str):
     return out, keys, counts
 
 
+def answer_items(dcfg, tokenizer, template: str) -> list[dict]:
+    """The rows of a source as zoo.eval.generation items: the prompt's token ids (the conversation up to its last
+    assistant message, rendered for the assistant's turn with `template`; or a prompt column's text) and that
+    message (or the completion) as the answer. Rows without an assistant answer are left out."""
+    ds, kind = load_rows(dcfg)
+    variables = chat.specials(tokenizer, dcfg.tokenizer)
+    out = []
+    for row in ds:
+        if kind == "messages":
+            msgs = row[dcfg.messages_column]
+            last = max((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), default=None)
+            if last is None or not msgs[last]["content"].strip():
+                continue
+            prompt, answer = msgs[:last], msgs[last]["content"]
+        else:
+            prompt, completion = row[dcfg.prompt_column], row[dcfg.completion_column]
+            answer = completion if isinstance(completion, str) else completion[-1]["content"]
+        if isinstance(prompt, str):
+            ids = tokenizer.encode(prompt)
+        else:
+            text = chat.render(template, prompt, add_generation_prompt=True, variables=variables)
+            ids = tokenizer.encode_with_offsets(text)[0]
+        if ids and answer.strip():
+            out.append({"prompt_ids": ids, "answers": [answer.strip()], "index": len(out)})
+    return out
+
+
 def to_examples(pairs) -> packing.Examples:
     """Inputs, targets and loss weights (on the targets) of (ids, mask) pairs."""
     return packing.Examples([ids[:-1] for ids, _ in pairs], [ids[1:] for ids, _ in pairs],
@@ -163,6 +191,8 @@ class SftTask(LmTask):
             check_vocab(cfg, get_tokenizer(cfg.data.tokenizer))
             template_of(cfg.data)  # the tokenizer's own template, when no file is named
         load_rows(cfg.data)
+        if cfg.data.eval_source:
+            load_rows(dataclasses.replace(cfg.data, source=cfg.data.eval_source))
         return cfg
 
     def make_data(self, cfg, process_index: int, process_count: int) -> Data:
@@ -171,12 +201,22 @@ class SftTask(LmTask):
         check_vocab(cfg, tokenizer)
         template = template_of(d)
         pairs, keys, counts = encode_rows(d, tokenizer, template)
-        if len(pairs) < 2:
-            raise ZooDataError(f"data.source={d.source!r} leaves {len(pairs)} example with assistant tokens; "
-                               f"a train/validation split needs 2")
-        is_val = val_documents(np.asarray([doc_hash(k) for k in keys]), d.val_fraction)
-        train = to_examples([p for p, v in zip(pairs, is_val) if not v])
-        val = to_examples([p for p, v in zip(pairs, is_val) if v])
+        answers = []
+        if d.eval_source:  # the user's own held-out set: all of data.source trains
+            held = dataclasses.replace(d, source=d.eval_source)
+            val_pairs = encode_rows(held, tokenizer, template)[0]
+            train, val = to_examples(pairs), to_examples(val_pairs)
+            answers = answer_items(held, tokenizer, template)
+            if not len(train) or not len(val):
+                raise ZooDataError(f"data.source={d.source!r} and data.eval_source={d.eval_source!r} must each hold "
+                                   f"an example with assistant tokens")
+        else:
+            if len(pairs) < 2:
+                raise ZooDataError(f"data.source={d.source!r} leaves {len(pairs)} example with assistant tokens; "
+                                   f"a train/validation split needs 2")
+            is_val = val_documents(np.asarray([doc_hash(k) for k in keys]), d.val_fraction)
+            train = to_examples([p for p, v in zip(pairs, is_val) if not v])
+            val = to_examples([p for p, v in zip(pairs, is_val) if v])
         layout = (lambda ex: packing.first_fit_decreasing(ex.lengths, d.seq_len)) if d.packing else \
             (lambda ex: packing.one_per_row(len(ex)))
         plan, val_plan = layout(train), layout(val)
@@ -187,7 +227,17 @@ class SftTask(LmTask):
                                                 process_count),
                     eval=packing.eval_batches(val, val_plan, d.seq_len, B, cfg.train.eval_batches, process_index,
                                               process_count),
-                    tokenizer=tokenizer, files={"chat_template.jinja": template})
+                    tokenizer=tokenizer, files={"chat_template.jinja": template}, rows=len(plan), answers=answers)
+
+    def evaluate_extra(self, params, data: Data) -> dict:
+        """With data.eval_source: its answers generated greedily and scored (zoo.eval.generation)."""
+        if not data.answers:
+            return {}
+        from zoo.eval import generation
+        longest = max(len(data.tokenizer.encode(a["answers"][0])) for a in data.answers)
+        r = generation.evaluate(self.model, params, data.tokenizer, self.cfg.data.tokenizer, data.answers,
+                                run_dir=None, window=self.cfg.window, max_new_tokens=min(longest + 8, 256))
+        return {"eval_answer_exact_match": r["exact"] / r["items"], "eval_answer_contains": r["contained"] / r["items"]}
 
     def sample(self, params, tokenizer, prompt: str, max_new_tokens: int) -> str:
         """An answer to `prompt` as a user turn, in the run's chat format (temperature 0.8, top-k 40, seed 0)."""

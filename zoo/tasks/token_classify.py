@@ -283,4 +283,4 @@ class TokenTask(_Encoder):
         return Data(train=ClsBatches(train, cfg.train.batch_size, cfg.train.seed, process_index, process_count),
                     eval=eval_batches(val, cfg.train.batch_size, cfg.train.eval_batches, process_index,
                                       process_count),
-                    tokenizer=tokenizer, files={"labels.json": json.dumps(names)})
+                    tokenizer=tokenizer, files={"labels.json": json.dumps(names)}, rows=len(train))

@@ -75,8 +75,19 @@ def decay_mask(boxed_params):
                         is_leaf=lambda p: isinstance(p, nn.Partitioned))
 
 
-def make_optimizer(cfg: OptimConfig, schedule: Callable, mask) -> optax.GradientTransformation:
+def make_optimizer(cfg: OptimConfig, schedule: Callable, mask, new=None) -> optax.GradientTransformation:
+    """AdamW (decay on `mask`), after global-norm clipping; the updates of `new` (a tree of bools like the params:
+    params the fine-tune's checkpoint lacks) scaled by optim.head_lr_mult, when it is not 1 and some are new."""
     adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=mask)
-    if cfg.clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw)
-    return adamw
+    parts = [optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm > 0 else []
+    parts.append(adamw)
+    if cfg.head_lr_mult != 1 and new is not None and any(jax.tree.leaves(new)):
+        parts.append(optax.masked(optax.scale(cfg.head_lr_mult), new))
+    return optax.chain(*parts) if len(parts) > 1 else adamw
+
+
+def new_mask(boxed_params, base_shapes: dict):
+    """True for params whose path (or shape) the init_from run's params lack: what a fine-tune starts fresh."""
+    from zoo.train import freeze
+    flat = {k: tuple(v.shape) for k, v in freeze.flat(nn.unbox(boxed_params)).items()}
+    return freeze.unflat({k: base_shapes.get(k) != s for k, s in flat.items()})

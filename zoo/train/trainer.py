@@ -90,7 +90,8 @@ def setup(cfg: Config, devices=None) -> Setup:
     abstract_params = jax.eval_shape(task.init, rng)
     trainable = runs.trainable_of(cfg, abstract_params, getattr(task, "seen", ()))
     schedule = optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model)
-    tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(freeze.split(abstract_params, trainable)[0]))
+    trains = freeze.split(abstract_params, trainable)[0]
+    tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(trains), new_params(cfg, trains))
     boxed_init = state_init(task, tx, trainable, cfg.model.quantize_base, cfg.model.scan_layers)
     # The optimizer state is made from boxed params, so its moments carry the params' logical axis names
     # and one rule table gives every leaf of the state its sharding.
@@ -100,6 +101,13 @@ def setup(cfg: Config, devices=None) -> Setup:
                                   nn.unbox(boxed), state_sh)
     init_fn = lambda r: nn.unbox(boxed_init(r))  # noqa: E731
     return Setup(cfg, task, mesh, tx, schedule, abstract_params, state_sh, abstract_state, init_fn, trainable)
+
+
+def new_params(cfg: Config, trains):
+    """optim.new_mask of the params that train, against the init_from run's (None: a fresh run, or no multiplier)."""
+    if not cfg.init_from or cfg.optim.head_lr_mult == 1:
+        return None
+    return optim.new_mask(trains, freeze.base_shapes(runs.load_config(cfg.init_from)))
 
 
 def to_device(batch: dict, mesh) -> dict:
@@ -289,6 +297,9 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
             # The token store is built once, by process 0; the others open it (a shared data.cache_dir).
             peers.wait(built, "building the token store")
             data = s.task.make_data(cfg, jax.process_index(), jax.process_count())
+            if cfg.train.epochs and not resume:  # train.steps from the data's rows; the state fits either schedule
+                cfg = steps_of_epochs(cfg, data.rows, main)
+                s = setup(cfg, devices)
             peers.tell(built, None)
         except BaseException as e:
             peers.tell(built, e)
@@ -315,6 +326,22 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
                 return _loop(cfg, path, s, state, data, mngr, stop_at_step, progress, quiet)
         except orbax_errors.SaveError as e:
             raise TrainError(f"{e}; the run stopped (free space or fix permissions, then --resume {path})") from None
+
+
+def steps_of_epochs(cfg: Config, rows: int, main: bool = True) -> Config:
+    """cfg with train.steps = ceil(train.epochs * rows / train.batch_size) when train.epochs > 0 (said in one
+    line); as it is otherwise."""
+    t = cfg.train
+    if not t.epochs:
+        return cfg
+    if rows <= 0:
+        raise ConfigError(f"train.epochs={t.epochs:g}: this task's data has no fixed number of rows (a stream); "
+                          f"set train.steps instead")
+    steps = max(1, math.ceil(t.epochs * rows / t.batch_size))
+    if main:
+        print(f"train.epochs={t.epochs:g}: {steps} steps of {t.batch_size} rows over {rows} training rows",
+              flush=True)
+    return dataclasses.replace(cfg, train=dataclasses.replace(t, steps=steps))
 
 
 @contextlib.contextmanager
@@ -360,7 +387,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
         else:
             tqdm.write(line)
 
-    buffered, eval_metrics, t0, t0_step, compile_s = [], {}, time.perf_counter(), start, None
+    buffered, eval_metrics, t0, t0_step, compile_s, pace = [], {}, time.perf_counter(), start, None, None
     pending = None  # metrics of the newest step, which may still be running
     guard = Guard(cfg.train.spike_guard)
     data_state.restore(data.train, workdir, start)
@@ -378,6 +405,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
             if compile_s is None:  # the first step compiles; time throughput from the second on
                 first = jax.device_get(m)
                 compile_s, t0, t0_step = time.perf_counter() - t0, time.perf_counter(), step
+                pace = (t0, step)  # the time after the first step: the next log tells how long a step takes
                 say(f"first step: loss {float(first['loss_sum']) / max(float(first['weight']), 1e-9):.4g} "
                     f"(compiled and ran in {compile_s:.1f} s)")
             do_eval = cfg.train.eval_every and (step % cfg.train.eval_every == 0 or step == last)
@@ -408,6 +436,10 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                                                          cfg))
                     record.update(eval_metrics)
                 writer.write(record)
+                if pace is not None and step > pace[1] and last > step:  # once: the time left, from the first steps
+                    per = (time.perf_counter() - pace[0]) / (step - pace[1])
+                    say(f"{per:.2f} s a step: about {duration(per * (last - step))} for the {last - step} steps left")
+                    pace = None
                 bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
                                 tok_s=f"{record.get('tokens_per_s', 0):.0f}", refresh=False)
                 if do_eval:
@@ -448,6 +480,14 @@ def _save(mngr, state, cfg: Config, workdir: str, data, step: int, force: bool =
         except orbax_errors.SaveError:
             pass
         raise
+
+
+def duration(seconds: float) -> str:
+    """3h 4m, 4m 05s, 9 s: a time left as a person reads it."""
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s} s"
 
 
 def _summarise(host, step, t0, t0_step, flops_per_token, peak) -> dict:
