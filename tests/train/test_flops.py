@@ -23,6 +23,7 @@ def fresh(monkeypatch, tmp_path):
         calls.append(1)
         return 1e11 + len(calls)  # a different number each time: a re-measurement would show
     monkeypatch.setattr(flops, "measure_cpu_matmul_peak", bench)
+    monkeypatch.setattr(flops, "hardware_peak", lambda: None)  # the matmul's cache alone (the max: tested below)
     return calls
 
 
@@ -80,3 +81,25 @@ def test_accelerators_use_the_table():
         platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
     assert flops.device_peak(Dev()) == (989e12, "H100 bf16 dense (table)")
     assert flops.total_peak([Dev(), Dev()]) == 2 * 989e12
+
+
+def test_the_peak_is_the_larger_of_the_hardware_and_the_matmul_so_no_mfu_exceeds_a_matmul(fresh, monkeypatch):
+    """A matmul measured on a busy host (1e11 here) no longer sets the peak when the hardware's is higher, and a
+    hardware table that underestimates a CPU leaves the matmul's."""
+    monkeypatch.setattr(flops, "hardware_peak", lambda: 3.3e11)
+    peak, how = flops.cpu_peak()
+    assert peak == 3.3e11 and "cores x FMA lanes x clock" in how and flops.cpu_matmul_rate() < peak
+    forget(monkeypatch)
+    monkeypatch.setattr(flops, "hardware_peak", lambda: 5e10)
+    assert flops.cpu_peak()[0] == flops.cpu_matmul_rate()
+
+
+@pytest.mark.parametrize("flags, mhz, cores, want", [
+    ("fpu sse2 avx avx2 fma avx512f", "2596.132", 2, 2 * 64 * 2596.132e6),  # this project's EPYC: 332 GFLOP/s
+    ("fpu sse2 avx avx2 fma", "3000.0", 4, 4 * 32 * 3000e6),
+    ("fp asimd", "2000", 8, 8 * 16 * 2000e6),
+    ("fpu", "2000", 2, None),  # no vector unit zoo knows: no hardware peak, the matmul's stands
+])
+def test_the_hardware_peak_is_cores_times_fma_lanes_times_the_clock(flags, mhz, cores, want):
+    got = flops.hardware_peak({"flags": flags, "cpu mhz": mhz}, cores=cores, max_mhz=0)
+    assert got == (pytest.approx(want) if want else None)
