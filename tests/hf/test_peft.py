@@ -150,6 +150,9 @@ def test_the_exported_folder_alone_loads_with_auto_peft(hf_dirs, lora_runs, adap
             os.path.join(out, "base") and os.path.isfile(os.path.join(out, "base", "model.safetensors"))
     model = peft.AutoPeftModelForCausalLM.from_pretrained(out).eval()
     assert np.abs(hf_logits(model) - zoo_logits(lora)).max() <= 1e-4
+    import zoo
+    merged = zoo.load(lora)  # the adapters merged: its config describes the plain model its params fit
+    assert merged.config.model.lora_rank == 0 and merged.lora_run == lora
 
 
 def test_the_adapter_config_and_key_names_are_peft_s(hf_dirs, lora_runs, adapters):
