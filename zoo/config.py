@@ -62,6 +62,8 @@ class DataConfig:
     messages_column: str = "messages"  # sft: column of conversations, lists of {role, content}
     prompt_column: str = "prompt"  # sft: without a messages column, the prompt (text or messages) ...
     completion_column: str = "completion"  # sft: ... and its completion (text or an assistant message)
+    chosen_column: str = "chosen"  # dpo: the preferred answer to data.prompt_column (text, or assistant messages)
+    rejected_column: str = "rejected"  # dpo: the other answer to the same prompt
     chat_template: str = ""  # sft: a .jinja file rendering conversations; "": the tokenizer's own, else zoo's default
     train_on_prompt: bool = False  # sft: the loss on every token, not only on the assistant's answers
     packing: bool = True  # sft: several examples per row (first fit decreasing), attention kept within each
@@ -121,6 +123,45 @@ class OptimConfig:
     def warmup_steps(self, total_steps: int) -> int:
         """Warmup resolved once: a value >= 1 is steps, a value < 1 a fraction of training."""
         return int(self.warmup) if self.warmup >= 1 else int(round(self.warmup * total_steps))
+
+
+PREFERENCE_LOSSES = ("sigmoid", "robust", "ipo", "simpo")
+REFERENCES = ("auto", "base", "precomputed", "none")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreferenceConfig:
+    """Preference tuning (task=dpo, zoo.tasks.preference): which loss, its beta, and the reference model."""
+
+    loss: str = "sigmoid"  # sigmoid (DPO) | robust (robust DPO) | ipo (IPO) | simpo (SimPO, reference-free)
+    beta: float = 0.1  # DPO's beta (sigmoid, robust), IPO's tau, SimPO's beta (its paper: 2 to 2.5)
+    label_smoothing: float = 0.0  # eps: the share of pairs assumed flipped (sigmoid: cDPO; robust: rDPO), < 0.5
+    # The reference: auto (the base with the adapters off for a LoRA run, else log-probs precomputed) | base |
+    # precomputed (the initial model's log-probs of every pair, computed once before training, kept in the run) |
+    # none (a reference-free loss: simpo)
+    reference: str = "auto"
+    simpo_gamma: float = 0.5  # SimPO's target reward margin gamma (the loss: -log sigmoid(beta * delta - gamma))
+
+    def __post_init__(self):
+        _check(self.loss in PREFERENCE_LOSSES,
+               f"dpo.loss={self.loss!r} is unknown; choose one of {', '.join(PREFERENCE_LOSSES)}")
+        _check(self.reference in REFERENCES,
+               f"dpo.reference={self.reference!r} is unknown; choose one of {', '.join(REFERENCES)}")
+        _check(math.isfinite(self.beta) and self.beta > 0, f"dpo.beta={self.beta} must be a positive number")
+        _check(0.0 <= self.label_smoothing < 0.5, f"dpo.label_smoothing={self.label_smoothing} must be in [0, 0.5)")
+        _check(math.isfinite(self.simpo_gamma) and self.simpo_gamma >= 0,
+               f"dpo.simpo_gamma={self.simpo_gamma} must be a number >= 0")
+        free = self.loss == "simpo"
+        _check(not free or self.reference in ("auto", "none"),
+               f"dpo.loss=simpo is reference-free; dpo.reference={self.reference!r} does not apply (leave it auto)")
+        _check(free or self.reference != "none",
+               f"dpo.loss={self.loss} compares against a reference; dpo.reference=none goes with dpo.loss=simpo")
+
+    def reference_of(self, lora: bool) -> str:
+        """The reference a run of this config uses: base | precomputed | none."""
+        if self.loss == "simpo":
+            return "none"
+        return self.reference if self.reference != "auto" else ("base" if lora else "precomputed")
 
 
 EVAL_SET_KINDS = ("choice", "generate")
@@ -217,6 +258,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
+    dpo: PreferenceConfig = field(default_factory=PreferenceConfig)  # task=dpo's loss and reference
     init_from: str = ""  # a zoo checkpoint dir whose params initialise the model (fine-tuning)
     # The longest sequence the weights have been trained on, their bases' training included (a converted
     # checkpoint: its positions); 0: data.seq_len. zoo-sample's context window.

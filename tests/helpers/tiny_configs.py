@@ -61,8 +61,35 @@ def seq2seq(cache_dir):
     )
 
 
+def preference_pairs(n: int = 48) -> list[dict]:
+    """Offline preference pairs a byte-level model can learn: sums, the right one chosen over one a little off."""
+    import random
+    r = random.Random(0)
+    out = []
+    for _ in range(n):
+        a, b = r.randint(1, 9), r.randint(1, 9)
+        out.append({"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + r.choice([-2, -1, 1, 2]))})
+    return out
+
+
+def dpo(cache_dir):
+    """gpt_lm's model (dropout on) preference-tuned on preference_pairs (the reference precomputed: no LoRA)."""
+    import json
+    import os
+    path = os.path.join(cache_dir, "pairs.jsonl")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(p) + "\n" for p in preference_pairs())
+        os.replace(tmp, path)
+    cfg = gpt_lm(cache_dir)
+    return dataclasses.replace(cfg, task="dpo", data=dataclasses.replace(cfg.data, source=path, seq_len=16,
+                                                                          val_fraction=0.2),
+                               train=dataclasses.replace(cfg.train, batch_size=8, eval_every=6))
+
+
 TINY = {"gpt_lm": gpt_lm, "llama_lm": llama_lm, "bert_mlm": functools.partial(bert, "bert_mlm"),
-        "bert_cls": functools.partial(bert, "bert_cls"), "seq2seq": seq2seq}
+        "bert_cls": functools.partial(bert, "bert_cls"), "seq2seq": seq2seq, "dpo": dpo}
 
 
 def bert_mlm_pretrain(cache_dir, **train):

@@ -1,4 +1,4 @@
-"""The trainer's invariants, written once and run for every task (gpt_lm, bert_mlm, bert_cls, seq2seq;
+"""The trainer's invariants, written once and run for every task (gpt_lm, bert_mlm, bert_cls, seq2seq, dpo;
 gpt_lm also on the Llama-style decoder) on its tiny config: 1 device and 8 devices in each mesh layout train the
 same numbers over 6 steps, and a run on 8 devices (data 2, fsdp 2, tensor 2) stopped at step 3, resumed and
 finished is the uninterrupted 6-step run, bit for bit (dropout is on, so the per-step rng must be replayed too)."""
@@ -24,6 +24,7 @@ MESHES = {
     "bert_mlm": [(2, 2, 2)],
     "bert_cls": [(2, 2, 2)],
     "seq2seq": [(2, 2, 2)],
+    "dpo": [(2, 2, 2)],  # its reference log-probabilities precomputed before the first step, read back on resume
 }
 assert set(MESHES) == set(tiny_configs.TINY)
 
@@ -32,10 +33,13 @@ def train_losses(out):
     return [r["loss"] for r in out["records"]]
 
 
-def leaf_pairs(a, b):
-    """The leaves of two pytrees of the same structure, side by side, on the host."""
+def leaf_pairs(a, b, paths: bool = False):
+    """The leaves of two pytrees of the same structure, side by side, on the host (and their paths)."""
     a, b = jax.device_get(a), jax.device_get(b)
     assert jax.tree.structure(a) == jax.tree.structure(b)
+    if paths:
+        flat = jax.tree_util.tree_flatten_with_path(a)[0]
+        return [(jax.tree_util.keystr(p), x, y) for (p, x), y in zip(flat, jax.tree.leaves(b))]
     return zip(jax.tree.leaves(a), jax.tree.leaves(b))
 
 
@@ -69,10 +73,14 @@ def test_eight_devices_match_one(uninterrupted, task, mesh):
     assert many["setup"].mesh.devices.size == 8
     assert losses(many_dir) == pytest.approx(losses(one_dir), rel=1e-5)
     assert train_losses(many) == pytest.approx(train_losses(one), rel=1e-5)
-    for a, b in leaf_pairs(many["state"].params, one["state"].params):
-        # atol: key biases get an exactly-zero gradient (softmax ignores a per-query constant), so their
-        # values are Adam-normalised rounding noise of ~1e-7 that no layout can reproduce.
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for path, a, b in leaf_pairs(many["state"].params, one["state"].params, paths=True):
+        if path.endswith("['key']['bias']"):
+            # Key biases get an exactly-zero gradient (softmax ignores a per-query constant), so their values are
+            # Adam-normalised rounding noise that no layout can reproduce (~1e-7 for gpt_lm; ~1e-6 for dpo, whose
+            # gradients are small): not compared, only bounded.
+            assert np.abs(a).max() < 1e-4 and np.abs(b).max() < 1e-4, path
+            continue
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=path)
 
 
 @pytest.mark.parametrize("task", list(MESHES))

@@ -17,6 +17,8 @@ then runs the adapted weights (sampling, export, fine-tuning from a LoRA run).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 
@@ -95,9 +97,23 @@ def delta(m: Einsum, x, spec: LoraSpec, train: bool):
     return jnp.einsum(f"{mid},r{w[n_in:]}->{out}", h, b.astype(m.dtype))
 
 
+_OFF = contextvars.ContextVar("zoo_lora_adapters_off", default=False)
+
+
+@contextlib.contextmanager
+def adapters_off():
+    """Within: adapted layers run their base kernels alone (the adapters' params are there, unused). The frozen
+    base of a LoRA run is then the reference model of preference tuning, with no second copy of its weights."""
+    token = _OFF.set(True)
+    try:
+        yield
+    finally:
+        _OFF.reset(token)
+
+
 def intercept(spec: LoraSpec, train: bool, seen: set | None = None):
-    """A context manager under which the targeted Einsum layers carry adapters (init and apply alike).
-    `seen` collects the path of every Einsum called (for naming what lora_targets may match)."""
+    """A context manager under which the targeted Einsum layers carry adapters (init and apply alike; none within
+    `adapters_off`). `seen` collects the path of every Einsum called (for naming what lora_targets may match)."""
     def interceptor(next_fun, args, kwargs, context):
         m = context.module
         if context.method_name != "__call__" or not isinstance(m, Einsum):
@@ -106,7 +122,7 @@ def intercept(spec: LoraSpec, train: bool, seen: set | None = None):
         if seen is not None:
             seen.add(path)
         y = next_fun(*args, **kwargs)
-        return y + delta(m, args[0], spec, train) if spec.matches(path) else y
+        return y + delta(m, args[0], spec, train) if spec.matches(path) and not _OFF.get() else y
     return nn.intercept_methods(interceptor)
 
 

@@ -12,6 +12,9 @@ A task is built from a Config and owns its model, loss, data pipeline and metric
   flops_per_token(seq_len) -> training FLOPs per input token (for MFU); seq2seq also takes target_len
   num_params(boxed) -> params counted in 6N (lookup tables such as learned positions excluded)
   eval_metrics(totals) -> extra eval metrics from the summed aux (e.g. macro-F1)
+  train_metrics(totals) -> extra training metrics from the summed aux of the steps logged (dpo's rewards/...)
+  prepare(params, data, workdir, resume, mesh) -> what a task computes once from the initial params before the
+      first step (dpo's precomputed reference log-probabilities); nothing for most
   evaluate_extra(params, data) -> extra eval metrics that need more than a loss pass (e.g. BLEU)
   sample(params, tokenizer, prompt, max_new_tokens) -> a continuation of prompt, or None (no text generation)
 """
@@ -33,6 +36,7 @@ class Data:
     files: dict = dataclasses.field(default_factory=dict)  # name -> text to keep beside the run (labels.json)
     rows: int = 0  # training rows in one epoch, all processes together (train.epochs counts them); 0: unknown
     answers: list = dataclasses.field(default_factory=list)  # held-out prompts and answers scored by generation
+    examples: dict = dataclasses.field(default_factory=dict)  # encoded examples a task reads once more (dpo)
 
 
 class Task(Protocol):
@@ -74,6 +78,12 @@ class BaseTask:
 
     def eval_metrics(self, totals: dict) -> dict:
         return {}
+
+    def train_metrics(self, totals: dict) -> dict:
+        return {}
+
+    def prepare(self, params, data: Data, workdir: str, resume: bool, mesh) -> None:
+        return None
 
     def evaluate_extra(self, params, data: Data) -> dict:
         return {}

@@ -318,6 +318,7 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
             for name, text in data.files.items():  # what the task keeps beside the run, e.g. labels.json
                 with open(os.path.join(path, name), "w") as f:
                     f.write(text)
+        s.task.prepare(s.full_params(state), data, path, resume, s.mesh)  # e.g. dpo's reference log-probabilities
         mngr = checkpoint.manager(path, keep=cfg.train.keep)
         if resume:
             checkpoint.prune(mngr, cfg.train.keep)
@@ -423,6 +424,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                     checkpoint.mark_good(mngr, good)
                     guard.forget_before(good)
                 record = _summarise(host, step, t0, t0_step, flops_per_token, peak)
+                record.update(s.task.train_metrics({k: sum(float(m[k]) for _, m in host) for k in host[-1][1]}))
                 record["peak_memory_mb"] = memory.peak_memory_mb(local_devices)
                 if not writer.records:
                     record["compile_s"] = compile_s
