@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 OFF = ("0", "false", "off", "no")
 
@@ -37,10 +38,17 @@ def compile_cache_dir() -> str | None:
     return os.path.join(cache_root(), "jax")
 
 
+def quiet_cache_failures() -> None:
+    """A compiled program that cannot be written to the cache (a full disk) only costs its compile next time: jax's
+    warning about it stays off the console (a full disk is said once, by what the run failed to write)."""
+    warnings.filterwarnings("ignore", message=r"Error (writing|reading) persistent compilation cache")
+
+
 def prepare_command(env=None) -> None:
     """For a command, before jax is imported: the compilation cache and XLA's log level, as environment
     variables jax reads when it starts (the user's own settings kept)."""
     env = os.environ if env is None else env
+    quiet_cache_failures()
     path = compile_cache_dir()
     if path is not None and "JAX_COMPILATION_CACHE_DIR" not in env:
         env["JAX_COMPILATION_CACHE_DIR"] = path
@@ -52,6 +60,7 @@ def prepare_command(env=None) -> None:
 def use_compile_cache() -> None:
     """For a library call (zoo.load, zoo.train): turn on zoo's compilation cache unless jax has one already."""
     import jax
+    quiet_cache_failures()
     path = compile_cache_dir()
     if path is not None and not jax.config.jax_compilation_cache_dir:
         try:

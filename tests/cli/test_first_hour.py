@@ -92,9 +92,10 @@ def test_init_from_without_a_config_takes_the_fine_tuning_defaults(hf_bert, tmp_
     want = {k: type(v)(fine_tune.FINE_TUNE[f"{s}.{k}"]) for s, sec in (("optim", cfg.optim), ("train", cfg.train))
             for k, v in vars(sec).items() if f"{s}.{k}" in fine_tune.FINE_TUNE}
     assert {k: getattr(cfg.optim if hasattr(cfg.optim, k) else cfg.train, k) for k in want} == want
-    assert cfg.optim.lr == 5e-5 and cfg.train.batch_size == 16 and cfg.data.seq_len == 128  # the base's 128 < 256
+    assert cfg.optim.lr == 1e-4 and cfg.train.batch_size == 8 and cfg.data.seq_len == 128  # the base's 128 < 256
+    assert cfg.train.epochs == 3 and cfg.optim.head_lr_mult == 20  # steps follow from the data when it trains
     err = capsys.readouterr().err
-    assert "fine-tuning defaults (no CONFIG given): optim.lr=5e-5" in err
+    assert "fine-tuning defaults (no CONFIG given): optim.lr=1e-4" in err
     # The user's --set wins, and is not listed as a default; LoRA's own rate unless the user sets one.
     cfg = resolve(parse(base + ["--set", "optim.lr=1e-3"]))[0]
     assert cfg.optim.lr == 1e-3 and "optim.lr" not in capsys.readouterr().err

@@ -72,7 +72,8 @@ def test_every_convert_subcommand_ends_with_what_it_wrote_where(tmp_path, capsys
     assert last_line(capsys) == (
         f"wrote {back}: adapter_config.json, adapter_model.safetensors (PEFT LoRA r=4 on 2 layers; "
         f"{params_in(os.path.join(back, 'adapter_model.safetensors')):,} params of {lora}, step 0) for the base "
-        f"{os.path.join(lora, 'base')}; load it with peft.PeftModel.from_pretrained(base_model, {back!r})")
+        f"{os.path.abspath(hf_dir)} (the Hugging Face checkpoint {os.path.join(lora, 'base')} was converted from); "
+        f"load it with peft.AutoPeftModelForCausalLM.from_pretrained({back!r})")
 
 
 def test_from_gguf_draws_no_progress_bars_and_names_no_temporary_directory(smollm2_gguf_run):

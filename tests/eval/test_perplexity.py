@@ -147,8 +147,9 @@ def test_bad_arguments_are_one_error_line(models, tmp_path, capsys, args, fragme
 
 def test_a_directory_that_is_no_run_is_refused_before_loading(tmp_path, capsys):
     assert zoo_eval.main([str(tmp_path), "--data", "builtin"]) == 2
-    assert error_line(capsys) == (f"error: {str(tmp_path)!r} is neither a zoo run (no checkpoints/) nor a Hugging "
-                                  f"Face checkpoint directory (no config.json)")
+    assert error_line(capsys) == (f"error: {str(tmp_path)!r} is neither a zoo run (no checkpoints/), a Hugging "
+                                  f"Face checkpoint directory (no config.json), a PEFT adapter (no "
+                                  f"adapter_config.json) nor a .gguf file")
 
 
 def test_documents_start_from_bos_where_the_tokenizer_has_one_else_end_of_text():
