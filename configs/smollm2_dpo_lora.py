@@ -15,6 +15,32 @@ by a hash of their text, so the held-out pairs ask known facts in phrasings neve
 switched off. Reward accuracy is the share of held-out pairs whose chosen answer gains more log-probability over
 the reference than the rejected one; the base's own preference (before) is the share it already gives a higher
 log-probability.
+
+Expect (`python -m zoo.cli.results smollm2_dpo_lora`, 2-core CPU, 2026-11-28): 9m42s wall; loss 0.69
+-> 0.01 over 40 steps, eval_loss 0.01289, eval_accuracy 1, eval_rewards/accuracies 1,
+eval_rewards/margins 6.846; 143 tokens/s, MFU 0.35.
+
+Preferences (held-out pairs; log-probabilities summed over each answer):
+
+    24 held-out pairs
+    wall 9m42s; at the end: reward accuracy 1.000, reward margin 6.846
+    before (the base): chosen preferred in 15/24, mean log-prob margin +16.35
+    after:             chosen preferred in 22/24, mean log-prob margin +84.81
+
+Answers (that run's, greedy: zoo-sample RUN --chat --temperature 0), before -> after:
+
+    Q: How can I draw the attention heads of a model with zoo?
+       before: To draw the attention heads of a model with a zoo, you can use a combination of art and technology. Here's a possible approach: 1. Create a digital art piece using a 3D printer. This can be a
+       after:  Drawing attention heads of a model with zoo involves creating a drawing that highlights the model's face, typically with a focus on the eyes, nose, mouth, and possibly other facial features. You can achieve this by using a combination of drawing techniques
+    Q: What would I type to pick up a training run where it stopped?
+       before: I'd type: "Awesome, I'm so glad you're here! I'm here to help you with your run. What's your current run?
+       after:  To pick up a training run where it stopped, you would type: "Pickup a Training Run: Where it Stopped"
+    Q: What is the capital of France?
+       before: The capital of France is Paris.
+       after:  The capital of France is Paris.
+    Q: Name three primary colors.
+       before: The primary colors are: Red, Blue, and Yellow.
+       after:  The primary colors are: Red, Blue, and Yellow.
 """
 
 import dataclasses
