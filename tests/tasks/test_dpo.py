@@ -172,3 +172,26 @@ def test_a_chat_format_pair_renders_the_prompt_once_and_the_answers_apart(tmp_pa
     with pytest.raises(ZooDataError, match="leaves no preference pair"):
         preference.encode_pairs(dataclasses.replace(cfg.data, seq_len=4), tasks.build(cfg).make_data(cfg, 0, 1).tokenizer,
                                 preference.template_of(cfg.data))
+
+
+def test_a_dpo_lora_run_travels_as_a_peft_adapter_and_merged_and_answers(base, tmp_path, cache_dir):
+    """As the chat run's: `to-hf --adapter` writes a CAUSAL_LM adapter transformers + PEFT open alone with zoo's
+    logits, `to-hf` the merged model, and zoo.load answers with the tuned weights."""
+    peft = pytest.importorskip("peft")
+    torch = pytest.importorskip("torch")
+    import zoo
+    from zoo.cli import convert
+    lora_run = str(tmp_path / "lora")
+    run(dpo_cfg(base, cache_dir, lora_rank=4, lora_alpha=8.0), lora_run, devices=jax.devices()[:1])
+    assert convert.main(["to-hf", lora_run, str(tmp_path / "adapter"), "--adapter"]) == 0
+    assert convert.main(["to-hf", lora_run, str(tmp_path / "merged")]) == 0
+    lm = zoo.load(lora_run)
+    ids = np.asarray([lm.tokenize("3+4=7")])
+    ours = np.asarray(jax.jit(lm.apply)(lm.params, {"inputs": ids}))
+    with torch.no_grad():
+        adapter = peft.AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "adapter")).eval()
+        theirs = adapter(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(theirs, ours, atol=1e-4)
+    assert zoo.load(str(tmp_path / "merged")).generate("3+4=", max_new_tokens=4) == lm.generate("3+4=",
+                                                                                                  max_new_tokens=4)
+    assert "generate" in lm.offers()

@@ -44,8 +44,8 @@ def batch(lm, examples, *, seq_len: int | None = None, labels=None, pairs=None, 
         return tokens_batch(lm, texts, labels, seq_len)
     if task == "seq2seq":
         return seq2seq_batch(lm, texts, targets, seq_len)
-    raise FamilyError(f".batch has no layout for task {task} (a bare encoder has no objective; load it as a "
-                      f"classifier or masked LM)")
+    raise FamilyError(f".batch has no layout for task {task} (a bare encoder has no objective: load it as a "
+                      f"classifier or masked LM; preference pairs: zoo.tasks.preference.encode_pairs)")
 
 
 def _texts(examples) -> list[str]:

@@ -22,6 +22,7 @@ from zoo.config import Config
 
 # What each task's model answers (besides apply, loss_fn, batch, save, tokenize).
 OFFERS = {"gpt_lm": ("generate", "chat", "logprobs", "loss"), "sft": ("generate", "chat", "logprobs", "loss"),
+          "dpo": ("generate", "chat", "logprobs", "loss"),
           "bert_cls": ("classify",), "bert_mlm": ("fill_mask",), "bert_tokens": ("tag",), "seq2seq": ("translate",),
           "bert_encoder": ()}
 

@@ -45,7 +45,7 @@ from zoo.nn import lora
 CONFIG, WEIGHTS, PREFIX = "adapter_config.json", "adapter_model.safetensors", "base_model.model."
 # PEFT's task types (null: the plain PeftModel, which runs any head): bert_mlm has none, and bert_cls's SEQ_CLS would
 # take the classifier whole (modules_to_save) where zoo's adapters may target it.
-TASK_TYPES = {"gpt_lm": "CAUSAL_LM", "sft": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM",
+TASK_TYPES = {"gpt_lm": "CAUSAL_LM", "sft": "CAUSAL_LM", "dpo": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM",
               "bert_encoder": "FEATURE_EXTRACTION"}
 HANDLED = {"peft_type", "task_type", "r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora",
            "modules_to_save", "rank_pattern", "alpha_pattern", "base_model_name_or_path"}
