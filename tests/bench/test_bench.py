@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from zoo.cli import bench
 
 SMALL = ["model.num_layers=1", "model.d_model=64", "model.num_heads=2", "model.d_ff=128", "model.vocab_size=512",
@@ -24,3 +26,24 @@ def test_a_bad_override_is_one_line_naming_the_key(capsys):
     assert bench.main(["--workload", "gpt_train", "--shapes", "cpu", "--set", "model.bogus=1"]) == 2
     err = capsys.readouterr().err.strip()
     assert "unknown config key 'model.bogus'" in err and "\n" not in err
+
+
+def test_dpo_train_beside_trls_dpo_trainer_counts_both_rows_of_every_pair(tmp_path, monkeypatch, one_device):
+    """dpo_train on a tiny shape through zoo-bench's real workers: zoo's task=dpo with LoRA on its frozen base
+    beside TRL's DPOTrainer with PEFT; both count 2 * B * T positions a step (B pairs of two rows of T)."""
+    trl = pytest.importorskip("trl", reason="dpo_train's peer is TRL's DPOTrainer")
+    from zoo.bench import shapes
+    B, T = 2, 32
+    tiny = shapes._dpo(shapes._lora(shapes._llama(L=1, D=64, N=2, K=1, F=128, V=512, T=T, B=B)))
+    monkeypatch.setitem(shapes.SHAPES, ("dpo_train", "cpu"), [("tiny", tiny)])
+    out = tmp_path / "bench.jsonl"
+    args = ["--workload", "dpo_train", "--shapes", "cpu", "--rounds", "1", "--peer", "hf-torch", "--out", str(out)]
+    assert bench.main(args) == 0
+    row = json.loads(out.read_text().splitlines()[0])
+    peer = row["peers"]["hf-torch"]
+    assert row["workload"] == "dpo_train" and peer["versions"].endswith(f"/ trl {trl.__version__}")
+    for r in (row, peer):  # one timed round: its step time is the median's
+        assert r["tokens_per_s"] > 0 and r["tokens_per_s"] == pytest.approx(r["sequences_per_s"] * 2 * T)
+        assert r["tokens_per_s"] * r["step_s_median"] == pytest.approx(2 * B * T)
+    assert row["trainable_params"] == peer["trainable_params"] == 16384  # the same adapters on both sides
+    assert row["ratio_tokens_per_s"] == pytest.approx(row["tokens_per_s"] / peer["tokens_per_s"])

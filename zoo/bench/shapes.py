@@ -12,14 +12,18 @@ setup, sharding, train step and input pipeline; `hf` gives the matching transfor
 
 from __future__ import annotations
 
-WORKLOADS = ("gpt_train", "llama_train", "lora_train", "sft_train", "bert_mlm", "encdec_train", "generate",
-             "llama_generate", "input", "eval_score")
+WORKLOADS = ("gpt_train", "llama_train", "lora_train", "dpo_train", "sft_train", "bert_mlm", "encdec_train",
+             "generate", "llama_generate", "input", "eval_score")
 # input and sft_train have no peer. llama_*: the Llama architecture (rope, RMSNorm, SwiGLU, GQA) beside GPT-2.
 # lora_train: llama_train's model and shapes, adapters on every attention and MLP matrix, base frozen.
+# dpo_train: preference tuning (task=dpo, sigmoid loss, beta 0.1) of lora_train's adapters, the base with the
+# adapters off as the reference; peer: TRL's DPOTrainer with PEFT (zoo.bench.dpo_peer). B counts pairs, each two
+# rows of T (prompt + chosen, prompt + rejected); tokens_per_s counts every position of both rows on both sides,
+# 2 * B * T a step (as zoo's trainer does for task=dpo), sequences_per_s counts pairs. Not in the GPU story.
 # sft_train: chat fine-tuning (task=sft) on zoo's shipped conversations, packed and padded rows.
 # eval_score: zoo-eval's scoring beside the forward pass (zoo.bench.eval_speed), peer lm-eval-hf; not in the GPU story.
-PEER_WORKLOADS = ("gpt_train", "llama_train", "lora_train", "bert_mlm", "encdec_train", "generate", "llama_generate",
-                  "eval_score")
+PEER_WORKLOADS = ("gpt_train", "llama_train", "lora_train", "dpo_train", "bert_mlm", "encdec_train", "generate",
+                  "llama_generate", "eval_score")
 # zoo.bench.torch_peer: transformers, eager or torch.compile; zoo.bench.harness_peer: lm-eval's hf model (eval_score)
 PEER_NAMES = ("hf-torch", "hf-torch-compile", "lm-eval-hf")
 
@@ -52,6 +56,15 @@ def _lora(spec, rank=16, alpha=32.0):
     model.lora_targets; PEFT's names for the peer), the base frozen. zoo's worker writes the base first."""
     over = spec["overrides"] + [f"model.lora_rank={rank}", f"model.lora_alpha={alpha}"]
     return {**spec, "overrides": over, "lora": {"rank": rank, "alpha": alpha, "targets": list(LORA_TARGETS_HF)}}
+
+
+def _dpo(spec, beta=0.1):
+    """`spec` (a _lora one, its batch B counting pairs) tuned on preference pairs (task=dpo, the sigmoid loss): every
+    pair two rows of T, prompt + chosen and prompt + rejected, in synthetic batches of exact shape (zoo's worker:
+    the first half of each row a prompt shared by the pair, the rest two different answers, weights on the answer
+    tokens); the reference is the frozen base with the adapters off, on both sides."""
+    over = spec["overrides"] + ["task=dpo", "dpo.loss=sigmoid", f"dpo.beta={beta}", "dpo.reference=base"]
+    return {**spec, "overrides": over, "synthetic": True, "dpo": {"beta": beta, "loss": "sigmoid"}}
 
 
 def _sft(T, B, packing):
@@ -104,6 +117,9 @@ SHAPES = {
     ("llama_train", "cpu"): [("L4-D256-K2-T256-B8-V8192", _llama(**LLAMA_CPU, T=256, B=8))],
     ("lora_train", "full"): [("smollm2_135m-r16-T1024-B8", _lora(_llama(**SMOLLM2_135M, T=1024, B=8)))],
     ("lora_train", "cpu"): [("L4-D256-K2-r16-T256-B8-V8192", _lora(_llama(**LLAMA_CPU, T=256, B=8)))],
+    # B=4 pairs: 8 rows of 256 a step, lora_train's 8 x 256 (and one more forward pass, the reference's)
+    ("dpo_train", "full"): [("smollm2_135m-r16-T1024-B4pairs", _dpo(_lora(_llama(**SMOLLM2_135M, T=1024, B=4))))],
+    ("dpo_train", "cpu"): [("L4-D256-K2-r16-T256-B4pairs-V8192", _dpo(_lora(_llama(**LLAMA_CPU, T=256, B=4))))],
     # zoo_commands' conversations are 58..179 bytes (median 146): at T=512 packing fills 94% of the positions,
     # one per row 27% (at T=256 the two are 68% and 55%, as at most one long conversation fits beside another)
     ("sft_train", "full"): [(f"llama_tiny-{name}-T512-B16", _sft(512, 16, packed))

@@ -8,7 +8,8 @@ before every timer read. `hf-torch-compile` adds `torch.compile` of the model fo
 generation, a static KV cache, with which transformers compiles the decoding step itself on CUDA
 (prefill stays eager on both peers). On CPU both stay float32 as before. A spec with dtype float32
 keeps float32 on CUDA too. lora_train wraps the model with PEFT (`peft.get_peft_model`: the spec's rank,
-alpha and target modules) and trains the adapters alone.
+alpha and target modules) and trains the adapters alone. dpo_train's peer is TRL's DPOTrainer with the same
+PEFT adapters (zoo.bench.dpo_peer).
 """
 
 from __future__ import annotations
@@ -75,16 +76,21 @@ class _Peer:
                 "compile": self.compiled, "compile_s": self.compile_s, "threads": torch.get_num_threads()}
 
 
-def lora_model(model, lora: dict):
-    """`model` wrapped by PEFT with adapters of lora's rank and alpha on its target modules (no dropout): the
-    base frozen (requires_grad False), the adapters alone trainable."""
+def lora_config(lora: dict):
+    """PEFT's LoraConfig of the spec's `lora`: adapters of its rank and alpha on its target modules, no dropout."""
     import warnings
 
     import peft
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft on transformers 5: noise
-    cfg = peft.LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], target_modules=list(lora["targets"]),
-                          lora_dropout=0.0)
-    return peft.get_peft_model(model, cfg)
+    return peft.LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], target_modules=list(lora["targets"]),
+                           lora_dropout=0.0)
+
+
+def lora_model(model, lora: dict):
+    """`model` wrapped by PEFT with adapters of lora's rank and alpha on its target modules (no dropout): the
+    base frozen (requires_grad False), the adapters alone trainable."""
+    import peft
+    return peft.get_peft_model(model, lora_config(lora))
 
 
 class TorchTrain(_Peer):
@@ -186,8 +192,13 @@ class TorchGenerate(_Peer):
                 "time_to_first_token_s": prefill + decode / self.new, "peak_memory_mb": self.peak_memory_mb()}
 
 
-PEERS = {"gpt_train": TorchTrain, "llama_train": TorchTrain, "lora_train": TorchTrain, "bert_mlm": TorchTrain,
-         "encdec_train": TorchTrain, "generate": TorchGenerate, "llama_generate": TorchGenerate}
+def _dpo(spec, name: str):
+    from zoo.bench.dpo_peer import TrlDpo  # TRL's import: only where it runs
+    return TrlDpo(spec, name)
+
+
+PEERS = {"gpt_train": TorchTrain, "llama_train": TorchTrain, "lora_train": TorchTrain, "dpo_train": _dpo,
+         "bert_mlm": TorchTrain, "encdec_train": TorchTrain, "generate": TorchGenerate, "llama_generate": TorchGenerate}
 
 
 def make(name: str, spec: dict):

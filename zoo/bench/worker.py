@@ -138,9 +138,12 @@ def frozen_base(cfg):
 
 def synthetic_batches(spec, cfg, process_index: int = 0, process_count: int = 1):
     """Exact-shape seq2seq batches (source S, target T, no padding): the offline task's phrases are
-    short, and the benchmark shapes are fixed. Each process keeps its rows of the global batch."""
+    short, and the benchmark shapes are fixed. Each process keeps its rows of the global batch. task=dpo:
+    synthetic_pairs."""
     import numpy as np
     from zoo.data.batches import process_rows
+    if cfg.task == "dpo":
+        return synthetic_pairs(spec, cfg, process_index, process_count)
     B, S, T, V = spec["batch"], spec["seq_len"], spec["target_len"], cfg.model.vocab_size
     rows = process_rows(B, process_index, process_count)
 
@@ -149,6 +152,29 @@ def synthetic_batches(spec, cfg, process_index: int = 0, process_count: int = 1)
         tgt = rng.integers(3, V, (B, T + 1), dtype=np.int32)[rows]
         return {"src": rng.integers(3, V, (B, S), dtype=np.int32)[rows], "src_valid": np.ones((B, S), bool)[rows],
                 "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:], "weights": np.ones((B, T), np.float32)[rows]}
+    return make
+
+
+def synthetic_pairs(spec, cfg, process_index: int = 0, process_count: int = 1):
+    """Exact-shape preference batches of B pairs (task=dpo): each pair two rows of T + 1 ids, a prompt of T // 2
+    shared by both, then different random answers to the end (no padding), weights on the targets that are answer
+    tokens, as zoo.tasks.preference.Pairs.rows makes them. Each process keeps its pairs of the global batch."""
+    import numpy as np
+    from zoo.data.batches import process_rows
+    B, T, V = spec["batch"], spec["seq_len"], cfg.model.vocab_size
+    P = T // 2
+    rows = process_rows(B, process_index, process_count)
+    mask = np.zeros((B, 2, T), np.float32)
+    mask[:, :, P - 1:] = 1.0  # target t is id t + 1: the answer's ids are P..T
+
+    def make(step):
+        rng = np.random.default_rng(step)
+        ids = rng.integers(3, V, (B, 2, T + 1), dtype=np.int32)
+        ids[:, 1, :P] = ids[:, 0, :P]  # one prompt a pair; the answers differ (random ids, redrawn if equal)
+        same = (ids[:, 0, P:] == ids[:, 1, P:]).all(-1)
+        ids[same, 1, P] = 3 + (ids[same, 0, P] - 3 + 1) % (V - 3)
+        return {"inputs": ids[rows, :, :-1], "targets": ids[rows, :, 1:], "weights": mask[rows],
+                "pair_weights": np.ones(B, np.float32)[rows]}
     return make
 
 
@@ -291,9 +317,9 @@ class ZooInput:
         return {**out, "batches_per_s": bps, "tokens_per_s": bps * self.batch * self.T, "mfu": None}
 
 
-ZOO = {"gpt_train": ZooTrain, "llama_train": ZooTrain, "lora_train": ZooTrain, "sft_train": ZooTrain,
-       "bert_mlm": ZooTrain, "encdec_train": ZooTrain, "generate": ZooGenerate, "llama_generate": ZooGenerate,
-       "input": ZooInput, "eval_score": ZooScore}
+ZOO = {"gpt_train": ZooTrain, "llama_train": ZooTrain, "lora_train": ZooTrain, "dpo_train": ZooTrain,
+       "sft_train": ZooTrain, "bert_mlm": ZooTrain, "encdec_train": ZooTrain, "generate": ZooGenerate,
+       "llama_generate": ZooGenerate, "input": ZooInput, "eval_score": ZooScore}
 
 
 def serve(bench) -> None:

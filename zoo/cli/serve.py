@@ -1,0 +1,80 @@
+"""Serve a decoder over HTTP, OpenAI's API: chat and text completions, streamed or not, batched continuously.
+
+    zoo-serve runs/chat                                  # http://127.0.0.1:8000/v1, Ctrl-C stops
+    zoo-serve $GGUF --port 8080 --api-key sk-local       # any source zoo.load reads; every request needs the key
+    python -c "import openai; c = openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='x'); \\
+        print(c.chat.completions.create(model='chat', messages=[{'role': 'user', 'content': 'Hi'}]))"
+
+SOURCE is a zoo run, a Hugging Face directory, a GGUF file or a PEFT adapter directory (whatever zoo.load reads);
+a decoder only (a BERT or encoder-decoder is refused in one line). Every program is compiled before the server
+answers (the prefill of each prompt-length bucket and the decode chunk: zoo.serve.engine), said in one line with
+how long it took. Needs the serve extra: pip install -e '.[serve]' (FastAPI and uvicorn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from zoo import runtime
+from zoo.cli import BAD_INPUT, error
+
+
+def main(argv=None) -> int:
+    runtime.prepare_command()  # the compilation cache, XLA's log level: before jax starts
+    ap = argparse.ArgumentParser(prog="zoo-serve", description=__doc__.split("\n")[0])
+    ap.add_argument("source", help="a zoo run, Hugging Face directory, .gguf file or PEFT adapter (as zoo.load)")
+    ap.add_argument("--host", default="127.0.0.1", help="the address to bind (default: %(default)s, this machine only)")
+    ap.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
+    ap.add_argument("--api-key", help="a key every request must send as 'Authorization: Bearer KEY' (default: none)")
+    ap.add_argument("--model-id", help="the model's name in the API (default: the source's base name)")
+    ap.add_argument("--slots", type=int, default=8, help="sequences decoded together (default: %(default)s)")
+    ap.add_argument("--max-len", type=int, help="the KV cache's length, prompt and answer (default: the model's "
+                                                "context, at most 2048)")
+    ap.add_argument("--chunk", type=int, default=8, help="decode steps between two admissions of waiting requests "
+                                                          "(default: %(default)s)")
+    ap.add_argument("--max-queue", type=int, default=64, help="sequences that may wait; more are answered 429 "
+                                                               "(default: %(default)s)")
+    a = ap.parse_args(argv)
+    try:
+        for flag, v in (("--slots", a.slots), ("--chunk", a.chunk), ("--max-queue", a.max_queue),
+                        ("--max-len", a.max_len if a.max_len is not None else 2)):
+            if v < 1 or (flag == "--max-len" and v < 2):
+                raise ValueError(f"{flag} {v} must be >= {2 if flag == '--max-len' else 1}")
+        if not 0 < a.port < 65536:
+            raise ValueError(f"--port {a.port} must be from 1 to 65535")
+        try:
+            import fastapi  # noqa: F401
+            import uvicorn
+        except ImportError:
+            raise ValueError("zoo-serve needs FastAPI and uvicorn: pip install -e '.[serve]'") from None
+        import zoo
+        from zoo.api import decoder
+        from zoo.serve.app import create_app
+        from zoo.serve.engine import Engine
+        lm = zoo.load(a.source)
+        decoder.require_decoder(lm, "serve")
+        engine = Engine(lm, slots=a.slots, max_len=a.max_len or min(lm.config.window, 2048), chunk=a.chunk,
+                        max_queue=a.max_queue)
+    except BAD_INPUT as e:
+        return error(e)
+    seconds = engine.warm()
+    model_id = a.model_id or os.path.basename(os.path.normpath(a.source))
+    print(f"serving {model_id} on http://{a.host}:{a.port}/v1 ({a.slots} slots, context {engine.max_len}; "
+          f"{len(engine.buckets()) + 1} programs compiled in {seconds:.1f} s); Ctrl-C stops", flush=True)
+    engine.start()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, model_id=model_id, api_key=a.api_key), host=a.host,
+                                           port=a.port, log_level="warning", timeout_graceful_shutdown=1))
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn shut down, then raised the Ctrl-C it caught again: stopped, as asked
+        pass
+    finally:
+        engine.stop()
+    print("stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

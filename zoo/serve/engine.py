@@ -1,0 +1,267 @@
+"""The serving engine: one decoder, its KV cache of `slots` rows, and a loop that decodes every active row together,
+admitting waiting requests into free rows between decode chunks (continuous batching, as vLLM and JetStream do).
+
+Each row is one sequence (a request's completion; n completions are n rows). A row decodes at its own
+positions: its prompt is prefilled alone into its row of the cache (slots 0..P-1; zoo.nn.attention writes a row's
+keys and values at the slots of its positions and masks the rest, so whatever an earlier occupant left beyond is
+never seen), then each chunk of `chunk` decode steps runs all rows in one jitted loop, every row sampling with its
+own temperature, top-k, top-p and key (folded from its seed and its step, so a row's tokens do not depend on the
+rows beside it). Between chunks the host hands each row's new tokens to its request (streaming), retires rows that
+ended (end-of-text or end-of-turn, max_tokens, a stop string, a client gone) and admits waiting requests into the
+freed rows. A request arriving while others decode waits at most one chunk, never for their whole decode.
+
+Compiled programs: one decode chunk (slots x cache length) and one prefill per prompt-length bucket (powers of
+two from 16 to the cache length), all compiled by `warm()` before the first request, so no request waits on a
+compile. Scoring (`/v1/completions` with echo and logprobs) runs between chunks on the same device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from zoo.infer.sample import stop_ids
+
+
+@dataclasses.dataclass
+class Sequence:
+    """One row's work: its prompt ids, sampling settings and where its tokens go (`emit(ids, finish)`: new ids,
+    and at the end the finish reason, "stop" or "length")."""
+
+    prompt: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    key: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(2, np.uint32))  # its sampling key's data
+    emit: Callable = lambda ids, finish: None
+    cancelled: Callable = lambda: False  # true once its client is gone: the row is freed at the next chunk
+    generated: int = 0
+    enqueued: float = dataclasses.field(default_factory=time.perf_counter)
+
+
+def key_data(seed: int, choice: int) -> np.ndarray:
+    """The key data of completion `choice` of a request with `seed`: its tokens are a function of both alone."""
+    return np.asarray(jax.random.fold_in(jax.random.PRNGKey(seed), choice), np.uint32)
+
+
+def _filtered(logits_V, top_k, top_p):
+    """logits_V with what top-k (0: off) and top-p (1: off) leave out at -inf (one row; a sort of the vocabulary)."""
+    V = logits_V.shape[0]
+    sorted_V = jnp.sort(logits_V)[::-1]
+    kth = sorted_V[jnp.clip(top_k - 1, 0, V - 1)]
+    keep_k = top_k <= 0
+    logits_V = jnp.where(keep_k | (logits_V >= kth), logits_V, -jnp.inf)
+    sorted_V = jnp.where(keep_k | (sorted_V >= kth), sorted_V, -jnp.inf)
+    probs_V = jax.nn.softmax(sorted_V)
+    before_V = jnp.cumsum(probs_V) - probs_V  # a token stays if the mass before it is < top_p
+    cutoff = jnp.min(jnp.where(before_V < top_p, sorted_V, jnp.inf))
+    return jnp.where((top_p >= 1.0) | (logits_V >= cutoff), logits_V, -jnp.inf)
+
+
+def _sample(logits_BV, keys, temp_B, topk_B, topp_B):
+    """One token per row: greedy at temperature 0, else sampling at its temperature, filtered by its top-k and
+    top-p (the sorting only when some row asks for a filter)."""
+    scaled_BV = logits_BV / jnp.maximum(temp_B, 1e-6)[:, None]
+    need = jnp.any((topk_B > 0) | (topp_B < 1.0))
+    scaled_BV = jax.lax.cond(need, lambda x: jax.vmap(_filtered)(x, topk_B, topp_B), lambda x: x, scaled_BV)
+    sampled_B = jax.vmap(jax.random.categorical)(keys, scaled_BV)
+    return jnp.where(temp_B == 0, jnp.argmax(logits_BV, -1), sampled_B).astype(jnp.int32)
+
+
+class Engine:
+    """The decoder behind the server (see the module's docstring). `lm` is a zoo.Pretrained decoder; `slots` rows
+    decode together; `max_len` is the cache's length (at most the model's window); `chunk` decode steps run between
+    two admissions."""
+
+    def __init__(self, lm, *, slots: int = 8, max_len: int | None = None, chunk: int = 8, max_queue: int = 64):
+        self.lm, self.slots, self.chunk, self.max_queue = lm, slots, chunk, max_queue
+        self.max_len = min(max_len or lm.config.window, lm.config.window)
+        self.model, self.params = lm.decoding()
+        self.vocab = lm.tokenizer.n_vocab
+        self.eos = np.asarray(stop_ids(lm.tokenizer), np.int32)
+        self.waiting: queue.Queue = queue.Queue()
+        self.jobs: queue.Queue = queue.Queue()  # other work for the device (scoring), run between chunks
+        self.rows: list[Sequence | None] = [None] * slots
+        self.batches = 0  # decode chunks run (each one program call over every active row)
+        self.admitted = 0  # sequences prefilled into a row
+        self.stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        cache = jax.eval_shape(lambda: self.model.init(jax.random.PRNGKey(0), jnp.zeros((slots, self.max_len), jnp.int32),
+                                                       decode=True))["cache"]
+        self.cache = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), nn.unbox(cache))
+        self.batch_axis = 1 if self.model.cfg.scan_layers else 0  # scanned stacks put the layer axis first
+        self.logits_BV = jnp.zeros((slots, self.model.cfg.vocab_size), jnp.float32)
+        self.positions_B = np.full(slots, -1, np.int32)  # the next token's position; -1: the row is free
+        self._prefill = jax.jit(self._prefill_fn, static_argnames=("P",), donate_argnums=(1, 2))
+        self._decode = jax.jit(self._decode_fn, donate_argnums=(1, 2))
+
+    # ---- programs --------------------------------------------------------------------------------------------
+    def buckets(self) -> list[int]:
+        """The prompt-length buckets a prefill compiles for: powers of two from 16 to the cache's length."""
+        out, b = [], 16
+        while b < self.max_len:
+            out.append(b)
+            b *= 2
+        return out + [self.max_len]
+
+    def bucket(self, n: int) -> int:
+        return next(b for b in self.buckets() if b >= n)
+
+    def _prefill_fn(self, params, cache, logits_BV, row, ids_1P, length, *, P: int):
+        """Row `row`'s prompt (ids_1P, its first `length` real, right-padded) into its cache row; its last real
+        token's logits into logits_BV[row]."""
+        ax = self.batch_axis
+        rowwise = lambda c: c.ndim > ax  # noqa: E731 - keys and values per row; the shared index is a scalar
+        sub = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, row, 1, axis=ax) if rowwise(c) else c, cache)
+        pos_1P = jnp.where(jnp.arange(P) < length, jnp.arange(P), -1)[None]
+        out, upd = self.model.apply({"params": params, "cache": sub}, ids_1P, decode=True, positions_BT=pos_1P,
+                                    mutable=["cache"])
+        cache = jax.tree.map(lambda c, s: jax.lax.dynamic_update_slice_in_dim(c, s.astype(c.dtype), row, axis=ax)
+                             if rowwise(c) else c, cache, upd["cache"])
+        last_V = out[0, length - 1, :].astype(jnp.float32)
+        return cache, logits_BV.at[row].set(last_V)
+
+    def _decode_fn(self, params, cache, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2, steps_B):
+        """`chunk` steps of every row: sample from its logits, feed the token back at its position. Returns the
+        tokens [B, chunk] and the state after them (free rows, position -1, compute nothing anyone reads)."""
+        vocab = self.vocab
+
+        def step(carry, i):
+            cache, logits_BV, pos_B = carry
+            keys = jax.vmap(jax.random.fold_in)(keys_B2, steps_B + i)
+            tok_B = _sample(logits_BV[:, :vocab], keys, temp_B, topk_B, topp_B)
+            out, upd = self.model.apply({"params": params, "cache": cache}, tok_B[:, None], decode=True,
+                                        positions_BT=pos_B[:, None], mutable=["cache"])
+            return (upd["cache"], out[:, -1, :].astype(jnp.float32), jnp.where(pos_B >= 0, pos_B + 1, -1)), tok_B
+        (cache, logits_BV, _), toks_KB = jax.lax.scan(step, (cache, logits_BV, positions_B), jnp.arange(self.chunk))
+        return cache, logits_BV, toks_KB.T
+
+    def warm(self) -> float:
+        """Compile every program (each prefill bucket and the decode chunk) now; returns the seconds it took."""
+        t = time.perf_counter()
+        for P in self.buckets():
+            self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, 0,
+                                                       jnp.zeros((1, P), jnp.int32), 1, P=P)
+        self._run_chunk()
+        return time.perf_counter() - t
+
+    # ---- the loop --------------------------------------------------------------------------------------------
+    def submit(self, seqs: list[Sequence]) -> bool:
+        """Queue a request's sequences (all or none); False when the queue is full (the server answers 429)."""
+        if self.waiting.qsize() + len(seqs) > self.max_queue:
+            return False
+        for s in seqs:
+            self.waiting.put(s)
+        return True
+
+    def run_job(self, fn):
+        """fn() on the engine's thread between chunks (scoring); blocks until done and returns its result."""
+        done, box = threading.Event(), {}
+
+        def job():
+            try:
+                box["out"] = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                box["err"] = e
+            done.set()
+        self.jobs.put(job)
+        while not done.wait(0.05):
+            if self.stopping.is_set():
+                raise RuntimeError("the server is stopping")
+        if "err" in box:
+            raise box["err"]
+        return box["out"]
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="zoo-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.5)
+
+    def active(self) -> int:
+        return sum(r is not None for r in self.rows)
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            while not self.jobs.empty():
+                self.jobs.get()()
+            self._admit()
+            if not self.active():
+                try:  # idle: wait for work, without spinning
+                    self.waiting.put(self.waiting.get(timeout=0.02))
+                except queue.Empty:
+                    pass
+                continue
+            toks_BK = self._run_chunk()
+            self._hand_out(toks_BK)
+
+    def _admit(self) -> None:
+        for row in range(self.slots):
+            if self.rows[row] is not None:
+                continue
+            try:
+                seq = self.waiting.get_nowait()
+            except queue.Empty:
+                return
+            if seq.cancelled():
+                continue
+            P = self.bucket(len(seq.prompt))
+            ids = np.zeros((1, P), np.int32)
+            ids[0, :len(seq.prompt)] = seq.prompt
+            self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, row, jnp.asarray(ids),
+                                                       len(seq.prompt), P=P)
+            self.rows[row], self.positions_B[row] = seq, len(seq.prompt)
+            self.admitted += 1
+
+    def _run_chunk(self) -> np.ndarray:
+        rows = self.rows
+        temp = np.asarray([r.temperature if r else 0.0 for r in rows], np.float32)
+        topk = np.asarray([r.top_k if r else 0 for r in rows], np.int32)
+        topp = np.asarray([r.top_p if r else 1.0 for r in rows], np.float32)
+        keys = np.stack([r.key if r else np.zeros(2, np.uint32) for r in rows])
+        steps = np.asarray([r.generated if r else 0 for r in rows], np.int32)
+        self.cache, self.logits_BV, toks_BK = self._decode(self.params, self.cache, self.logits_BV,
+                                                           jnp.asarray(self.positions_B), temp, topk, topp,
+                                                           jnp.asarray(keys), steps)
+        self.batches += 1
+        return np.asarray(toks_BK)
+
+    def _hand_out(self, toks_BK: np.ndarray) -> None:
+        for row, seq in enumerate(self.rows):
+            if seq is None:
+                continue
+            if seq.cancelled():
+                self._free(row)
+                continue
+            ids, finish = [], None
+            for t in toks_BK[row].tolist():
+                if t in self.eos:
+                    finish = "stop"
+                    break
+                ids.append(t)
+                seq.generated += 1
+                if seq.generated >= seq.max_tokens:
+                    finish = "length"
+                    break
+                if self.positions_B[row] + len(ids) >= self.max_len:  # the cache is full: no room for another
+                    finish = "length"
+                    break
+            self.positions_B[row] += len(ids)
+            stop = seq.emit(ids, finish)
+            if finish is not None or stop:
+                self._free(row)
+
+    def _free(self, row: int) -> None:
+        self.rows[row], self.positions_B[row] = None, -1
