@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     seconds = engine.warm()
     model_id = a.model_id or os.path.basename(os.path.normpath(a.source))
     print(f"serving {model_id} on http://{a.host}:{a.port}/v1 ({a.slots} slots, context {engine.max_len}; "
-          f"{len(engine.buckets()) + 1} programs compiled in {seconds:.1f} s); Ctrl-C stops", flush=True)
+          f"{engine.programs()} programs compiled in {seconds:.1f} s); Ctrl-C stops", flush=True)
     engine.start()
     server = uvicorn.Server(uvicorn.Config(create_app(engine, model_id=model_id, api_key=a.api_key), host=a.host,
                                            port=a.port, log_level="warning", timeout_graceful_shutdown=1))

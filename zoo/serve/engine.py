@@ -10,9 +10,10 @@ rows beside it). Between chunks the host hands each row's new tokens to its requ
 ended (end-of-text or end-of-turn, max_tokens, a stop string, a client gone) and admits waiting requests into the
 freed rows. A request arriving while others decode waits at most one chunk, never for their whole decode.
 
-Compiled programs: one decode chunk (slots x cache length) and one prefill per prompt-length bucket (powers of
-two from 16 to the cache length), all compiled by `warm()` before the first request, so no request waits on a
-compile. Scoring (`/v1/completions` with echo and logprobs) runs between chunks on the same device.
+Compiled programs: a prefill per prompt-length bucket (powers of two from 16 to the cache length), and a decode for
+each number of rows (powers of two up to the slots: the smallest holding every active row runs, so one client
+pays for one row) and length (one step, right after an admission, so a new row's first token streams at once;
+else a chunk), all compiled by `warm()` before the first request, so no request waits on a compile. Scoring (`/v1/completions` with echo and logprobs) runs between chunks on the same device.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class Engine:
         self.logits_BV = jnp.zeros((slots, self.model.cfg.vocab_size), jnp.float32)
         self.positions_B = np.full(slots, -1, np.int32)  # the next token's position; -1: the row is free
         self._prefill = jax.jit(self._prefill_fn, static_argnames=("P",), donate_argnums=(1, 2))
-        self._decode = jax.jit(self._decode_fn, donate_argnums=(1, 2))
+        self._decode = jax.jit(self._decode_fn, static_argnames=("B", "K"), donate_argnums=(1, 2))
 
     # ---- programs --------------------------------------------------------------------------------------------
     def buckets(self) -> list[int]:
@@ -130,10 +131,16 @@ class Engine:
         last_V = out[0, length - 1, :].astype(jnp.float32)
         return cache, logits_BV.at[row].set(last_V)
 
-    def _decode_fn(self, params, cache, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2, steps_B):
-        """`chunk` steps of every row: sample from its logits, feed the token back at its position. Returns the
-        tokens [B, chunk] and the state after them (free rows, position -1, compute nothing anyone reads)."""
-        vocab = self.vocab
+    def _decode_fn(self, params, cache, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2, steps_B, *, B: int,
+                   K: int):
+        """K steps of the first B rows (a bucket holding every active row): sample from each row's logits, feed the
+        token back at its position. Returns the whole cache and logits with those rows updated, and the tokens
+        [B, K] (rows free within B, position -1, compute nothing anyone reads)."""
+        vocab, ax = self.vocab, self.batch_axis
+        rowwise = lambda c: c.ndim > ax  # noqa: E731
+        full_cache, full_logits = cache, logits_BV
+        cache = jax.tree.map(lambda c: jax.lax.slice_in_dim(c, 0, B, axis=ax) if rowwise(c) else c, cache)
+        logits_BV = logits_BV[:B]
 
         def step(carry, i):
             cache, logits_BV, pos_B = carry
@@ -142,16 +149,33 @@ class Engine:
             out, upd = self.model.apply({"params": params, "cache": cache}, tok_B[:, None], decode=True,
                                         positions_BT=pos_B[:, None], mutable=["cache"])
             return (upd["cache"], out[:, -1, :].astype(jnp.float32), jnp.where(pos_B >= 0, pos_B + 1, -1)), tok_B
-        (cache, logits_BV, _), toks_KB = jax.lax.scan(step, (cache, logits_BV, positions_B), jnp.arange(self.chunk))
-        return cache, logits_BV, toks_KB.T
+        (cache, logits_BV, _), toks_KB = jax.lax.scan(step, (cache, logits_BV, positions_B), jnp.arange(K))
+        cache = jax.tree.map(lambda c, s: jax.lax.dynamic_update_slice_in_dim(c, s, 0, axis=ax) if rowwise(c) else s,
+                             full_cache, cache)
+        return cache, full_logits.at[:B].set(logits_BV), toks_KB.T
+
+    def row_buckets(self) -> list[int]:
+        """The numbers of rows a decode chunk compiles for: powers of two up to the slots, and the slots."""
+        out, b = [], 1
+        while b < self.slots:
+            out.append(b)
+            b *= 2
+        return out + [self.slots]
+
+    def programs(self) -> int:
+        """How many programs `warm` compiles: a prefill per prompt bucket, a decode per row bucket and length."""
+        return len(self.buckets()) + 2 * len(self.row_buckets())
 
     def warm(self) -> float:
-        """Compile every program (each prefill bucket and the decode chunk) now; returns the seconds it took."""
+        """Compile every program (each prefill bucket; a decode of 1 step, for a new row's first token, and of a
+        chunk, for each row bucket) now; returns the seconds it took."""
         t = time.perf_counter()
         for P in self.buckets():
             self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, 0,
                                                        jnp.zeros((1, P), jnp.int32), 1, P=P)
-        self._run_chunk()
+        for B in self.row_buckets():
+            for K in (1, self.chunk):
+                self._run_chunk(B, K)
         return time.perf_counter() - t
 
     # ---- the loop --------------------------------------------------------------------------------------------
@@ -225,21 +249,26 @@ class Engine:
             self.rows[row], self.positions_B[row] = seq, len(seq.prompt)
             self.admitted += 1
 
-    def _run_chunk(self) -> np.ndarray:
-        rows = self.rows
+    def _run_chunk(self, B: int | None = None, K: int | None = None) -> np.ndarray:
+        """One decode call. By default over the smallest row bucket holding every active row, one step when a row
+        has just been admitted (its first token streams at once), else a chunk."""
+        last = max((i for i, r in enumerate(self.rows) if r is not None), default=0)
+        B = B or next(b for b in self.row_buckets() if b > last)
+        K = K or (1 if any(r is not None and r.generated == 0 for r in self.rows) else self.chunk)
+        rows = self.rows[:B]
         temp = np.asarray([r.temperature if r else 0.0 for r in rows], np.float32)
         topk = np.asarray([r.top_k if r else 0 for r in rows], np.int32)
         topp = np.asarray([r.top_p if r else 1.0 for r in rows], np.float32)
         keys = np.stack([r.key if r else np.zeros(2, np.uint32) for r in rows])
         steps = np.asarray([r.generated if r else 0 for r in rows], np.int32)
         self.cache, self.logits_BV, toks_BK = self._decode(self.params, self.cache, self.logits_BV,
-                                                           jnp.asarray(self.positions_B), temp, topk, topp,
-                                                           jnp.asarray(keys), steps)
+                                                           jnp.asarray(self.positions_B[:B]), temp, topk, topp,
+                                                           jnp.asarray(keys), steps, B=B, K=K)
         self.batches += 1
         return np.asarray(toks_BK)
 
     def _hand_out(self, toks_BK: np.ndarray) -> None:
-        for row, seq in enumerate(self.rows):
+        for row, seq in enumerate(self.rows[:len(toks_BK)]):
             if seq is None:
                 continue
             if seq.cancelled():

@@ -1,0 +1,207 @@
+"""Serving under load: zoo-serve beside a plain transformers server on the same weights, at several numbers of
+concurrent clients: requests and tokens per second and the time to first token (p50, p95).
+
+    python -m zoo.bench.serve SOURCE [--clients 1,8,32] [--seconds 30] [--max-tokens 32] [--slots 8]
+
+SOURCE is anything zoo.load reads (a run, a Hugging Face directory, a .gguf file). The peer is the same weights
+exported for transformers (zoo.load(SOURCE).save(..., format="hf")) behind the same OpenAI route,
+/v1/completions with streaming, one `model.generate` per request (greedy, transformers' TextIteratorStreamer for
+the stream; requests take the model one at a time, as a plain server without batching does). Each client sends
+streamed requests one after another for `--seconds`, prompts drawn in turn from Python's documentation
+(pydoc_data.topics: 20-60 tokens), greedy, `--max-tokens` new tokens; every server decodes in float32 on this
+machine's CPU. Rows are printed as JSON lines and the table as markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+PROMPTS_FROM = ("for", "while", "if", "try", "with", "function", "class", "return", "import", "assert")
+
+
+def prompts() -> list[str]:
+    from pydoc_data.topics import topics
+    out = []
+    for k in PROMPTS_FROM:
+        words = topics[k].split()
+        out += [" ".join(words[i:i + 30]) for i in range(0, 90, 30)]
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_up(url: str, proc, seconds: float = 600) -> None:
+    import httpx
+    end = time.time() + seconds
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited: {proc.communicate()[1][-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    raise RuntimeError("the server did not come up")
+
+
+def one_request(url: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
+    """(seconds to the first token, seconds in all, completion tokens) of one streamed request."""
+    import httpx
+    t0, first, tokens = time.perf_counter(), None, 0
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk["choices"] and chunk["choices"][0].get("text") and first is None:
+                first = time.perf_counter() - t0
+            tokens = chunk.get("usage", {}).get("completion_tokens", tokens)
+    total = time.perf_counter() - t0
+    return (first if first is not None else total), total, tokens
+
+
+def load(url: str, clients: int, seconds: float, max_tokens: int) -> dict:
+    """`clients` threads sending streamed requests back to back for `seconds`: their rates and latencies."""
+    pool, lock, results = prompts(), threading.Lock(), []
+    stop_at = time.perf_counter() + seconds
+
+    def client(i: int):
+        k = i
+        while time.perf_counter() < stop_at:
+            r = one_request(url, pool[k % len(pool)], max_tokens)
+            with lock:
+                results.append(r)
+            k += clients
+    t = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t
+    ttft = sorted(r[0] for r in results)
+    q = lambda p: ttft[min(len(ttft) - 1, int(p * len(ttft)))] if ttft else float("nan")  # noqa: E731
+    return {"clients": clients, "requests": len(results), "requests_per_s": len(results) / wall,
+            "tokens_per_s": sum(r[2] for r in results) / wall, "ttft_p50_s": q(0.5), "ttft_p95_s": q(0.95),
+            "latency_p50_s": statistics.median([r[1] for r in results]) if results else float("nan")}
+
+
+PEER = '''
+import json, sys, threading, time
+import torch, transformers, uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+torch.set_num_threads({threads})
+model = transformers.AutoModelForCausalLM.from_pretrained({path!r}, dtype=torch.float32).eval()
+tok = transformers.AutoTokenizer.from_pretrained({path!r})
+app, lock = FastAPI(), threading.Lock()
+
+@app.get("/health")
+def health():
+    return {{"status": "ok"}}
+
+@app.post("/v1/completions")
+async def completions(request: Request):
+    body = await request.json()
+    ids = tok(body["prompt"], return_tensors="pt").input_ids
+    streamer = transformers.TextIteratorStreamer(tok, skip_prompt=True)
+    done = {{}}
+    def run():
+        with lock, torch.no_grad():
+            out = model.generate(ids, max_new_tokens=body["max_tokens"], do_sample=False, streamer=streamer,
+                                 pad_token_id=tok.eos_token_id)
+        done["n"] = out.shape[1] - ids.shape[1]
+    worker = threading.Thread(target=run)
+    worker.start()
+    def events():
+        for piece in streamer:
+            if piece:
+                yield "data: " + json.dumps({{"choices": [{{"text": piece}}]}}) + "\\n\\n"
+        worker.join()
+        yield "data: " + json.dumps({{"choices": [], "usage": {{"completion_tokens": done["n"]}}}}) + "\\n\\n"
+        yield "data: [DONE]\\n\\n"
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+uvicorn.run(app, host="127.0.0.1", port={port}, log_level="warning")
+'''
+
+
+def start_zoo(source: str, port: int, slots: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "zoo.cli.serve", source, "--port", str(port), "--slots", str(slots),
+                             "--max-len", "256", "--max-queue", "256"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def start_peer(hf_dir: str, port: int) -> subprocess.Popen:
+    code = PEER.format(path=hf_dir, port=port, threads=os.cpu_count() or 1)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m zoo.bench.serve", description=__doc__.split("\n")[0])
+    ap.add_argument("source")
+    ap.add_argument("--clients", default="1,8,32")
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--out", help="also write the rows here (JSON lines)")
+    a = ap.parse_args(argv)
+    import zoo
+    counts = [int(x) for x in a.clients.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="zoo-serve-bench-") as tmp:
+        hf_dir = os.path.join(tmp, "hf")
+        zoo.load(a.source).save(hf_dir, format="hf", verbose=False)
+        for name, start in (("zoo-serve", lambda p: start_zoo(a.source, p, a.slots)),
+                            ("transformers", lambda p: start_peer(hf_dir, p))):
+            port = free_port()
+            proc = start(port)
+            url = f"http://127.0.0.1:{port}"
+            try:
+                wait_up(url, proc)
+                one_request(url, prompts()[0], 4)  # warm (the peer's first generate)
+                for n in counts:
+                    row = {"server": name, "max_tokens": a.max_tokens, **load(url, n, a.seconds, a.max_tokens)}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            finally:
+                proc.kill()
+                proc.wait()
+    if a.out:
+        with open(a.out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    print(table(rows))
+    return 0
+
+
+def table(rows: list[dict]) -> str:
+    zoo_rows = {r["clients"]: r for r in rows if r["server"] == "zoo-serve"}
+    peer = {r["clients"]: r for r in rows if r["server"] == "transformers"}
+    lines = ["| clients | zoo-serve requests/s | tokens/s | TTFT p50 / p95 s | transformers requests/s | tokens/s | "
+             "TTFT p50 / p95 s | zoo / transformers tokens/s |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for n in sorted(zoo_rows):
+        z, p = zoo_rows[n], peer.get(n)
+        cells = [str(n), f"{z['requests_per_s']:.2f}", f"{z['tokens_per_s']:.0f}",
+                 f"{z['ttft_p50_s']:.2f} / {z['ttft_p95_s']:.2f}"]
+        cells += [f"{p['requests_per_s']:.2f}", f"{p['tokens_per_s']:.0f}", f"{p['ttft_p50_s']:.2f} / {p['ttft_p95_s']:.2f}",
+                  f"{z['tokens_per_s'] / max(p['tokens_per_s'], 1e-9):.2f}"] if p else ["", "", "", ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
