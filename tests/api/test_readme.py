@@ -1,5 +1,6 @@
 """The README's Python blocks run as written: every ```python block of README.md, in order, in one fresh process
-and directory (as a user would paste them), and each output its comments quote ("# 'text'") is printed. SmolLM2's
+and directory (as a user would paste them), and each output its comments quote ("# 'text'") is printed. (A ```py
+block is a client of a server the README starts by a command: tests/serve makes its calls.) SmolLM2's
 GGUF file is read from the session's conversion (conftest's zoo_cache), as a user's second run reads ~/.cache/zoo."""
 
 import ast
