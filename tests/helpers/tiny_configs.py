@@ -88,8 +88,35 @@ def dpo(cache_dir):
                                train=dataclasses.replace(cfg.train, batch_size=8, eval_every=6))
 
 
+def sums(n: int = 64) -> list[dict]:
+    """Offline prompts with a checkable answer: "a+b=" and the sum."""
+    import random
+    r = random.Random(1)
+    return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in ((r.randint(1, 9), r.randint(1, 9))
+                                                                       for _ in range(n))]
+
+
+def grpo(cache_dir):
+    """gpt_lm's model (dropout on) trained from rewards on sums' prompts: 4 prompts x 4 completions of up to 8 bytes
+    a step, rewarded for digits (tests/helpers/tiny_rewards); full fine-tuning, so no KL penalty (grpo.beta=0)."""
+    import json
+    import os
+    from zoo.config import RlConfig
+    path = os.path.join(cache_dir, "sums.jsonl")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(p) + "\n" for p in sums())
+        os.replace(tmp, path)
+    cfg = gpt_lm(cache_dir)
+    return dataclasses.replace(cfg, task="grpo", data=dataclasses.replace(cfg.data, source=path, val_fraction=0.1),
+                               grpo=RlConfig(num_generations=4, max_completion_tokens=8, beta=0.0,
+                                             rewards="tests.helpers.tiny_rewards:digits"),
+                               train=dataclasses.replace(cfg.train, batch_size=4))
+
+
 TINY = {"gpt_lm": gpt_lm, "llama_lm": llama_lm, "bert_mlm": functools.partial(bert, "bert_mlm"),
-        "bert_cls": functools.partial(bert, "bert_cls"), "seq2seq": seq2seq, "dpo": dpo}
+        "bert_cls": functools.partial(bert, "bert_cls"), "seq2seq": seq2seq, "dpo": dpo, "grpo": grpo}
 
 
 def bert_mlm_pretrain(cache_dir, **train):

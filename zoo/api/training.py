@@ -279,9 +279,10 @@ def _config_of(workdir: str, overrides):
 
 
 def _remove_unstarted(workdir: str) -> None:
-    """Remove a workdir this call created whose run never finished a step (no checkpoint, no metrics):
+    """Remove a workdir this call created whose run never finished a step (no checkpoint, no metrics logged):
     a converted base/ or a config.json alone would block the retry's workdir."""
     from zoo.train import checkpoint
+    metrics = os.path.join(workdir, "metrics.jsonl")
     if os.path.isdir(workdir) and not checkpoint.all_steps(workdir) and \
-            not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+            not (os.path.exists(metrics) and os.path.getsize(metrics)):  # e.g. a reward that failed the first step
         shutil.rmtree(workdir, ignore_errors=True)

@@ -28,10 +28,12 @@ import time
 
 # The configs that run on a CPU in minutes, in the order their dependencies need (cls fine-tunes mlm).
 CPU_CONFIGS = ("gpt_tiny", "llama_tiny", "moe_tiny", "bert_tiny_mlm", "bert_tiny_cls", "bert_ner_tiny",
-               "encdec_tiny", "minilm_cls", "shakespeare_char", "smollm2_chat_lora", "smollm2_dpo_lora")
+               "encdec_tiny", "minilm_cls", "shakespeare_char", "smollm2_chat_lora", "smollm2_dpo_lora",
+               "smollm2_grpo_lora")
 DEPENDS = {"bert_tiny_cls": ("bert_tiny_mlm", "init_from")}  # config -> (run it starts from, the key)
 EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_macro_f1", "eval_entity_f1", "eval_exact_match", "eval_bleu",
-             "moe_aux_loss", "eval_rewards/accuracies", "eval_rewards/margins")
+             "moe_aux_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eval_reward",
+             "eval_rewards/exact_answer", "eval_rewards/answer_format")
 # What the trained run answers to the config's documented example, quoted in the docstring too.
 FILL_MASK_EXAMPLE = 'The "wh[MASK]le" statement is used for repeated execution'
 PROBES = {"bert_tiny_mlm": ("zoo.cli.fill_mask", "--text", FILL_MASK_EXAMPLE, "--top-k", "3")}
@@ -51,12 +53,19 @@ CHAT_PROBES = {"smollm2_chat_lora": ("How can I draw the attention heads of a mo
                "smollm2_dpo_lora": ("How can I draw the attention heads of a model with zoo?",
                                     "What would I type to pick up a training run where it stopped?",
                                     "What is the capital of France?",
-                                    "Name three primary colors.")}
+                                    "Name three primary colors."),
+               "smollm2_grpo_lora": ("What is the capital of France?", "Name three primary colors.")}
 # Preference runs: on their held-out pairs, the share whose chosen answer the base already gives the higher
 # log-probability and the mean log-probability margin, then the tuned run's; quoted in the docstring's
 # "Preferences" paragraph and the README between <!-- preferences:NAME --> and <!-- /preferences -->.
 PREFERENCE = ("smollm2_dpo_lora",)
 PREFERENCES_PARAGRAPH = "Preferences (held-out pairs; log-probabilities summed over each answer):"
+# Reinforcement learning runs: their held-out questions answered greedily by the base and by the tuned run, scored
+# by the run's rewards, with three example completions, the reward curve and the share of the time spent
+# generating; quoted in the docstring's "Rewards" paragraph and the README between <!-- rewards:NAME --> and
+# <!-- /rewards -->.
+REINFORCED = ("smollm2_grpo_lora",)
+REWARDS_PARAGRAPH = "Rewards (held-out questions answered greedily, scored by the run's reward functions):"
 ANSWERS_PARAGRAPH = "Answers (that run's, greedy: zoo-sample RUN --chat --temperature 0), before -> after:"
 # Runs scored with zoo-eval into the README's Evaluate table (between <!-- eval-table --> and <!-- /eval-table -->):
 # perplexity on the documents their training held out (--held-out; a chat run, whose data are conversations, on
@@ -152,6 +161,43 @@ def preference_lines(name: str, workdir: str) -> list[str] | None:
     return lines
 
 
+def reward_lines(name: str, workdir: str, records: list[dict], wall: float) -> list[str] | None:
+    """For a run in REINFORCED: its held-out questions' rewards under the base (before) and the tuned run (after),
+    three completions of each, the training reward's curve and the share of the run spent generating."""
+    if name not in REINFORCED:
+        return None
+    import contextlib
+    import io
+    import zoo
+    from zoo import tasks
+    from zoo.train import runs
+    cfg = runs.load_config(workdir)
+    task = tasks.plain(cfg)
+    with contextlib.redirect_stdout(io.StringIO()):  # the data line, said once by the run already
+        data = task.make_data(cfg, 0, 1)
+    held = data.examples["eval"]
+    lines, shown = [f"{len(held)} held-out questions"], {}
+    for label, path in (("before (the base)", os.path.join(workdir, "base")), ("after", workdir)):
+        comps = task.complete(zoo.load(path).params, held.ids, data.tokenizer, seed=0, temperature=0.0)[0]
+        texts = [data.tokenizer.decode(c) for c in comps]
+        total, per = task.score(held, texts)
+        parts = [f"{n} {per[:, k].mean():.3f}" for k, (n, _) in enumerate(task.rewards)]
+        lines.append(f"{label + ':':18} mean reward {total.mean():.3f}; " + ", ".join(parts))
+        shown[label] = texts
+    for i in range(min(3, len(held))):
+        question = held.prompts[i][-1]["content"] if isinstance(held.prompts[i], list) else held.prompts[i]
+        lines += [f"Q: {question} (answer {held.columns['answer'][i]})" if "answer" in held.columns else f"Q: {question}",
+                  *(f"   {k.split(' ')[0] + ':':8}{' '.join(v[i].split())}" for k, v in shown.items())]
+    rewards = [r["reward"] for r in records if "reward" in r]
+    k = max(1, len(rewards) // 6)
+    curve = [sum(rewards[j:j + k]) / len(rewards[j:j + k]) for j in range(0, len(rewards), k)]
+    lines.append(f"training reward, mean of each {k} steps: " + " ".join(f"{x:.2f}" for x in curve))
+    gen = sum(r.get("gen_seconds", 0.0) for r in records)
+    lines.append(f"wall {round(wall) // 60}m{round(wall) % 60:02d}s; generating (sampling + rewards) {gen:.0f} s = "
+                 f"{gen / wall:.0%} of it")
+    return lines
+
+
 def rewrite_marked(readme: str, name: str, kind: str, lines: list[str]) -> None:
     """The README's block between <!-- KIND:NAME --> and <!-- /KIND -->, as a code block of `lines`."""
     with open(readme) as f:
@@ -229,7 +275,7 @@ def run_sample(stdout: str) -> str | None:
 def summary(result: dict) -> dict:
     records = result["records"]
     losses = [r["loss"] for r in records if r.get("loss") is not None]
-    evals = [r for r in records if "eval_loss" in r]
+    evals = [r for r in records if any(k in r for k in EVAL_KEYS if k.startswith("eval_"))]
     speeds = sorted(r["tokens_per_s"] for r in records if r.get("tokens_per_s"))
     s = {"wall": result["wall"], "steps": records[-1]["step"], "loss": (losses[0], losses[-1]),
          "tokens_per_s": speeds[len(speeds) // 2] if speeds else None,
@@ -342,6 +388,11 @@ def main(argv=None) -> int:
             print("\n".join(prefs), flush=True)
             rewrite_block(config_file, PREFERENCES_PARAGRAPH, "\n".join(prefs))
             rewrite_marked(os.path.join(a.root, "README.md"), name, "preferences", prefs)
+        scored = reward_lines(name, done[name], result["records"], s["wall"])
+        if scored:
+            print("\n".join(scored), flush=True)
+            rewrite_block(config_file, REWARDS_PARAGRAPH, "\n".join(scored))
+            rewrite_marked(os.path.join(a.root, "README.md"), name, "rewards", scored)
         answers = chat_answers(name, done[name])
         if answers:
             print("\n".join(answers), flush=True)

@@ -6,7 +6,7 @@ from zoo.models.base import Family, ModelConfig
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gpt", gpt.GptConfig, gpt.PRESETS, tasks={"gpt_lm": "zoo.tasks.lm:LmTask", "sft": "zoo.tasks.sft:SftTask",
-                                                 "dpo": "zoo.tasks.preference:DpoTask"},
+                                                 "dpo": "zoo.tasks.preference:DpoTask", "grpo": "zoo.tasks.rl:GrpoTask"},
            hf={"gpt2": "zoo.hf.gpt2", "qwen2": "zoo.hf.qwen2", "qwen3": "zoo.hf.qwen3", "mistral": "zoo.hf.mistral",
                "mixtral": "zoo.hf.mixtral", "qwen3_moe": "zoo.hf.qwen3_moe", "phi3": "zoo.hf.phi3",
                "gpt_neox": "zoo.hf.gpt_neox", "gemma": "zoo.hf.gemma", "gemma2": "zoo.hf.gemma2",

@@ -242,3 +242,23 @@ def token_logprobs(h_BTD, w_VD, targets_BT, *, bias_V=None, logit_cap: float = 0
         return None, -loss_BC
     _, out = jax.lax.scan(chunk, None, (_split(h_BTD, n), _split(targets_BT, n)))
     return _merge(out)
+
+
+def token_logprobs_grad(h_BTD, w_VD, targets_BT, *, bias_V=None, logit_cap: float = 0.0, chunks: int | None = None):
+    """float32[B, T]: log p(target) at each position, differentiable (an objective of per-token log-probabilities:
+    zoo.tasks.rl). Chunk by chunk of the length axis, each chunk's [B, C, V] logits recomputed in the backward pass
+    (jax.checkpoint) rather than kept."""
+    B, T, _ = h_BTD.shape
+    n = chunks or num_chunks(B, T, w_VD.shape[0])
+
+    @jax.checkpoint
+    def chunk(h_BCD, t_BC):
+        logits_BCV = einsum_f32("BCD,VD->BCV", h_BCD, w_VD.astype(h_BCD.dtype))
+        if bias_V is not None:
+            logits_BCV = logits_BCV + bias_V.astype(jnp.float32)
+        if logit_cap:
+            logits_BCV = softcap(logits_BCV, logit_cap)
+        return jnp.take_along_axis(jax.nn.log_softmax(logits_BCV, -1), t_BC[..., None], -1)[..., 0]
+
+    _, out = jax.lax.scan(lambda c, xs: (c, chunk(*xs)), None, (_split(h_BTD, n), _split(targets_BT, n)))
+    return _merge(out)

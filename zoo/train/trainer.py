@@ -125,6 +125,8 @@ def evaluate(eval_fn, params, batches, mesh, extra=None, perplexity: bool = True
         out = jax.device_get(eval_fn(params, to_device(b, mesh)))
         for k, v in out.items():
             totals[k] = totals.get(k, 0.0) + float(v)
+    if not totals:  # a task scored by its extra evaluation alone (grpo: held-out prompts answered and rewarded)
+        return {}
     loss = totals["loss_sum"] / max(totals["weight"], 1e-9)
     metrics = {"eval_loss": loss}
     if perplexity:
@@ -392,11 +394,20 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
     pending = None  # metrics of the newest step, which may still be running
     guard = Guard(cfg.train.spike_guard)
     data_state.restore(data.train, workdir, start)
-    prefetch = Prefetcher(lambda i: to_device(data.train(i), s.mesh), start, last)
+    # A task that samples its batch from the current params (grpo) gets its step's input on the host and rolls it
+    # out first (zoo.tasks.rl): generation waits for the step before, so nothing of it is prefetched but the input.
+    rollout = getattr(s.task, "rollout", None)
+    make = (lambda i: data.train(i)) if rollout else (lambda i: to_device(data.train(i), s.mesh))
+    prefetch = Prefetcher(make, start, last)
+    host_metrics: dict = {}  # step -> what a rollout measured on the host
     with prefetch as batches, _Stopper() as stopper:
         step = start
         while step < last and not stopper.stop(step):
-            state, m = step_fn(state, batches.get(step))
+            batch = batches.get(step)
+            if rollout is not None:
+                batch, host_metrics[step + 1] = rollout(s.full_params(state), batch, step, data)
+                batch = to_device(batch, s.mesh)
+            state, m = step_fn(state, batch)
             step += 1
             buffered.append((step, m))
             if pending is not None:  # the host runs at most one step ahead: wait for the step before
@@ -424,7 +435,12 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                     checkpoint.mark_good(mngr, good)
                     guard.forget_before(good)
                 record = _summarise(host, step, t0, t0_step, flops_per_token, peak)
-                record.update(s.task.train_metrics({k: sum(float(m[k]) for _, m in host) for k in host[-1][1]}))
+                totals = {k: sum(float(m[k]) for _, m in host) for k in host[-1][1]}
+                for k in {k for st, _ in host for k in host_metrics.get(st, {})}:
+                    totals[k] = sum(host_metrics.get(st, {}).get(k, 0.0) for st, _ in host)
+                for st, _ in host:
+                    host_metrics.pop(st, None)
+                record.update(s.task.train_metrics(totals))
                 record["peak_memory_mb"] = memory.peak_memory_mb(local_devices)
                 if not writer.records:
                     record["compile_s"] = compile_s
@@ -499,10 +515,13 @@ def _summarise(host, step, t0, t0_step, flops_per_token, peak) -> dict:
         return {"step": step}
     weight = sum(float(m["weight"]) for m in ms)
     record = {"step": step, "loss": sum(float(m["loss_sum"]) for m in ms) / max(weight, 1e-9),
-              "accuracy": sum(float(m["correct"]) for m in ms) / max(weight, 1e-9),
               "lr": float(ms[-1]["lr"]), "grad_norm": float(ms[-1]["grad_norm"]),
               "param_norm": float(ms[-1]["param_norm"])}
+    if "correct" in ms[-1]:  # a task scored by its predictions (not grpo: its rewards are its score)
+        record = {"step": step, "loss": record["loss"],
+                  "accuracy": sum(float(m["correct"]) for m in ms) / max(weight, 1e-9), **record}
     elapsed = time.perf_counter() - t0
+    record["seconds"] = elapsed  # the interval's wall time (without the first step's compile)
     timed = [m for s_, m in host if s_ > t0_step]
     if "moe_aux_sum" in ms[-1]:  # a mixture of experts: its load-balancing loss (R when balanced; zoo.nn.moe)
         record["moe_aux_loss"] = sum(float(m["moe_aux_sum"]) for m in ms) / max(weight, 1e-9)
