@@ -257,9 +257,11 @@ def train(config=None, *, workdir: str | None = None, overrides=None, resume: bo
             datasets.disable_progress_bars()  # the one-time tokenization's bars are noise in a log
         out = trainer.train(cfg, workdir, resume=resume, quiet=quiet, resume_step=step, devices=devices,
                             config_of=_config_of(workdir, sets) if resume else None)
-    except BaseException:
+    except BaseException as e:
         if fresh:  # a run that failed before its first step leaves nothing: the corrected retry starts clean
             _remove_unstarted(workdir)
+        if isinstance(e, OSError) and e.errno in trainer.DISK_ERRNOS:  # e.g. converting the base on a full disk
+            raise trainer.disk_failure(e, workdir) from None
         raise
     records = out["records"]
     return Run(workdir, out["setup"].cfg, int(jax.device_get(out["state"].step)), records[-1] if records else {},

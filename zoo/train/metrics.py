@@ -9,9 +9,11 @@ a line that does not parse."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import threading
 
 
 def _clean(v):
@@ -67,6 +69,32 @@ def _summary_writer():
     return SummaryWriter
 
 
+_TB_FAILURES: list[OSError] = []  # writes TensorBoard's background thread could not make (a full disk)
+
+
+def _hold_tb_failures() -> None:
+    """TensorBoard's events are written by a thread of tensorboardX: an OSError there (a full disk) would print a
+    thread traceback and be lost to the run; held here, it is raised by the next write or close instead."""
+    previous = threading.excepthook
+    if getattr(previous, "zoo_holds_tb", False):
+        return
+
+    def hook(args):
+        if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_EventLoggerThread":
+            _TB_FAILURES.append(args.exc_value)
+        else:
+            previous(args)
+    hook.zoo_holds_tb = True
+    threading.excepthook = hook
+
+
+def _raise_tb_failure() -> None:
+    if _TB_FAILURES:
+        e = _TB_FAILURES.pop(0)
+        _TB_FAILURES.clear()
+        raise e
+
+
 class MetricsWriter:
     def __init__(self, workdir: str, enabled: bool = True, start_step: int = 0):
         self.workdir, self.enabled = workdir, enabled
@@ -79,6 +107,7 @@ class MetricsWriter:
             self._jsonl = open(path, "a")
             try:
                 SummaryWriter = _summary_writer()
+                _hold_tb_failures()
                 # purge_step: TensorBoard drops what an earlier run logged after the step resumed from.
                 self._tb = SummaryWriter(os.path.join(workdir, "tb"),
                                          purge_step=start_step + 1 if start_step else None)
@@ -93,6 +122,7 @@ class MetricsWriter:
         self.records.append(record)
         self._jsonl.write(json.dumps({k: _clean(v) for k, v in record.items()}, allow_nan=False) + "\n")
         self._jsonl.flush()
+        _raise_tb_failure()
         if self._tb is not None:
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
@@ -122,8 +152,25 @@ class MetricsWriter:
         plt.close(fig)
         return path
 
+    def abandon(self) -> None:
+        """After a failure (a full disk): close the files quietly, and leave TensorBoard's writer nothing to flush
+        at exit (its atexit hook would print a traceback for a write the run already reported)."""
+        if not self.enabled:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self._jsonl.close()
+        if self._tb is not None:
+            try:
+                self._tb.close()
+            except Exception:  # its queue or file: mark it closed so the atexit hook does nothing
+                for fw in (getattr(self._tb, "all_writers", None) or {}).values():
+                    if hasattr(getattr(fw, "event_writer", None), "_closed"):
+                        fw.event_writer._closed = True
+            self._tb = None
+
     def close(self) -> None:
         if self.enabled:
             self._jsonl.close()
             if self._tb is not None:
                 self._tb.close()
+            _raise_tb_failure()

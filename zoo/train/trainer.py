@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -272,6 +273,35 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
     after each evaluation. Returns the final state, the last eval metrics, the data's tokenizer and the
     setup.
     """
+    try:
+        return _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_step, config_of)
+    except OSError as e:
+        if e.errno not in DISK_ERRNOS:
+            raise
+        raise disk_failure(e, path) from None
+
+
+# A write that fails for one of these reasons is the disk's fault, not the run's: one line, nothing half-written.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
+
+
+def disk_failure(e: OSError, path: str) -> TrainError:
+    """A write of the run (checkpoint marker, data state, metrics, TensorBoard, config, tokenizer, base) that
+    failed: its half-written .tmp files removed, the checkpoints kept, and what to do next in one line."""
+    for d in (path, checkpoint.ckpt_dir(path), os.path.join(path, data_state.DIR)):
+        if os.path.isdir(d):
+            for name in os.listdir(d):
+                if name.endswith(".tmp") and os.path.isfile(os.path.join(d, name)):
+                    with contextlib.suppress(OSError):
+                        os.remove(os.path.join(d, name))
+    steps = checkpoint.all_steps(path) if os.path.isdir(path) else []
+    then = f"python train.py --resume {path}" if steps else "run the same command again"
+    where = f"writing {e.filename}" if e.filename else f"writing in {path}"
+    return TrainError(f"{where} failed: {e.strerror or e}; the run stopped (free space or fix permissions, then "
+                      f"{then})")
+
+
+def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_step, config_of) -> dict:
     main, asked = jax.process_index() == 0, cfg
     built = peers.key("data")
     with _claimed(path, main) as created:
@@ -329,6 +359,10 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
                 return _loop(cfg, path, s, state, data, mngr, stop_at_step, progress, quiet)
         except orbax_errors.SaveError as e:
             raise TrainError(f"{e}; the run stopped (free space or fix permissions, then --resume {path})") from None
+        except OSError:  # a write of the run failed (zoo.train.trainer.DISK_ERRNOS): Orbax's saves end first
+            with contextlib.suppress(Exception), orbax_errors.held():
+                checkpoint.finish(mngr)
+            raise
 
 
 def steps_of_epochs(cfg: Config, rows: int, main: bool = True) -> Config:
@@ -375,114 +409,118 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
     start = int(jax.device_get(state.step))
     # Records after `start` belong to a run that got further than its last checkpoint: dropped.
     writer = MetricsWriter(workdir, enabled=main, start_step=start)
-    flops_per_token = freeze.flops_per_token(s.task, cfg.data.seq_len, s.abstract_params, s.trainable)
-    peak = flops.total_peak(s.mesh.devices.flatten().tolist())
-    local_devices = [d for d in s.mesh.devices.flatten().tolist() if d.process_index == jax.process_index()]
-    last = cfg.train.steps if stop_at_step is None else min(stop_at_step, cfg.train.steps)
-    bar = tqdm(total=cfg.train.steps, initial=start, dynamic_ncols=True,
-               disable=not (main and progress and not quiet and _is_terminal()))
+    try:
+        flops_per_token = freeze.flops_per_token(s.task, cfg.data.seq_len, s.abstract_params, s.trainable)
+        peak = flops.total_peak(s.mesh.devices.flatten().tolist())
+        local_devices = [d for d in s.mesh.devices.flatten().tolist() if d.process_index == jax.process_index()]
+        last = cfg.train.steps if stop_at_step is None else min(stop_at_step, cfg.train.steps)
+        bar = tqdm(total=cfg.train.steps, initial=start, dynamic_ncols=True,
+                   disable=not (main and progress and not quiet and _is_terminal()))
 
-    def say(line: str) -> None:  # a console line (process 0, unless quiet) that does not break the bar
-        if not main or quiet:
-            return
-        if bar.disable:
-            print(line, flush=True)
-        else:
-            tqdm.write(line)
+        def say(line: str) -> None:  # a console line (process 0, unless quiet) that does not break the bar
+            if not main or quiet:
+                return
+            if bar.disable:
+                print(line, flush=True)
+            else:
+                tqdm.write(line)
 
-    buffered, eval_metrics, t0, t0_step, compile_s, pace = [], {}, time.perf_counter(), start, None, None
-    pending = None  # metrics of the newest step, which may still be running
-    guard = Guard(cfg.train.spike_guard)
-    data_state.restore(data.train, workdir, start)
-    # A task that samples its batch from the current params (grpo) gets its step's input on the host and rolls it
-    # out first (zoo.tasks.rl): generation waits for the step before, so nothing of it is prefetched but the input.
-    rollout = getattr(s.task, "rollout", None)
-    make = (lambda i: data.train(i)) if rollout else (lambda i: to_device(data.train(i), s.mesh))
-    prefetch = Prefetcher(make, start, last)
-    host_metrics: dict = {}  # step -> what a rollout measured on the host
-    with prefetch as batches, _Stopper() as stopper:
-        step = start
-        while step < last and not stopper.stop(step):
-            batch = batches.get(step)
-            if rollout is not None:
-                batch, host_metrics[step + 1] = rollout(s.full_params(state), batch, step, data)
-                batch = to_device(batch, s.mesh)
-            state, m = step_fn(state, batch)
-            step += 1
-            buffered.append((step, m))
-            if pending is not None:  # the host runs at most one step ahead: wait for the step before
+        buffered, eval_metrics, t0, t0_step, compile_s, pace = [], {}, time.perf_counter(), start, None, None
+        pending = None  # metrics of the newest step, which may still be running
+        guard = Guard(cfg.train.spike_guard)
+        data_state.restore(data.train, workdir, start)
+        # A task that samples its batch from the current params (grpo) gets its step's input on the host and rolls it
+        # out first (zoo.tasks.rl): generation waits for the step before, so nothing of it is prefetched but the input.
+        rollout = getattr(s.task, "rollout", None)
+        make = (lambda i: data.train(i)) if rollout else (lambda i: to_device(data.train(i), s.mesh))
+        prefetch = Prefetcher(make, start, last)
+        host_metrics: dict = {}  # step -> what a rollout measured on the host
+        with prefetch as batches, _Stopper() as stopper:
+            step = start
+            while step < last and not stopper.stop(step):
+                batch = batches.get(step)
+                if rollout is not None:
+                    batch, host_metrics[step + 1] = rollout(s.full_params(state), batch, step, data)
+                    batch = to_device(batch, s.mesh)
+                state, m = step_fn(state, batch)
+                step += 1
+                buffered.append((step, m))
+                if pending is not None:  # the host runs at most one step ahead: wait for the step before
+                    jax.block_until_ready(pending)
+                    bar.update(1)
+                pending = m
+                if compile_s is None:  # the first step compiles; time throughput from the second on
+                    first = jax.device_get(m)
+                    compile_s, t0, t0_step = time.perf_counter() - t0, time.perf_counter(), step
+                    pace = (t0, step)  # the time after the first step: the next log tells how long a step takes
+                    say(f"first step: loss {float(first['loss_sum']) / max(float(first['weight']), 1e-9):.4g} "
+                        f"(compiled and ran in {compile_s:.1f} s)")
+                do_eval = cfg.train.eval_every and (step % cfg.train.eval_every == 0 or step == last)
+                do_save = step % cfg.train.save_every == 0 or step == last
+                if step % cfg.train.log_every == 0 or do_eval or do_save or step == last:
+                    host = jax.device_get(buffered)
+                    bar.update(1)
+                    pending = None
+                    checkpoint.check_for_errors(mngr)  # a failed asynchronous save ends the run now, not at the next
+                    bad = guard.check(host)
+                    if bad is not None:
+                        raise _diverged(*bad, workdir, mngr, guard)
+                    good = guard.confirmed(mngr.all_steps())
+                    if good is not None:  # kept whatever `train.keep` rotates out
+                        checkpoint.mark_good(mngr, good)
+                        guard.forget_before(good)
+                    record = _summarise(host, step, t0, t0_step, flops_per_token, peak)
+                    totals = {k: sum(float(m[k]) for _, m in host) for k in host[-1][1]}
+                    for k in {k for st, _ in host for k in host_metrics.get(st, {})}:
+                        totals[k] = sum(host_metrics.get(st, {}).get(k, 0.0) for st, _ in host)
+                    for st, _ in host:
+                        host_metrics.pop(st, None)
+                    record.update(s.task.train_metrics(totals))
+                    record["peak_memory_mb"] = memory.peak_memory_mb(local_devices)
+                    if not writer.records:
+                        record["compile_s"] = compile_s
+                    buffered, t0, t0_step = [], time.perf_counter(), step
+                    if do_eval:
+                        eval_metrics = evaluate(eval_fn, s.full_params(state), data.eval, s.mesh, s.task.eval_metrics,
+                                                perplexity=perplexity)
+                        eval_metrics.update(s.task.evaluate_extra(s.full_params(state), data))
+                        if eval_sets:
+                            eval_metrics.update(during.score(eval_sets, s.task.model, s.full_params(state), data.tokenizer,
+                                                             cfg))
+                        record.update(eval_metrics)
+                    writer.write(record)
+                    if pace is not None and step > pace[1] and last > step:  # once: the time left, from the first steps
+                        per = (time.perf_counter() - pace[0]) / (step - pace[1])
+                        say(f"{per:.2f} s a step: about {duration(per * (last - step))} for the {last - step} steps left")
+                        pace = None
+                    bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
+                                    tok_s=f"{record.get('tokens_per_s', 0):.0f}", refresh=False)
+                    if do_eval:
+                        say(eval_line(record))
+                    if do_save:
+                        _save(mngr, state, cfg, workdir, data, step)
+            if pending is not None:
                 jax.block_until_ready(pending)
                 bar.update(1)
-            pending = m
-            if compile_s is None:  # the first step compiles; time throughput from the second on
-                first = jax.device_get(m)
-                compile_s, t0, t0_step = time.perf_counter() - t0, time.perf_counter(), step
-                pace = (t0, step)  # the time after the first step: the next log tells how long a step takes
-                say(f"first step: loss {float(first['loss_sum']) / max(float(first['weight']), 1e-9):.4g} "
-                    f"(compiled and ran in {compile_s:.1f} s)")
-            do_eval = cfg.train.eval_every and (step % cfg.train.eval_every == 0 or step == last)
-            do_save = step % cfg.train.save_every == 0 or step == last
-            if step % cfg.train.log_every == 0 or do_eval or do_save or step == last:
-                host = jax.device_get(buffered)
-                bar.update(1)
-                pending = None
-                checkpoint.check_for_errors(mngr)  # a failed asynchronous save ends the run now, not at the next
-                bad = guard.check(host)
-                if bad is not None:
-                    raise _diverged(*bad, workdir, mngr, guard)
-                good = guard.confirmed(mngr.all_steps())
-                if good is not None:  # kept whatever `train.keep` rotates out
-                    checkpoint.mark_good(mngr, good)
-                    guard.forget_before(good)
-                record = _summarise(host, step, t0, t0_step, flops_per_token, peak)
-                totals = {k: sum(float(m[k]) for _, m in host) for k in host[-1][1]}
-                for k in {k for st, _ in host for k in host_metrics.get(st, {})}:
-                    totals[k] = sum(host_metrics.get(st, {}).get(k, 0.0) for st, _ in host)
-                for st, _ in host:
-                    host_metrics.pop(st, None)
-                record.update(s.task.train_metrics(totals))
-                record["peak_memory_mb"] = memory.peak_memory_mb(local_devices)
-                if not writer.records:
-                    record["compile_s"] = compile_s
-                buffered, t0, t0_step = [], time.perf_counter(), step
-                if do_eval:
-                    eval_metrics = evaluate(eval_fn, s.full_params(state), data.eval, s.mesh, s.task.eval_metrics,
-                                            perplexity=perplexity)
-                    eval_metrics.update(s.task.evaluate_extra(s.full_params(state), data))
-                    if eval_sets:
-                        eval_metrics.update(during.score(eval_sets, s.task.model, s.full_params(state), data.tokenizer,
-                                                         cfg))
-                    record.update(eval_metrics)
-                writer.write(record)
-                if pace is not None and step > pace[1] and last > step:  # once: the time left, from the first steps
-                    per = (time.perf_counter() - pace[0]) / (step - pace[1])
-                    say(f"{per:.2f} s a step: about {duration(per * (last - step))} for the {last - step} steps left")
-                    pace = None
-                bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
-                                tok_s=f"{record.get('tokens_per_s', 0):.0f}", refresh=False)
-                if do_eval:
-                    say(eval_line(record))
-                if do_save:
-                    _save(mngr, state, cfg, workdir, data, step)
-        if pending is not None:
-            jax.block_until_ready(pending)
-            bar.update(1)
-        if stopper.stopped or step < cfg.train.steps:
-            jax.block_until_ready(state)
-            if mngr.latest_step() != step:
-                _save(mngr, state, cfg, workdir, data, step, force=True)
-            if main and stopper.stopped:
-                bar.close()
-                print(f"stopped by {f'signal {stopper.signal}' if stopper.signal else 'a signal to another process'} "
-                      f"at step {step}; checkpoint saved. Continue with: "
-                      f"python train.py --resume {workdir}", flush=True)
-    checkpoint.finish(mngr)
-    data_state.prune(workdir, mngr.all_steps())
-    bar.close()
-    writer.plot()
-    writer.close()
-    return {"state": state, "params": s.full_params(state), "eval": eval_metrics, "tokenizer": data.tokenizer, "setup": s,
-            "records": writer.records, "interrupted": stopper.stopped}
+            if stopper.stopped or step < cfg.train.steps:
+                jax.block_until_ready(state)
+                if mngr.latest_step() != step:
+                    _save(mngr, state, cfg, workdir, data, step, force=True)
+                if main and stopper.stopped:
+                    bar.close()
+                    print(f"stopped by {f'signal {stopper.signal}' if stopper.signal else 'a signal to another process'} "
+                          f"at step {step}; checkpoint saved. Continue with: "
+                          f"python train.py --resume {workdir}", flush=True)
+        checkpoint.finish(mngr)
+        data_state.prune(workdir, mngr.all_steps())
+        bar.close()
+        writer.plot()
+        writer.close()
+        return {"state": state, "params": s.full_params(state), "eval": eval_metrics, "tokenizer": data.tokenizer, "setup": s,
+                "records": writer.records, "interrupted": stopper.stopped}
+    except BaseException:
+        writer.abandon()  # a failed run (a full disk) leaves nothing to flush at exit
+        raise
 
 
 def _save(mngr, state, cfg: Config, workdir: str, data, step: int, force: bool = False) -> None:
