@@ -85,7 +85,22 @@ DAMAGE = {  # what happens to step 4 -> the one-line reason (a regex)
     # Checksums deleted are checksums lost, not a checkpoint from before checksums: the step is refused.
     "digest deleted": (lambda d: shutil.rmtree(f"{d}/digest"),
                        re.escape("its digest/ (the checksums every step of this run has) is missing")),
+    # ... and so are they with the run's .checksummed marker deleted too: the step's own metadata names its digest
+    "digest and the run's marker deleted": (lambda d: (shutil.rmtree(f"{d}/digest"), os.remove(
+        os.path.join(os.path.dirname(d), checkpoint.CHECKSUMMED))),
+        re.escape("its digest/ (the checksums every step of this run has) is missing")),
 }
+
+
+def _before_checksums(step_dir):
+    """A step as zoo wrote it before checkpoints carried checksums: no digest/, and none named in its metadata."""
+    shutil.rmtree(os.path.join(step_dir, "digest"))
+    path = os.path.join(step_dir, "_CHECKPOINT_METADATA")
+    with open(path) as f:
+        meta = json.load(f)
+    meta["item_handlers"].pop("digest", None)
+    with open(path, "w") as f:
+        json.dump(meta, f)
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
@@ -293,9 +308,25 @@ def test_a_run_from_before_checksums_is_read_unverified_and_says_so_once(base, t
     work = copy_of(base, tmp_path)
     os.remove(os.path.join(checkpoint.ckpt_dir(work), checkpoint.CHECKSUMMED))
     for st in (2, 4):
-        shutil.rmtree(os.path.join(checkpoint.step_dir(work, st), "digest"))
+        _before_checksums(checkpoint.step_dir(work, st))
     for _ in range(2):
         runs.load_params(work)
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"note: {checkpoint.ckpt_dir(work)} was written before checkpoints carried checksums; read "
                    f"unverified"]
+
+
+def test_a_checkpoints_link_out_of_the_run_is_refused_and_nothing_is_written_there(base, tmp_path, capsys):
+    """--resume of a run whose checkpoints/ is a symlink into another run would write that run's steps."""
+    other = copy_of(base, tmp_path)
+    work = str(tmp_path / "linked")
+    os.makedirs(work)
+    for name in ("config.json", "metrics.jsonl"):
+        shutil.copy(os.path.join(other, name), work)
+    os.symlink(checkpoint.ckpt_dir(other), checkpoint.ckpt_dir(work))
+    before = sorted(os.listdir(checkpoint.ckpt_dir(other)))
+    assert train_main(["--resume", work, "--set", "train.steps=6"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {checkpoint.ckpt_dir(work)} is a link to "), err
+    assert "outside the run" in err[0]
+    assert sorted(os.listdir(checkpoint.ckpt_dir(other))) == before

@@ -242,12 +242,27 @@ def _mark_checksummed(workdir: str) -> None:
         open(path, "w").close()
 
 
+def _checksummed(workdir: str, step: int) -> bool:
+    """Whether `step` was saved with checksums. The run's marker says so, but it is one file that can go: the
+    step's own Orbax metadata naming a `digest` item, or any other step of the run holding one, say so too."""
+    if os.path.exists(os.path.join(ckpt_dir(workdir), CHECKSUMMED)):
+        return True
+    try:
+        with open(os.path.join(step_dir(workdir, step), "_CHECKPOINT_METADATA")) as f:
+            if "digest" in json.load(f).get("item_handlers", {}):
+                return True
+    except (OSError, ValueError, AttributeError):
+        pass
+    others = [n for n in os.listdir(ckpt_dir(workdir)) if n.isdigit()] if os.path.isdir(ckpt_dir(workdir)) else []
+    return any(os.path.isdir(os.path.join(ckpt_dir(workdir), n, "digest")) for n in others)
+
+
 def _verify(workdir: str, step: int, item: str, tree) -> None:
     """Compare `tree`'s checksums with those saved beside it. A run from before checksums existed is read
     unverified (said once); in a run that has them, a step without them is damaged."""
     path = os.path.join(step_dir(workdir, step), "digest", "metadata")
     if not os.path.isdir(os.path.dirname(path)):
-        if os.path.exists(os.path.join(ckpt_dir(workdir), CHECKSUMMED)):
+        if _checksummed(workdir, step):
             raise CheckpointError("its digest/ (the checksums every step of this run has) is missing")
         if ckpt_dir(workdir) not in _UNVERIFIED and jax.process_index() == 0:
             _UNVERIFIED.add(ckpt_dir(workdir))

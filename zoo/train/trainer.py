@@ -178,6 +178,10 @@ class _Stopper:
 
 
 def _check_workdir(workdir: str, resume: bool) -> None:
+    ck, root = checkpoint.ckpt_dir(workdir), os.path.realpath(workdir)
+    if os.path.exists(ck) and os.path.commonpath([os.path.realpath(ck), root]) != root:
+        raise TrainError(f"{ck} is a link to {os.path.realpath(ck)}, outside the run {workdir!r}: a run writes only "
+                         f"into its own directory (copy the checkpoints in instead of linking them)")
     steps = checkpoint.all_steps(workdir)
     if resume and not steps:
         checkpoint.require_latest(workdir)
