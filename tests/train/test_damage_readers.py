@@ -1,4 +1,4 @@
-"""The damage table for every reader: each of the eleven kinds of damage in tests/train/test_faults.py's DAMAGE,
+"""The damage table for every reader: each of the twelve kinds of damage in tests/train/test_faults.py's DAMAGE,
 done to step 4 of a run checkpointed at steps 2 and 4, read by each reader of a run's checkpoints: `--resume`
 (zoo-train's command line up to its first step), zoo-sample (`load_run`), zoo-convert to-hf and init_from
 (`start_from`).
@@ -37,7 +37,7 @@ HITS = {"truncated params data": "params", "random bytes in params": "params", "
         "array store deleted": "params", "truncated _METADATA": "params", "random bytes in optimizer state": "train",
         "train item deleted": "train", "config item deleted": "config", "a checksum that disagrees": "digest",
         "digest deleted": "digest",
-        "digest and the run's marker deleted": "digest"}
+        "digest and the run's marker deleted": "digest", "a config that does not describe its arrays": "config"}
 WEIGHTS = {"params", "config", "digest"}  # what zoo-sample, to-hf and init_from read; --resume reads `train` too
 SEQ_LEN = {2: 32, 4: 24}  # data.seq_len each step was saved under
 

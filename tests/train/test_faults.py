@@ -67,6 +67,15 @@ def _alter_digest(step_dir):  # the arrays intact, their recorded checksum off b
         json.dump(digest, f)
 
 
+def _widen_config(step_dir):  # the step's config edited to another model width: it no longer describes its arrays
+    path = f"{step_dir}/config/metadata"
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg["model"]["d_model"] *= 2
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+
+
 SCRIBBLED = r"does not match its saved checksum|missing or truncated"
 DAMAGE = {  # what happens to step 4 -> the one-line reason (a regex)
     "truncated params data": (lambda d: _truncate(biggest_array_file(d)), re.escape("missing or truncated")),
@@ -85,6 +94,8 @@ DAMAGE = {  # what happens to step 4 -> the one-line reason (a regex)
     # Checksums deleted are checksums lost, not a checkpoint from before checksums: the step is refused.
     "digest deleted": (lambda d: shutil.rmtree(f"{d}/digest"),
                        re.escape("its digest/ (the checksums every step of this run has) is missing")),
+    "a config that does not describe its arrays": (_widen_config, re.escape(
+        "its config does not describe its own arrays: params['h_0']")),
     # ... and so are they with the run's .checksummed marker deleted too: the step's own metadata names its digest
     "digest and the run's marker deleted": (lambda d: (shutil.rmtree(f"{d}/digest"), os.remove(
         os.path.join(os.path.dirname(d), checkpoint.CHECKSUMMED))),
@@ -330,3 +341,21 @@ def test_a_checkpoints_link_out_of_the_run_is_refused_and_nothing_is_written_the
     assert len(err) == 1 and err[0].startswith(f"error: {checkpoint.ckpt_dir(work)} is a link to "), err
     assert "outside the run" in err[0]
     assert sorted(os.listdir(checkpoint.ckpt_dir(other))) == before
+
+
+def test_a_step_of_another_family_copied_into_the_run_is_refused_by_name(base, tmp_path, capsys, cache_dir):
+    """A BERT step copied into a GPT run's checkpoints/ is not the run's: every reader passes it over, saying why."""
+    from tests.helpers import tiny_configs
+    bert = str(tmp_path / "bert")
+    run(replace(tiny_configs.bert("bert_mlm", cache_dir), train=dict(steps=2, save_every=2)), bert)
+    work = copy_of(base, tmp_path)
+    shutil.copytree(checkpoint.step_dir(bert, 2), checkpoint.step_dir(work, 6))
+    capsys.readouterr()
+    assert runs.load_config(work).model.family == "gpt"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: checkpoint {checkpoint.step_dir(work, 6)} does not restore: "
+                                                "its config is a bert model's (task=bert_mlm) but the run trains a "
+                                                "gpt model (task=gpt_lm, config.json)"), err
+    assert err[0].endswith("trying step 4")
+    with pytest.raises(CheckpointError, match="a step of another run"):
+        runs.load_config(work, step=6)
