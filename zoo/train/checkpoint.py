@@ -298,6 +298,8 @@ def first_restorable(workdir: str, load, steps: list[int] | None = None, relists
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:
+            if type(e).__name__ == "BaseError":  # zoo.train.runs: the run's base, not this step, is at fault
+                raise
             if step not in all_steps(workdir):  # pruned by a run still training (keep=1): gone, not damaged
                 fresh = [s for s in all_steps(workdir) if s not in steps]
                 if fresh:  # a newer step was saved meanwhile: read it instead

@@ -32,7 +32,7 @@ from zoo.errors import CheckpointError
 from zoo.models import FAMILIES
 from zoo.nn import lora
 from zoo.train import checkpoint, freeze
-from zoo.train.checkpoint import all_steps, ckpt_dir, first_restorable, manager, portable, step_dir
+from zoo.train.checkpoint import all_steps, first_restorable, manager, portable, step_dir
 
 BASE_FILE = "base.json"  # beside a run that trained part of its model: the init_from run and step it froze
 
@@ -58,13 +58,10 @@ def load_params_of(workdir: str, cfg: Config, sharding=None, step: int | None = 
     into their kernels."""
     trained, trainable = load_trained(workdir, cfg, sharding, step)
     if trainable is not None:
-        if not os.path.isdir(ckpt_dir(cfg.init_from)):
-            raise CheckpointError(f"{workdir!r} holds only what it trained; its base, init_from={cfg.init_from!r}, "
-                                  f"has no checkpoints any more")
-        base = freeze.flat(load_weights(cfg.init_from, sharding, base_step(workdir, cfg.init_from))[2])
-        frozen = {k: base[k] for k in freeze.flat(freeze.split(
-            nn.unbox(jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))), trainable)[1])}
-        trained = freeze.join(trained, freeze.unflat(frozen))
+        abstract = freeze.flat(freeze.split(nn.unbox(jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))),
+                                            trainable)[1])
+        base = base_weights(workdir, cfg, abstract, sharding)[2]
+        trained = freeze.join(trained, freeze.unflat({k: base[k] for k in abstract}))
     return lora.merge(trained, lora.spec_of(cfg.model))
 
 
@@ -72,6 +69,8 @@ def load_trained(workdir: str, cfg: Config, sharding=None, step: int | None = No
     """(the params a run's checkpoint holds: what trained, the paths that trained (None: all)), laid out
     with `sharding` (default: this process's first device). A LoRA run's are its adapters (and any new head)."""
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    if freeze.partial(cfg) and cfg.init_from:
+        check_base(workdir, cfg)  # a base gone or changed is said once, not as damage of every adapter step
     task = tasks.build(cfg)
     boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0))
     trainable = trainable_of(cfg, boxed, getattr(task, "seen", ()))
@@ -82,7 +81,13 @@ def load_trained(workdir: str, cfg: Config, sharding=None, step: int | None = No
 
 def trainable_of(cfg: Config, boxed, seen=()):
     """zoo.train.freeze.trainable_paths of `cfg` (boxed abstract params `boxed`), its init_from run's config read."""
-    base_cfg = load_config(cfg.init_from) if freeze.partial(cfg) and cfg.init_from else None
+    base_cfg = None
+    if freeze.partial(cfg) and cfg.init_from:
+        try:
+            base_cfg = load_config(cfg.init_from)
+        except CheckpointError as e:
+            raise BaseError(f"the base this run trains on, init_from={cfg.init_from!r}, is missing or does not "
+                            f"restore: {str(e).split('; train first')[0]}") from None
     return freeze.trainable_paths(cfg, boxed, seen, base_cfg)
 
 
@@ -126,9 +131,76 @@ def _on_one_device(workdir: str, step: int):
 
 
 def write_base(workdir: str, init_from: str, step: int) -> None:
-    """base.json: the init_from run and step whose params a partly trained run keeps frozen."""
+    """base.json: the init_from run and step whose params a partly trained run keeps frozen, and that step's
+    checksums' digest (a base replaced by another model is told apart by it)."""
     with open(os.path.join(workdir, BASE_FILE), "w") as f:
-        json.dump({"init_from": portable({"init_from": init_from}, workdir)["init_from"], "step": int(step)}, f)
+        json.dump({"init_from": portable({"init_from": init_from}, workdir)["init_from"], "step": int(step),
+                   "checksums": _digest_of(init_from, step)}, f)
+
+
+def _digest_of(run: str, step: int) -> str | None:
+    """A hash of the params checksums saved with `step` of `run` (None for a step saved without them)."""
+    import hashlib
+    try:
+        with open(os.path.join(step_dir(run, step), "digest", "metadata")) as f:
+            saved = json.load(f)["params"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return hashlib.sha256(json.dumps(saved, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class BaseError(CheckpointError):
+    """The base a partly trained run (LoRA, train.trainable) froze is missing, damaged or another model: said once,
+    with no adapter step blamed (zoo.train.checkpoint.first_restorable passes it on)."""
+
+
+def base_weights(workdir: str, cfg: Config, frozen: dict | None = None, sharding=None):
+    """(step, config, flat params) of the base run `workdir` trained on, checked: base.json reads, its run still
+    holds that step, the step is the one trained on (its checksums' digest) and restores, and holds every frozen
+    param (`frozen`: path -> abstract array) at its shape. Raises BaseError naming which check failed and where."""
+    src, about = cfg.init_from, f"the base that {workdir!r} trained on"
+    step = check_base(workdir, cfg)
+    try:
+        step, base_cfg, params = load_weights(src, sharding, step)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged base is the base's fault, said once
+        raise BaseError(f"{about}, {f'step {step} of ' if step is not None else ''}{src!r}, does not restore: "
+                        f"{checkpoint._reason(e)}") from None
+    params = freeze.flat(params)
+    for k, a in (frozen or {}).items():
+        if k not in params or params[k].shape != a.shape:
+            got = params[k].shape if k in params else "absent"
+            raise BaseError(f"{about}, {src!r}, is another model now: its param {k} is {got}, the run froze "
+                            f"{a.shape}")
+    return step, base_cfg, params
+
+
+def check_base(workdir: str, cfg: Config) -> int | None:
+    """The step of the base run `workdir` trained on (base.json), checked without reading its weights: base.json
+    reads, the base run still holds that step, and the step is the one trained on (its checksums' digest)."""
+    src, path = cfg.init_from, os.path.join(workdir, BASE_FILE)
+    about = f"the base that {workdir!r} trained on"
+    try:
+        step = base_step(workdir, src)
+    except CheckpointError as e:
+        raise BaseError(f"{about} is missing: {e}") from None
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise BaseError(f"{path} is damaged ({type(e).__name__}: {str(e).splitlines()[0][:120]}): it names {about} "
+                        f"(init_from={src!r} and its step)") from None
+    recorded = _recorded_digest(path)
+    if recorded and step is not None and _digest_of(src, step) != recorded:
+        raise BaseError(f"{about}, step {step} of {src!r}, has changed since (its checksums differ from those in "
+                        f"{path}): the adapters only fit the weights they were trained on")
+    return step
+
+
+def _recorded_digest(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return json.load(f).get("checksums")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def base_step(workdir: str, init_from: str) -> int | None:

@@ -71,5 +71,6 @@ def load_frozen(s, state: TrainState, workdir: str) -> TrainState:
     (checkpoints hold what trains)."""
     if s.trainable is None:
         return state
-    step = runs.base_step(workdir, s.cfg.init_from)
-    return state.replace(frozen=_frozen(s, state.params, _base_params(s, s.cfg.init_from, step)[1]))
+    abstract = freeze.flat(freeze.split(nn.unbox(s.abstract_params), s.trainable)[1])
+    theirs = runs.base_weights(workdir, s.cfg, abstract, sharding.replicated(s.mesh))[2]
+    return state.replace(frozen=_frozen(s, state.params, {k: v for k, v in jax.device_get(theirs).items()}))

@@ -312,6 +312,8 @@ def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_ste
         try:
             _check_workdir(path, resume)
             cfg = tasks.check_data(cfg)  # the source, columns and labels, before any model is built
+            if resume and freeze.partial(cfg) and cfg.init_from:  # the base gone or changed: said first, once
+                runs.check_base(path, cfg)
             s = setup(cfg, devices)
             if resume:
                 start, state = checkpoint.restore_latest(path, s.abstract_state, resume_step)
