@@ -15,6 +15,36 @@ number after "answer is", else the last number, equals the answer) and answer_fo
 (beta 0.04) to the reference every LoRA run has for free, its base with the adapters off, averaged over the
 batch's completion tokens (loss_type bnpo). At each evaluation the held-out questions are answered greedily and
 scored: eval_rewards/exact_answer is the held-out accuracy.
+
+Expect (`python -m zoo.cli.results smollm2_grpo_lora`, 2-core CPU, 2026-11-28): 25m54s wall; loss
+-0.02 -> 0.02 over 30 steps, eval_reward 1.243, eval_rewards/exact_answer 0.2432,
+eval_rewards/answer_format 1; 64 tokens/s, MFU 0.27.
+
+Rewards (held-out questions answered greedily, scored by the run's reward functions):
+
+    37 held-out questions
+    before (the base): mean reward 0.108; exact_answer 0.108, answer_format 0.000
+    after:             mean reward 1.243; exact_answer 0.243, answer_format 1.000
+    Q: What is 16 - 18? (answer -2)
+       before: 16 - 18 is 12.
+       after:  The answer is 4.
+    Q: What is 19 - 8? (answer 11)
+       before: 19 - 8 = 2.
+       after:  The answer is 7.
+    Q: What is 16 - 4? (answer 12)
+       before: 16 - 4 = 2.
+       after:  The answer is 12.
+    training reward, mean of each 5 steps: 0.12 0.38 0.93 1.05 1.11 1.23
+    wall 25m54s; generating (sampling + rewards) 401 s = 26% of it
+
+Answers (that run's, greedy: zoo-sample RUN --chat --temperature 0), before -> after:
+
+    Q: What is the capital of France?
+       before: The capital of France is Paris.
+       after:  The capital of France is Paris.
+    Q: Name three primary colors.
+       before: The primary colors are: Red, Blue, and Yellow.
+       after:  The primary colors are: Red, Blue, and Green.
 """
 
 import dataclasses
