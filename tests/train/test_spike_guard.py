@@ -47,6 +47,22 @@ def test_a_checkpoint_is_good_when_the_loss_after_it_is_calm():
     assert policy.should_preserve(infos) == [False, True, False, True, True]
 
 
+def test_a_step_whose_output_went_uniform_is_not_good():
+    """A LoRA run at lr 1000 without clipping: its loss sat at exactly ln(vocab) from step 4 (a uniform output,
+    gradients near zero, within 0.5 nats of its start so "calm") until a NaN at step 10; no step from 3 on is good."""
+    uniform = math.log(260)
+    losses = (5.9, 5.2, 4.9, uniform, uniform, uniform + 1e-5, uniform, uniform, uniform)
+    g = Guard(4.0, uniform)
+    assert g.check(steps(*losses)) is None
+    assert g.confirmed(list(range(1, 10))) == 2  # step 3's params give step 4's uniform loss
+    plain = Guard(4.0)  # without the uniform loss every step would do
+    plain.check(steps(*losses))
+    assert plain.confirmed(list(range(1, 10))) == 8
+    fresh = Guard(4.0, uniform)  # a model that starts at the uniform loss (a fresh LM) is not stuck
+    fresh.check(steps(uniform, uniform - 0.01, uniform - 0.05))
+    assert fresh.confirmed([1, 2]) == 2
+
+
 @pytest.mark.parametrize("recipe, keep, blown", [
     (dict(lr=1e6, clip_norm=0, warmup=6), 3, 3),  # warmup from 0: the second update explodes, step 3 shows it
     (dict(lr=30, schedule="constant", warmup=0, clip_norm=0), 3, None),  # a climb over several steps

@@ -68,6 +68,9 @@ class BaseTask:
     name = ""
     EXCLUDE: tuple = ()
     PERPLEXITY: bool = True
+    # Whether the loss is a cross-entropy over model.vocab_size tokens: ln(vocab) is then the loss of a model
+    # that outputs the uniform distribution, which the spike guard never calls good (zoo.train.guard).
+    UNIFORM_OVER_VOCAB: bool = False
 
     @classmethod
     def check_data(cls, cfg, vocab: bool = True):

@@ -26,6 +26,7 @@ class LmTask(BaseTask):
     """Loss on every target token (weight = their count)."""
 
     name = "gpt_lm"
+    UNIFORM_OVER_VOCAB = True
     def __init__(self, cfg):
         self.cfg, self.model = cfg, Gpt(cfg.model)
         # Lookups, not matmuls: learned positions, and the token embedding when the output has its own lm_head.

@@ -199,6 +199,7 @@ class MlmTask(BaseTask):
     """Masked-LM pretraining: loss and accuracy on the chosen positions only (weight = their count)."""
 
     name = "bert_mlm"
+    UNIFORM_OVER_VOCAB = True
     EXCLUDE = ("['position']", "['segment']")  # lookups; the word embedding is also the tied output matmul
 
     def __init__(self, cfg):

@@ -196,6 +196,7 @@ class DpoTask(LmTask):
 
     name = "dpo"
     PERPLEXITY = False  # a preference loss is no per-token loss of text
+    UNIFORM_OVER_VOCAB = False
 
     def __init__(self, cfg):
         super().__init__(cfg)

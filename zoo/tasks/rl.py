@@ -176,6 +176,7 @@ class GrpoTask(LmTask):
 
     name = "grpo"
     PERPLEXITY = False
+    UNIFORM_OVER_VOCAB = False
 
     def __init__(self, cfg):
         super().__init__(cfg)

@@ -22,6 +22,7 @@ class Seq2SeqTask(BaseTask):
     counts source + target tokens."""
 
     name = "seq2seq"
+    UNIFORM_OVER_VOCAB = True
     EXCLUDE = ("['position']",)  # learned position tables are lookups; the (tied) embedding is the output matmul
 
     def __init__(self, cfg):

@@ -33,11 +33,17 @@ WINDOW = 32  # steps the medians are taken over
 GRAD_FACTOR = 250.0  # the gradient-norm bound is GRAD_FACTOR x spike_guard x its median
 GRAD_HISTORY = 8  # steps of history before the gradient-norm bound applies
 CALM_NATS = 0.5  # a step's loss at most this far above the median before it is calm
+# A model whose output went uniform (a learning rate far too high can leave one there, finite, its loss exactly
+# ln(vocab) and its gradients near zero, so lowering the rate never moves it) is not good either: a step whose
+# loss is within UNIFORM_NATS of the uniform-output loss after the run had been UNIFORM_BELOW nats under it.
+UNIFORM_NATS = 1e-3
+UNIFORM_BELOW = 0.1
 
 
 class Guard:
-    def __init__(self, spike_guard: float):
-        self.factor = spike_guard
+    def __init__(self, spike_guard: float, uniform_loss: float | None = None):
+        self.factor, self.uniform = spike_guard, uniform_loss
+        self.lowest = math.inf  # the lowest loss so far
         self.losses: collections.deque = collections.deque(maxlen=WINDOW)
         self.grads: collections.deque = collections.deque(maxlen=WINDOW)
         self.low = math.inf  # the lowest running median so far
@@ -66,7 +72,10 @@ class Guard:
             loss, grad = float(m["loss_sum"]) / weight, float(m["grad_norm"])
             if self.losses:
                 self.low = min(self.low, statistics.median(self.losses))
-            self.calm[step] = loss <= self.low + CALM_NATS
+            stuck = self.uniform is not None and abs(loss - self.uniform) < UNIFORM_NATS and \
+                self.lowest < self.uniform - UNIFORM_BELOW
+            self.calm[step] = loss <= self.low + CALM_NATS and not stuck
+            self.lowest = min(self.lowest, loss)
             if self.factor and self.losses:
                 ml, mg = statistics.median(self.losses), statistics.median(self.grads)
                 n = len(self.losses)

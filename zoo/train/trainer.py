@@ -433,7 +433,8 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
 
         buffered, eval_metrics, t0, t0_step, compile_s, pace = [], {}, time.perf_counter(), start, None, None
         pending = None  # metrics of the newest step, which may still be running
-        guard = Guard(cfg.train.spike_guard)
+        guard = Guard(cfg.train.spike_guard, math.log(cfg.model.vocab_size)
+                      if getattr(s.task, "UNIFORM_OVER_VOCAB", False) else None)
         data_state.restore(data.train, workdir, start)
         # A task that samples its batch from the current params (grpo) gets its step's input on the host and rolls it
         # out first (zoo.tasks.rl): generation waits for the step before, so nothing of it is prefetched but the input.
