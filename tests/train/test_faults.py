@@ -359,3 +359,34 @@ def test_a_step_of_another_family_copied_into_the_run_is_refused_by_name(base, t
     assert err[0].endswith("trying step 4")
     with pytest.raises(CheckpointError, match="a step of another run"):
         runs.load_config(work, step=6)
+
+
+def test_a_truncated_array_file_is_one_line_in_a_reader_of_its_own(base, tmp_path):
+    """In a process of its own (so the echoes Orbax's still-running reads print at the loop's close would show):
+    zoo-sample past a truncated array file says one line and samples from step 2; no "Exception ignored" or
+    "Event loop is closed" traceback follows."""
+    work = copy_of(base, tmp_path)
+    _truncate(biggest_array_file(checkpoint.step_dir(work, 4)))
+    env = {**os.environ, "XLA_FLAGS": ""}
+    out = subprocess.run([sys.executable, "-m", "zoo.cli.sample", work, "--prompt", "ab", "--max-new-tokens", "2"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    err = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 0 and len(err) == 1, out.stderr[:1500]
+    assert err[0].startswith(f"warning: checkpoint {checkpoint.step_dir(work, 4)} does not restore: an array file is "
+                             f"missing or truncated") and err[0].endswith("trying step 2")
+
+
+def test_a_save_killed_midway_leaves_nothing_said_on_the_next_resume(base, tmp_path):
+    """kill -9 during a save leaves STEP.orbax-checkpoint-tmp: the resumed run removes it before saving, so Orbax's
+    'WARNING:absl:Attempted to create temporary directory ... already exists' never reaches the console."""
+    work = copy_of(base, tmp_path)
+    tmp = os.path.join(checkpoint.ckpt_dir(work), "6.orbax-checkpoint-tmp")
+    shutil.copytree(checkpoint.step_dir(work, 4), tmp)
+    os.remove(os.path.join(tmp, "commit_success.txt"))
+    env = {**os.environ, "XLA_FLAGS": ""}
+    out = subprocess.run([sys.executable, "train.py", "--resume", work, "--set", "train.steps=6", "--set",
+                          "train.save_every=2", "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "absl" not in out.stderr and "orbax-checkpoint-tmp" not in out.stderr + out.stdout, out.stderr
+    assert checkpoint.all_steps(work)[0] == 6 and not os.path.exists(tmp)

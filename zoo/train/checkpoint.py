@@ -112,6 +112,8 @@ def _absl_errors_only():
 
 def manager(workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False):
     _replica_parallel_when_it_pays()
+    if not read_only and jax.process_index() == 0:
+        _remove_unfinished(workdir)
     # Readers open the manager with create=False and never save; orbax's read_only mode only logs noise.
     policy = None if read_only else KeepLatestAndGood(keep, last_good(workdir))
     options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=not read_only,
@@ -128,6 +130,16 @@ def manager(workdir: str, keep: int = 3, async_save: bool = True, read_only: boo
                 raise
     mngr.zoo_policy = policy
     return mngr
+
+
+def _remove_unfinished(workdir: str) -> None:
+    """A save interrupted (kill -9) leaves STEP.orbax-checkpoint-tmp*: never a step, so no reader lists it, and the
+    run that saves again removes it, which Orbax does with a WARNING:absl: line on the console. The run that owns
+    the workdir (it holds its lock) removes them first, quietly: the step it was saving is trained again."""
+    d = ckpt_dir(workdir)
+    for name in os.listdir(d) if os.path.isdir(d) else []:
+        if ".orbax-checkpoint-tmp" in name and name.split(".", 1)[0].isdigit():
+            shutil.rmtree(os.path.join(d, name), ignore_errors=True)
 
 
 def last_good(workdir: str) -> int | None:
@@ -282,6 +294,9 @@ def _verify(workdir: str, step: int, item: str, tree) -> None:
 # A damaged step is reported once a process: `--resume` reads the config (zoo.cli.train) before the trainer
 # restores the whole step, and both fall back past the same damage.
 _REPORTED: set = set()
+
+
+orbax_errors.hold_read_echoes()
 
 
 def first_restorable(workdir: str, load, steps: list[int] | None = None, relists: int = 3):

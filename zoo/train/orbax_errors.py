@@ -87,3 +87,32 @@ def held():
                 lg.removeFilter(held)
             for record in held.held:
                 logging.getLogger(record.name).handle(record)
+
+
+_READ_ECHO = "Encountered error while reading array index"
+
+
+def hold_read_echoes() -> None:
+    """A step whose array file is damaged fails its restore once (reported by zoo in one line, and the next step
+    tried), but Orbax's other reads of it still running then fail in their coroutines and tensorstore's callbacks
+    into the closed event loop: Python prints each as "Exception ignored in: <coroutine ...>" or an "Event loop is
+    closed" traceback, dozens a step, after the one line. Those echoes are held back, for the life of the process
+    (they come after the read returned); any other unraisable exception is printed as usual."""
+    previous = sys.unraisablehook
+    if getattr(previous, "zoo_read_echoes", False):
+        return
+
+    def hook(u):
+        if _event_loop_closed(u.exc_type, u.exc_value, u.exc_traceback) or _READ_ECHO in str(u.exc_value)[:200]:
+            return
+        previous(u)
+    hook.zoo_read_echoes = True
+    sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(_ReadEchoes())  # "Task exception was never retrieved" of the same
+
+
+class _ReadEchoes(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        text = f"{record.getMessage()[:400]} {str(exc)[:200] if exc is not None else ''}"
+        return _READ_ECHO not in text and "Event loop is closed" not in text
