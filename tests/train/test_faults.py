@@ -301,6 +301,26 @@ def test_a_step_pruned_while_it_is_read_is_not_reported_as_damage(base, tmp_path
         checkpoint.first_restorable(work, lambda s: runs.load_params(work, step=s))
 
 
+def test_a_step_half_deleted_as_it_is_read_is_not_reported_as_damage(base, tmp_path, capsys):
+    """The rotation of a run training beside the reader (keep=1) is halfway through step 4 when the reader fails on
+    it: the step is still listed, its params gone; it is looked for again and, gone a moment later, not blamed."""
+    import threading
+    work = copy_of(base, tmp_path)
+    os.utime(os.path.join(work, "metrics.jsonl"))  # the run is writing now
+    read = []
+
+    def load(step):
+        read.append(step)
+        if step == 4 and len(read) == 1:
+            shutil.rmtree(os.path.join(checkpoint.step_dir(work, 4), "params"))  # the deletion has begun ...
+            threading.Timer(0.3, shutil.rmtree, [checkpoint.step_dir(work, 4)]).start()  # ... and ends in 0.3 s
+            raise FileNotFoundError(f"{checkpoint.step_dir(work, 4)}/params")
+        return runs.load_params(work, step=step)
+
+    assert checkpoint.first_restorable(work, load)[0] == 2 and read == [4, 2]
+    assert capsys.readouterr().err == ""
+
+
 def test_resume_from_a_chosen_step_redoes_the_steps_after_it_and_keeps_the_newer_ones(base, tmp_path, capsys):
     """--resume DIR --step N: the run goes on from N (bit for bit the steps it had made after it); the newer
     checkpoints are moved aside, not deleted."""

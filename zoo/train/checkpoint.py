@@ -299,6 +299,29 @@ _REPORTED: set = set()
 orbax_errors.hold_read_echoes()
 
 
+def _being_deleted(workdir: str, step: int, wait: float = 1.0) -> bool:
+    """Whether `step`, which just failed to read, is gone or going: a run training beside the reader rotates its
+    steps out (train.keep) and a step deleted halfway is still listed for a moment, so it is looked for again a
+    few times within `wait` seconds before its failure is called damage."""
+    for _ in range(5):
+        if step not in all_steps(workdir):
+            return True
+        here = step_dir(workdir, step)
+        whole = all(os.path.exists(os.path.join(here, n)) for n in ("params", "config", "_CHECKPOINT_METADATA"))
+        if not whole and _written_within(workdir, 60):
+            time.sleep(wait / 5)  # half deleted, by a run writing now: look again
+            continue
+        return False
+    return step not in all_steps(workdir)
+
+
+def _written_within(workdir: str, seconds: float) -> bool:
+    try:
+        return time.time() - os.stat(os.path.join(workdir, "metrics.jsonl")).st_mtime < seconds
+    except OSError:
+        return False
+
+
 def first_restorable(workdir: str, load, steps: list[int] | None = None, relists: int = 3):
     """(step, load(step)) for the newest step where `load` succeeds. Each step that fails is reported on
     stderr in one line (its path and the reason; once a process) before the next older one is tried;
@@ -315,7 +338,7 @@ def first_restorable(workdir: str, load, steps: list[int] | None = None, relists
         except Exception as e:
             if type(e).__name__ == "BaseError":  # zoo.train.runs: the run's base, not this step, is at fault
                 raise
-            if step not in all_steps(workdir):  # pruned by a run still training (keep=1): gone, not damaged
+            if _being_deleted(workdir, step):  # pruned by a run still training (keep=1): gone, not damaged
                 fresh = [s for s in all_steps(workdir) if s not in steps]
                 if fresh:  # a newer step was saved meanwhile: read it instead
                     return first_restorable(workdir, load, fresh + steps[i + 1:], relists)
