@@ -61,6 +61,19 @@ def seq2seq(cache_dir):
     )
 
 
+def jsonl(cache_dir, name: str, rows: list[dict]) -> str:
+    """CACHE_DIR/name holding `rows` as JSON lines, written once (atomically: xdist workers share the cache)."""
+    import json
+    import os
+    path = os.path.join(cache_dir, name)
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.replace(tmp, path)
+    return path
+
+
 def preference_pairs(n: int = 48) -> list[dict]:
     """Offline preference pairs a byte-level model can learn: sums, the right one chosen over one a little off."""
     import random
@@ -74,14 +87,7 @@ def preference_pairs(n: int = 48) -> list[dict]:
 
 def dpo(cache_dir):
     """gpt_lm's model (dropout on) preference-tuned on preference_pairs (the reference precomputed: no LoRA)."""
-    import json
-    import os
-    path = os.path.join(cache_dir, "pairs.jsonl")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(p) + "\n" for p in preference_pairs())
-        os.replace(tmp, path)
+    path = jsonl(cache_dir, "pairs.jsonl", preference_pairs())
     cfg = gpt_lm(cache_dir)
     return dataclasses.replace(cfg, task="dpo", data=dataclasses.replace(cfg.data, source=path, seq_len=16,
                                                                           val_fraction=0.2),
@@ -99,15 +105,8 @@ def sums(n: int = 64) -> list[dict]:
 def grpo(cache_dir):
     """gpt_lm's model (dropout on) trained from rewards on sums' prompts: 4 prompts x 4 completions of up to 8 bytes
     a step, rewarded for digits (tests/helpers/tiny_rewards); full fine-tuning, so no KL penalty (grpo.beta=0)."""
-    import json
-    import os
     from zoo.config import RlConfig
-    path = os.path.join(cache_dir, "sums.jsonl")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(p) + "\n" for p in sums())
-        os.replace(tmp, path)
+    path = jsonl(cache_dir, "sums.jsonl", sums())
     cfg = gpt_lm(cache_dir)
     return dataclasses.replace(cfg, task="grpo", data=dataclasses.replace(cfg.data, source=path, val_fraction=0.1),
                                grpo=RlConfig(num_generations=4, max_completion_tokens=8, beta=0.0,

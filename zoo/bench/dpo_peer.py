@@ -18,13 +18,12 @@ T, no padding. tokens_per_s counts every position of both rows, 2 * B * T a step
 from __future__ import annotations
 
 import tempfile
-import time
 import warnings
 
 import torch
 
-from zoo.bench.common import calibrate, median
-from zoo.bench.torch_peer import _hf_model, _Peer, lora_config
+from zoo.bench.common import calibrate
+from zoo.bench.torch_peer import _hf_model, _TrainPeer, lora_config
 
 
 def tokenizer(vocab_size: int):
@@ -52,7 +51,7 @@ def pair_examples(B: int, T: int, V: int, seed: int = 0) -> list[dict]:
     return out
 
 
-class TrlDpo(_Peer):
+class TrlDpo(_TrainPeer):
     """A DPOTrainer step (the module's docstring) on one pre-collated batch of the spec's B pairs of T tokens."""
 
     def __init__(self, spec, name: str = "hf-torch"):
@@ -104,14 +103,3 @@ class TrlDpo(_Peer):
         return {**out, "trainable_params": sum(p.numel() for p in self.params),
                 "optimizer": getattr(optim, "value", optim)}  # DPOConfig's: adamw_torch_fused
 
-    def round(self):
-        t = time.perf_counter()
-        self._steps(self.k)
-        dt = (time.perf_counter() - t) / self.k
-        self.times.append(dt)
-        return {"step_s": dt}
-
-    def final(self, since: int = 0):
-        step = median(self.times[since:])
-        return {"tokens_per_s": self.tokens / step, "sequences_per_s": self.batch / step,
-                "peak_memory_mb": self.peak_memory_mb()}

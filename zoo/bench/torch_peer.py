@@ -93,7 +93,23 @@ def lora_model(model, lora: dict):
     return peft.get_peft_model(model, lora_config(lora))
 
 
-class TorchTrain(_Peer):
+class _TrainPeer(_Peer):
+    """A peer timed by training steps: `_steps(n)` runs n of them; `tokens` and `batch` are one step's."""
+
+    def round(self):
+        t = time.perf_counter()
+        self._steps(self.k)
+        dt = (time.perf_counter() - t) / self.k
+        self.times.append(dt)
+        return {"step_s": dt}
+
+    def final(self, since: int = 0):
+        step = median(self.times[since:])
+        return {"tokens_per_s": self.tokens / step, "sequences_per_s": self.batch / step,
+                "peak_memory_mb": self.peak_memory_mb()}
+
+
+class TorchTrain(_TrainPeer):
     """A training step of the transformers model; with the spec's `lora`, of its PEFT LoRA model, AdamW and
     gradient clipping over the adapters only."""
 
@@ -137,17 +153,6 @@ class TorchTrain(_Peer):
         return {**self.report(self.model, "bfloat16 autocast, float32 weights" if self.bf16 else "float32"),
                 "trainable_params": sum(p.numel() for p in self.params)}
 
-    def round(self):
-        t = time.perf_counter()
-        self._steps(self.k)
-        dt = (time.perf_counter() - t) / self.k
-        self.times.append(dt)
-        return {"step_s": dt}
-
-    def final(self, since: int = 0):
-        step = median(self.times[since:])
-        return {"tokens_per_s": self.tokens / step, "sequences_per_s": self.batch / step,
-                "peak_memory_mb": self.peak_memory_mb()}
 
 
 class TorchGenerate(_Peer):
