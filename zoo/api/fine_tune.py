@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import json
 import os
 import shutil
 import sys
@@ -97,8 +96,7 @@ def _source_task(src: str) -> str | None:
     if is_gguf(src):
         return "gpt_lm"
     if peft.is_adapter_dir(src):
-        with open(os.path.join(src, "adapter_config.json")) as f:
-            base = json.load(f).get("base_model_name_or_path")
+        base = peft.read_config(src).get("base_model_name_or_path")  # checked: a bad file is named in one line
         return _source_task(base) if isinstance(base, str) and os.path.isdir(base) and base != src else None
     if not is_hf_dir(src):
         from zoo.train import runs

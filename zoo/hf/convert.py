@@ -8,14 +8,16 @@ protocol (zoo.hf.base), so every member is called unconditionally.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
+import shutil
 
 import flax.linen as nn
 import jax
 import numpy as np
 
-from zoo.data.hf_tokenizers import SEQ2SEQ_FILE, save_dir
+from zoo.data.hf_tokenizers import SEQ2SEQ_FILE, TOKENIZER_FILES, save_dir
 from zoo.errors import ConversionError
 from zoo.hf import io, seq2seq, tokenizer_export
 from zoo.hf.base import Converter, check
@@ -134,23 +136,32 @@ def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True, source: str 
     conv, task_name, model_cfg, params, keys = _load(src, hf_cfg)
     tok_dir = os.path.join(os.path.abspath(run_dir), "tokenizer")
     named = _named_tokenizer(hf_cfg)  # an export of a zoo run: its own tokenizer, its own framing
-    copied = [] if named else save_dir(src, tok_dir)
+    copied = [] if named else [n for n in TOKENIZER_FILES if os.path.isfile(os.path.join(src, n))]
     gen = io.read_generation_config(src)
     framing = conv.seq2seq_framing(hf_cfg, gen)  # None: not a seq2seq model
-    if copied and framing is not None:  # the checkpoint's own framing travels with its tokenizer
-        with open(os.path.join(tok_dir, SEQ2SEQ_FILE), "w") as f:
-            json.dump(framing, f, indent=2)
     cfg = _run_config(model_cfg, task_name, named or (tok_dir if copied else None), hf_cfg,
                       **conv.data_fields(hf_cfg, task_name))
-    expected = jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))
-    _check_tree(params, nn.unbox(expected))
+    _check_tree(params, nn.unbox(jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))),
+                lambda: _sources(conv, model_cfg, task_name, keys))
     if checkpoint.latest_step(run_dir) is not None:
         raise ConversionError(f"{run_dir!r} already holds checkpoints; choose a new directory")
-    checkpoint.save_weights(run_dir, params, cfg)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        f.write(cfg.to_json())
-    local = os.path.isdir(os.path.expanduser(path_or_id))
-    write_origin(run_dir, kind, source or (os.path.abspath(os.path.expanduser(path_or_id)) if local else path_or_id))
+    new = not os.path.exists(run_dir)
+    try:  # everything checked: only now is anything written (and a failed write leaves no half run behind)
+        if copied:
+            save_dir(src, tok_dir)
+        if copied and framing is not None:  # the checkpoint's own framing travels with its tokenizer
+            with open(os.path.join(tok_dir, SEQ2SEQ_FILE), "w") as f:
+                json.dump(framing, f, indent=2)
+        checkpoint.save_weights(run_dir, params, cfg)
+        with open(os.path.join(run_dir, "config.json"), "w") as f:
+            f.write(cfg.to_json())
+        local = os.path.isdir(os.path.expanduser(path_or_id))
+        came = os.path.abspath(os.path.expanduser(path_or_id)) if local else path_or_id
+        write_origin(run_dir, kind, source or came)
+    except BaseException:
+        if new:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     unused = keys.unused(conv.IGNORED)
     if verbose:
         if unused:
@@ -174,7 +185,20 @@ def count(tree) -> int:
     return sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(tree))
 
 
-def _check_tree(params, expected) -> None:
+def _sources(conv, model_cfg, task: str, keys: io.Keys) -> dict:
+    """zoo param keystr ("['h_0']['attn']['query']['kernel']") -> the Hugging Face tensor it is read from, as a
+    refusal names it (its file and its name there), by the converter's key table."""
+    table_of = getattr(conv, "key_table", None)
+    if table_of is None:
+        return {}
+    rows = table_of(model_cfg, task) if len(inspect.signature(table_of).parameters) > 1 else table_of(model_cfg)
+    return {"".join(f"[{p!r}]" for p in path.split("/")): f"{keys.where(name)}, of shape "
+            f"{tuple(np.shape(keys.tensors[name]))}" for path, name, _ in rows if name in keys}
+
+
+def _check_tree(params, expected, sources=dict) -> None:
+    """Every zoo param the model needs, of its shape; `sources()` (_sources, asked only of a wrong shape) names the
+    tensor it came from."""
     got = {jax.tree_util.keystr(p): np.shape(v) for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
     want = {jax.tree_util.keystr(p): tuple(v.shape) for p, v in jax.tree_util.tree_flatten_with_path(expected)[0]}
     missing = sorted(set(want) - set(got))
@@ -182,8 +206,10 @@ def _check_tree(params, expected) -> None:
         raise ConversionError(f"the checkpoint leaves zoo params unset: {', '.join(missing)}")
     for k, shape in want.items():
         if tuple(got[k]) != shape:
+            source = sources().get(k)
+            source = f" (from {source})" if source else ""
             raise ConversionError(f"param {k}: the checkpoint gives shape {tuple(got[k])}, the model config.json "
-                                  f"describes needs {shape}; config.json and the weights disagree")
+                                  f"describes needs {shape}{source}; config.json and the weights disagree")
 
 
 def check_out_dir(out_dir: str) -> None:
@@ -257,12 +283,14 @@ def from_pretrained(path: str):
     else:
         src = io.resolve(path)
         hf_cfg = io.read_config(src)
-        conv, task_name, model_cfg, params, _ = _load(src, hf_cfg)
+        conv, task_name, model_cfg, params, keys = _load(src, hf_cfg)
         named = _named_tokenizer(hf_cfg)  # an export of a zoo run: its own tokenizer, its own framing
         has_tok = not named and any(os.path.isfile(os.path.join(src, f))
                                     for f in ("vocab.json", "vocab.txt", "tokenizer.json", "spiece.model"))
         cfg = _run_config(model_cfg, task_name, named or (src if has_tok else None), hf_cfg,
                           **conv.data_fields(hf_cfg, task_name))
+        _check_tree(params, nn.unbox(jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))),
+                    lambda: _sources(conv, model_cfg, task_name, keys))
         if has_tok:  # what from_hf would write as seq2seq.json (None: not a seq2seq model)
             framing = conv.seq2seq_framing(hf_cfg, io.read_generation_config(src))
     task, tokenizer = tasks.build(cfg), get_tokenizer(cfg.data.tokenizer)

@@ -2,7 +2,8 @@
 
 config.json + model.safetensors (or sharded *.safetensors with an index) are read with numpy;
 pytorch_model.bin only when torch is installed. Key bookkeeping lives here so every converter
-reports missing and unused keys the same way.
+reports missing and unused keys the same way, and every tensor a converter takes is checked for NaN and
+inf (`check_finite`) as it takes it, the refusal naming its file and its name there.
 """
 
 from __future__ import annotations
@@ -61,15 +62,46 @@ def read_generation_config(directory: str) -> dict:
     return read_json(path)
 
 
-def read_tensors(directory: str) -> dict[str, np.ndarray]:
-    """All weights as float32-or-native numpy arrays, keyed by Hugging Face parameter name."""
+class Tensors(dict):
+    """Tensors by Hugging Face name, each remembering the file it was read from (`files`: name -> path), so a
+    refusal of one names its file."""
+
+    def __init__(self):
+        super().__init__()
+        self.files: dict[str, str] = {}
+
+    def add(self, tensors: dict, path: str) -> None:
+        self.update(tensors)
+        self.files.update(dict.fromkeys(tensors, path))
+
+
+def named(key: str, where: str | None) -> str:
+    """A tensor as a refusal names it: its file (`where`, None: not known) and its name there."""
+    return f"{where!r}: tensor {key!r}" if where else f"the checkpoint's tensor {key!r}"
+
+
+def check_finite(x: np.ndarray, key: str, where: str | None) -> np.ndarray:
+    """`x` (a float array), once every value is finite; else a ConversionError naming `where` (its file) and the
+    tensor `key`: NaN or inf weights would only surface later, as a training run that "diverged" at step 1."""
+    if x.dtype.kind in "fc":
+        bad = x.size - int(np.count_nonzero(np.isfinite(x)))
+        if bad:
+            raise ConversionError(f"{named(key, where)} holds {bad:,} NaN or inf values (of {x.size:,}); the "
+                                  f"checkpoint is damaged (or was saved after training diverged)")
+    return x
+
+
+def read_tensors(directory: str) -> Tensors:
+    """All weights as float32-or-native numpy arrays, keyed by Hugging Face parameter name (with their files).
+    Nothing is checked here but that the files read: the values of the tensors a converter uses are checked as
+    it takes them (Keys), so a buffer it ignores may hold anything."""
     files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+    out = Tensors()
     if files:
         from safetensors.numpy import load_file
-        out = {}
         for f in files:
             try:
-                out.update(load_file(f))
+                out.add(load_file(f), f)
             except Exception as e:  # safetensors' own error type: truncated, bad header, unknown dtype
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise ConversionError(f"{f!r} is not a readable safetensors file ({first}); "
@@ -87,7 +119,10 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
         except Exception as e:  # truncated, not a pickle, or one that holds more than tensors
             first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
             raise ConversionError(f"{binary!r} is not a readable PyTorch state dict ({first})") from None
-        return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise ConversionError(f"{binary!r} holds a {type(state).__name__}, not a state dict of tensors")
+        out.add({k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}, binary)
+        return out
     raise ConversionError(f"{directory!r} has neither *.safetensors nor pytorch_model.bin")
 
 
@@ -112,15 +147,17 @@ class Keys:
 
     def __init__(self, tensors: dict, prefixes: tuple = ()):
         # Strip a wrapper prefix ("transformer.", "bert.", "model.") if every key has it.
-        self.tensors = {}
+        self.tensors, self.names, self.files = {}, {}, {}  # names: the key as the file spells it; files: its file
+        files = getattr(tensors, "files", {})
         for k, v in tensors.items():
+            name = k
             for p in prefixes:
                 if k.startswith(p):
                     k = k[len(p):]
                     break
             for old, new in LEGACY:
                 k = k.replace(old, new)
-            self.tensors[k] = v
+            self.tensors[k], self.names[k], self.files[k] = v, name, files.get(name)
         self.used: set[str] = set()
 
     def __contains__(self, key: str) -> bool:
@@ -129,8 +166,15 @@ class Keys:
     def __getitem__(self, key: str) -> np.ndarray:
         if key not in self.tensors:
             raise ConversionError(f"missing key {key!r} in the checkpoint")
+        x = np.asarray(self.tensors[key], dtype=np.float32)
+        if key not in self.used:  # checked once (a fused tensor is read once per part)
+            check_finite(x, self.names[key], self.files[key])
         self.used.add(key)
-        return np.asarray(self.tensors[key], dtype=np.float32)
+        return x
+
+    def where(self, key: str) -> str:
+        """The tensor `key` as a refusal names it: its file and its name there."""
+        return named(self.names.get(key, key), self.files.get(key))
 
     def optional(self, key: str) -> np.ndarray | None:
         """The tensor if the checkpoint has it (marked used), else None: for weights that a checkpoint

@@ -19,7 +19,8 @@ diagonal) with rank_pattern k*r and alpha_pattern k*alpha, so PEFT's scale stays
 plain rank-r adapter on such a module is k adapters sharing A (also exact). Trained parameters that are
 not adapters (a new head, train.trainable) travel whole in modules_to_save (an adapter on such a module is
 merged into it: PEFT adapts no module it saves whole) and come back as trained (train.trainable). What
-zoo's LoRA lacks (DoRA, layers_to_transform, other ranks or scales per layer, ...) is refused by name.
+zoo's LoRA lacks (DoRA, layers_to_transform, other ranks or scales per layer, ...) is refused by name; the fields
+it reads are checked by kind and range (FIELDS), every tensor for NaN and inf, before anything is written.
 """
 
 from __future__ import annotations
@@ -253,6 +254,47 @@ def _write(out_dir: str, adapter: dict, tensors: dict) -> None:
 
 
 # ---- in -------------------------------------------------------------------------------------------------
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _positive(v) -> bool:
+    """A finite number above zero (JSON's true and false are not numbers; Python's json reads NaN and Infinity)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _regex(template: str, v) -> bool:
+    """`v` a non-empty string that makes a regular expression of `template` (as _hit, _pattern and _targets use it)."""
+    try:
+        return isinstance(v, str) and bool(v) and re.compile(template.format(v)) is not None
+    except re.error:
+        return False
+
+
+# adapter_config.json's fields zoo reads -> (whether a value holds, what holds, as a refusal says it); a field left
+# out takes PEFT's default (r 8, lora_alpha 8).
+FIELDS = {
+    "r": (lambda v: _int(v) and v > 0, "a positive integer (the adapters' rank)"),
+    "lora_alpha": (_positive, "a positive number (the adapters' scale is lora_alpha / r)"),
+    "lora_dropout": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1,
+                     "a number in [0, 1)"),
+    "use_rslora": (lambda v: isinstance(v, bool), "true or false"),
+    "target_modules": (lambda v: _regex("{}", v) or isinstance(v, list) and bool(v) and
+                       all(isinstance(t, str) and t for t in v),
+                       "a non-empty list of module names or suffixes, or a regular expression"),
+    "modules_to_save": (lambda v: v is None or isinstance(v, list) and
+                        all(_regex(r"(^|.*\.){}($|\..*)", t) for t in v), "null or a list of module names"),
+    "rank_pattern": (lambda v: v is None or isinstance(v, dict) and all(
+        _regex(r"(.*\.)?({})$", k) and _int(x) and x > 0 for k, x in v.items()),
+        "null or an object of module-name patterns -> positive integer ranks"),
+    "alpha_pattern": (lambda v: v is None or isinstance(v, dict) and all(
+        _regex(r"(.*\.)?({})$", k) and _positive(x) for k, x in v.items()),
+        "null or an object of module-name patterns -> positive numbers"),
+    "base_model_name_or_path": (lambda v: v is None or isinstance(v, str), "null or a path (a string)"),
+    "task_type": (lambda v: v is None or isinstance(v, str), "null or a PEFT task type (a string)"),
+}
+
+
 def read_config(adapter_dir: str) -> dict:
     """adapter_config.json, once it describes a LoRA adapter zoo holds exactly (else the field is named)."""
     path = os.path.join(adapter_dir, CONFIG)
@@ -265,6 +307,9 @@ def read_config(adapter_dir: str) -> dict:
             raise ConversionError(f"{path!r} sets {k}={json.dumps(v)}, which zoo's LoRA does not have")
     if not c.get("target_modules"):
         raise ConversionError(f"{path!r} names no target_modules")
+    for k, (ok, valid) in FIELDS.items():
+        if k in c and not ok(c[k]):
+            raise ConversionError(f"{path!r} sets {k}={json.dumps(c[k])}; {k} must be {valid}")
     return c
 
 
@@ -329,7 +374,7 @@ def _adapters(c: dict, m: str, s: Site, got: dict, where: str, scale: float) -> 
 def _tensor(got: dict, key: str, where: str) -> np.ndarray:
     if key not in got:
         raise ConversionError(f"{where} has no {PREFIX}{key}, which the adapter config's layers need")
-    return np.asarray(got[key], np.float32)
+    return io.check_finite(np.asarray(got[key], np.float32), PREFIX + key, where)
 
 
 def _plan(c: dict, tensors: dict, base_cfg, base_run: str, where: str):
@@ -379,6 +424,8 @@ def from_peft(adapter_dir: str, run_dir: str, base: str | None = None, *, dry: b
         raise ConversionError(f"base {src!r} is neither a zoo run nor a Hugging Face directory (no config.json)")
     tensors = io.read_tensors(adapter_dir)
     where = os.path.join(adapter_dir, WEIGHTS)
+    for k, v in tensors.items():  # all of them, before the base is converted (_plan uses every one or refuses)
+        io.check_finite(np.asarray(v, np.float32), k, tensors.files.get(k, where))
     base_run = src if zoo_base else os.path.join(run_dir, "base")
     if dry:
         base_cfg = runs.load_config(src) if zoo_base else convert.from_pretrained(src)[3]
