@@ -244,10 +244,12 @@ def token_logprobs(h_BTD, w_VD, targets_BT, *, bias_V=None, logit_cap: float = 0
     return _merge(out)
 
 
-def token_logprobs_grad(h_BTD, w_VD, targets_BT, *, bias_V=None, logit_cap: float = 0.0, chunks: int | None = None):
+def token_logprobs_grad(h_BTD, w_VD, targets_BT, *, bias_V=None, logit_cap: float = 0.0, chunks: int | None = None,
+                        temperature: float = 1.0):
     """float32[B, T]: log p(target) at each position, differentiable (an objective of per-token log-probabilities:
-    zoo.tasks.rl). Chunk by chunk of the length axis, each chunk's [B, C, V] logits recomputed in the backward pass
-    (jax.checkpoint) rather than kept."""
+    zoo.tasks.rl), under the (soft-capped) logits divided by `temperature` (the distribution sampled at it). Chunk by
+    chunk of the length axis, each chunk's [B, C, V] logits recomputed in the backward pass (jax.checkpoint) rather
+    than kept."""
     B, T, _ = h_BTD.shape
     n = chunks or num_chunks(B, T, w_VD.shape[0])
 
@@ -258,6 +260,8 @@ def token_logprobs_grad(h_BTD, w_VD, targets_BT, *, bias_V=None, logit_cap: floa
             logits_BCV = logits_BCV + bias_V.astype(jnp.float32)
         if logit_cap:
             logits_BCV = softcap(logits_BCV, logit_cap)
+        if temperature != 1.0:
+            logits_BCV = logits_BCV / temperature
         return jnp.take_along_axis(jax.nn.log_softmax(logits_BCV, -1), t_BC[..., None], -1)[..., 0]
 
     _, out = jax.lax.scan(lambda c, xs: (c, chunk(*xs)), None, (_split(h_BTD, n), _split(targets_BT, n)))

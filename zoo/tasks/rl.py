@@ -15,7 +15,8 @@ other columns (an expected answer) go to the rewards. A step takes `train.batch_
    as TRL's scale_rewards="group");
 4. takes one gradient step on the clipped objective, per completion token t:
        -min(ratio_t A, clip(ratio_t, 1 - eps, 1 + eps) A) + beta KL_t
-   ratio_t = pi(t) / pi_old(t), pi_old the policy that sampled (one step per sample, TRL's num_iterations=1:
+   ratio_t = pi(t) / pi_old(t) (log-probabilities under the logits divided by grpo.temperature, the distribution
+   sampled, as TRL takes them), pi_old the policy that sampled (one step per sample, TRL's num_iterations=1:
    ratio 1, its gradient the policy gradient), KL_t = exp(ref - pi) - (ref - pi) - 1 (Schulman's k3 estimator),
    ref the reference: a LoRA run's base with the adapters off (zoo.nn.lora.adapters_off; no second copy of the
    weights). Full fine-tuning has no reference to hand, so it needs grpo.beta=0.
@@ -303,11 +304,13 @@ class GrpoTask(LmTask):
         return {"inputs": inputs, "targets": targets, "weights": weights, "advantages": adv}, host
 
     # ---- the objective ------------------------------------------------------------------------------------
-    def token_logps(self, params, batch, train, rng, grad: bool = True):
+    def token_logps(self, params, batch, train, rng):
+        """Per-token log-probabilities of the policy that sampled: its logits at grpo.temperature (1 for greedy
+        sampling), as TRL computes them."""
         h_RTD, balance = self.hidden(params, batch["inputs"], train, rng)
-        fn = losses.token_logprobs_grad if grad else losses.token_logprobs
-        return fn(h_RTD, output_embedding(self.cfg.model, params), batch["targets"],
-                  logit_cap=self.cfg.model.final_softcap), balance
+        temperature = self.cfg.grpo.temperature or 1.0
+        return losses.token_logprobs_grad(h_RTD, output_embedding(self.cfg.model, params), batch["targets"],
+                                          logit_cap=self.cfg.model.final_softcap, temperature=temperature), balance
 
     def loss(self, params, batch, rng, train):
         g = self.cfg.grpo
@@ -320,7 +323,7 @@ class GrpoTask(LmTask):
         kl_RT = jnp.zeros_like(lp_RT)
         if g.beta > 0:
             with lora.adapters_off():  # the reference: the base, the adapters switched off
-                ref_RT = jax.lax.stop_gradient(self.token_logps(params, batch, False, rng, grad=False)[0])
+                ref_RT = jax.lax.stop_gradient(self.token_logps(params, batch, False, rng)[0])
             kl_RT = jnp.exp(ref_RT - lp_RT) - (ref_RT - lp_RT) - 1
             per_RT = per_RT + g.beta * kl_RT
         tokens_R = jnp.sum(mask_RT, -1)
