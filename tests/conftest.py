@@ -1,6 +1,7 @@
 """Test setup: 8 emulated CPU devices (set before jax is imported), shared tiny configs."""
 
 import os
+import sys
 
 # 8 emulated CPU devices; LLVM's optimisation at level 0 instead of XLA:CPU's 2 (the processes the tests start
 # inherit both). The suite's programs are tiny models' initialisations and steps, compiled once and run a few
@@ -14,6 +15,10 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
                            " --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The commands tests start, and the scripts they start (configs/launch/'s recipes call `python train.py`), run
+# this interpreter however the suite was started (`/path/to/venv/bin/python -m pytest` without the venv
+# activated: `python` on PATH would be another, or none).
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
 import dataclasses  # noqa: E402
 import gc  # noqa: E402

@@ -11,13 +11,26 @@ Otherwise a single process runs as it always did. On CPU the collectives between
 `train.distributed_timeout` (seconds, default 300) bounds the wait for every peer to arrive at the start, and
 the wait for a lost peer to be noticed (the coordination service's heartbeat timeout): past it the command
 ends with one `error:` line naming the coordinator or the lost process, never hanging in a collective.
+What else ends a start or a run of several processes in one line, on every process that is left:
+- a coordinator's port that another program holds: process 0 checks it before it starts the coordination
+  service (whose gRPC server would fail there with a segfault or a C++ error);
+- processes given different settings (`--set`, config files, --workdir): `agree` compares them right after the
+  start, before anything is built (another optim.lr would train two different runs silently, another
+  model.d_model abort in gloo);
+- process 0 (the coordinator) lost: jax's coordination client notices within a second (its polling RPC fails)
+  and by default aborts with a C++ stack trace; zoo's `_fatal` says the one line instead (how, on jaxlib 0.10:
+  above `_fatal`). A lost process other than 0 is named by zoo's own watchdog (`_watch`), within half the timeout.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import errno
 import json
 import os
+import re
+import socket
 import sys
 import threading
 import time
@@ -148,12 +161,15 @@ def start(a, timeout: int = DEFAULT_TIMEOUT) -> bool:
               f"{hint_}", file=sys.stderr, flush=True)
         os._exit(2)
 
+    if args and args["process_id"] == 0:
+        port_free(args["coordinator_address"])
     timer = threading.Timer(timeout, late)
     timer.daemon = True
     timer.start()
     try:
-        jax.distributed.initialize(**(args or {}), initialization_timeout=int(timeout) + 10,
-                                   heartbeat_timeout_seconds=int(timeout))
+        with _fatal_errors_said():
+            jax.distributed.initialize(**(args or {}), initialization_timeout=int(timeout) + 10,
+                                       heartbeat_timeout_seconds=int(timeout))
     except Exception as e:
         _forget()  # nothing for jax's exit hook to shut down (it would print a second error)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -161,10 +177,86 @@ def start(a, timeout: int = DEFAULT_TIMEOUT) -> bool:
     finally:
         timer.cancel()
     global _limit
-    _limit = max(2.0, timeout / 2)  # under jax's own heartbeat timeout (its verdict is a fatal abort)
+    _limit = max(2.0, timeout / 2)  # under jax's own heartbeat timeout (whose verdict, `_fatal`, names no one)
     threading.Thread(target=_watch, name="zoo-peers", daemon=True).start()
     atexit.register(finished)
     return True
+
+
+def port_free(address: str) -> None:
+    """Process 0, before it starts the coordination service: its port is free on this host (jax binds
+    JAX_COORDINATOR_BIND_ADDRESS, default every address, [::]:PORT). Taken by another program, jax's gRPC server
+    fails to start there, with a segfault or a C++ error; this says so in one line (DistributedError)."""
+    port = int(address.rpartition(":")[2])
+    bind = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS", "")
+    host = bind.rpartition(":")[0].strip("[]") if bind else ""
+    tries = [(socket.AF_INET6, host or "::"), (socket.AF_INET, host or "0.0.0.0")]
+    for family, where in tries if ":" in host or not host else tries[1:]:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                # as gRPC binds: a port left in TIME_WAIT by an earlier run is free; one a program listens on is not
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too, as [::] does
+                s.bind((where, port))
+            return
+        except OSError as e:
+            if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                why = "is in use by another program" if e.errno == errno.EADDRINUSE else "needs root (below 1024)"
+                raise DistributedError(f"the coordinator's address {address}: port {port} {why} on this host, so "
+                                       f"process 0 cannot serve there; pick a free port with --coordinator "
+                                       f"HOST:PORT (or JAX_COORDINATOR_ADDRESS), the same on every process") from None
+            # no IPv6 on this host (EAFNOSUPPORT, EADDRNOTAVAIL): the IPv4 try decides; any other error jax meets
+
+
+# ---- processes given different settings: refused at the start, in one line on every process ----
+AGREE = "zoo/agree"
+
+
+def agree(settings: dict, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """Every process runs the same settings (`settings`: flat, JSON-able, e.g. the resolved config's
+    "section.field" keys and the workdir): process 0 publishes its own in the coordination service's key-value
+    store, each other process compares its own with them and publishes its verdict, and process 0 reads every
+    verdict. A difference raises ConfigError naming the keys and the values on each side, on process 0 (every
+    difference) and on each process that differs (its own); the others go on to the run's own end. With one
+    process, nothing."""
+    from jax._src import distributed
+    client, me, n = distributed.global_state.client, distributed.global_state.process_id, \
+        distributed.global_state.num_processes
+    if client is None or n < 2:
+        return
+    wait_ms = int(timeout * 1000)
+    try:
+        if me == 0:
+            client.key_value_set(f"{AGREE}/0", json.dumps(settings, sort_keys=True, default=str))
+            verdicts = [client.blocking_key_value_get(f"{AGREE}/verdict/{p}", wait_ms) for p in range(1, n)]
+        else:
+            theirs = json.loads(client.blocking_key_value_get(f"{AGREE}/0", wait_ms))
+            mine = json.loads(json.dumps(settings, sort_keys=True, default=str))  # as process 0's went through JSON
+            verdicts = [_differences(theirs, mine, me)]
+            client.key_value_set(f"{AGREE}/verdict/{me}", verdicts[0])
+    except Exception as e:  # a peer that never answers: lost (the watchdog names it) or stuck
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise DistributedError(f"process {me} of {n} could not compare its settings with the other processes' "
+                               f"within {timeout:.0f} s (train.distributed_timeout): {first}") from None
+    said = [v for v in verdicts if v]
+    if said:
+        raise ConfigError(f"the processes were given different settings: {'; '.join(said)}; run the same command "
+                          f"on every process (the same config, --set and --workdir; only --process-id differs)")
+
+
+_MISSING = object()
+
+
+def _differences(theirs: dict, mine: dict, me: int, most: int = 4) -> str:
+    """'' if equal, else 'model.d_model is 64 on process 0 and 32 on process 1, ...' (at most `most` keys)."""
+    def show(v) -> str:
+        text = "(none)" if v is _MISSING else json.dumps(v)
+        return text if len(text) <= 60 else text[:57] + "..."
+    keys = [k for k in sorted(set(theirs) | set(mine)) if theirs.get(k, _MISSING) != mine.get(k, _MISSING)]
+    parts = [f"{k} is {show(theirs.get(k, _MISSING))} on process 0 and {show(mine.get(k, _MISSING))} on process {me}"
+             for k in keys[:most]]
+    return ", ".join(parts) + (f" (and {len(keys) - most} more keys)" if len(keys) > most else "")
 
 
 # ---- a lost peer: one line, every process stops ----
@@ -185,11 +277,112 @@ def _forget() -> None:
         pass
 
 
+_leaving = threading.Lock()  # the watchdog and jax's fatal-error path may both see a loss: the first one says it
+
+
 def _lost(peers: list[int], why: str) -> None:
-    import jax
-    print(f"error: lost process {', '.join(map(str, peers))} of {jax.process_count()} ({why}); every process "
-          f"stops{'. ' + hint if hint else ''}", file=sys.stderr, flush=True)
-    os._exit(2)
+    from jax._src import distributed
+    n = distributed.global_state.num_processes  # not jax.process_count(): callable before the backend starts
+    _leave(f"error: lost process {', '.join(map(str, peers))} of {n} ({why}); every process stops"
+           f"{'. ' + hint if hint else ''}")
+
+
+def _leave(line: str) -> None:
+    if _leaving.acquire(blocking=False):
+        os.write(2, (line + "\n").encode())  # not sys.stderr: its lock may be held by the thread this one ends
+        os._exit(2)
+    time.sleep(3600)  # another thread is saying it and exiting
+
+
+# ---- jax's own fatal errors: one line instead of an abort with a C++ stack trace ----
+# jax's coordination client, on a fatal error (process 0's service gone: its polling RPC fails within a second of
+# a kill -9; or the service reporting a lost peer), calls its missed_heartbeat_callback, by default a fatal abort
+# with a C++ stack trace. jax.distributed.initialize passes none of its own; zoo passes `_fatal`. jaxlib 0.10
+# cannot hand it the status (absl::Status has no Python type: std::bad_cast, thrown in the client's thread
+# before Python runs, so std::terminate), so zoo's terminate handler takes a bad_cast as that call. A jaxlib that
+# does call `_fatal` lands in the same place; any other uncaught C++ exception keeps the C++ runtime's report.
+
+
+def _fatal(status=None) -> None:
+    """The coordination client's fatal error (its status, or None through std::terminate): process 0 lost when
+    its service no longer answers, else the service's own verdict (a peer lost); one line, exit 2."""
+    from jax._src import distributed
+    state = distributed.global_state
+    text = "" if status is None else str(status)
+    task = re.search(r"/task:(\d+)", text)  # a peer the service names ("/job:jax_worker/replica:0/task:1")
+    if state.process_id != 0 and ("Failed to send RPC" in text or not _answers(state.coordinator_address)):
+        _lost([0], "the coordinator no longer answers")
+    if task:
+        _lost([int(task.group(1))], "jax's coordination service lost it")
+    first = text.strip().splitlines()[0][:300] if text.strip() else "a process was lost or could not be reached"
+    _leave(f"error: jax's coordination service stopped the run ({first}); every process stops"
+           f"{'. ' + hint if hint else ''}")
+
+
+def _answers(address: str | None, for_s: float = 2.0) -> bool:
+    """Whether the coordinator's port takes connections for `for_s` seconds on end: a process 0 killed a moment
+    ago may still hold its listening socket while the kernel tears it down."""
+    host, _, port = (address or "").rpartition(":")
+    end = time.monotonic() + for_s
+    while time.monotonic() < end:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+        except (OSError, ValueError):
+            return False
+        time.sleep(0.2)
+    return True
+
+
+_handlers: list = []  # the ctypes callbacks std::terminate may call: alive as long as the process
+
+
+def _on_terminate() -> None:
+    """std::terminate's handler (libstdc++): an uncaught std::bad_cast is `_fatal`'s call that jaxlib could not
+    make (see above); any other exception goes on to the handler that was there (its report, then abort)."""
+    import ctypes
+    try:
+        cxx = ctypes.CDLL("libstdc++.so.6")
+        set_terminate, current = cxx._ZSt13set_terminatePFvvE, cxx.__cxa_current_exception_type
+    except (OSError, AttributeError):  # another C++ runtime (macOS's libc++): jax's own abort stays
+        return
+    set_terminate.restype, set_terminate.argtypes, current.restype = ctypes.c_void_p, [ctypes.c_void_p], ctypes.c_void_p
+    previous: list = []
+
+    def handler():
+        info = current()  # the std::type_info of the exception in flight; its mangled name follows its vtable
+        if info and ctypes.c_char_p.from_address(info + ctypes.sizeof(ctypes.c_void_p)).value == b"St8bad_cast":
+            _fatal()
+        if previous:
+            previous[0]()
+
+    _handlers.append(ctypes.CFUNCTYPE(None)(handler))
+    before = set_terminate(ctypes.cast(_handlers[-1], ctypes.c_void_p))
+    if before:
+        previous.append(ctypes.CFUNCTYPE(None)(before))
+
+
+@contextlib.contextmanager
+def _fatal_errors_said():
+    """jax.distributed.initialize with `_fatal` as its client's missed_heartbeat_callback, and std::terminate's
+    handler set: jax's native module, seen by jax's initialize alone, with the client's maker wrapped."""
+    from jax._src import distributed
+    real = distributed._jax
+
+    class Native:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def get_distributed_runtime_client(*args, **kw):
+            kw.setdefault("missed_heartbeat_callback", _fatal)
+            return real.get_distributed_runtime_client(*args, **kw)
+
+    _on_terminate()
+    distributed._jax = Native()
+    try:
+        yield
+    finally:
+        distributed._jax = real
 
 
 def _watch() -> None:

@@ -29,7 +29,9 @@ def start(args, n=2, port=None, only=None, devices=4, command=("train.py",)):
     """`python train.py ARGS` (or `python COMMAND ARGS`) as process i of n (all of them, or only those in `only`)
     on a local coordinator, each with `devices` CPU devices."""
     port = port or free_port()
-    env = environment(devices)
+    # As a user's shell has it: without TF_CPP_MIN_LOG_LEVEL the command sets 3 (XLA's C++ log lines off); the
+    # suite's 1 is what `import jax` put here, and lets jax's error lines about a lost peer in beside zoo's own.
+    env = {k: v for k, v in environment(devices).items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     return [subprocess.Popen([sys.executable, *command, *args, "--coordinator", f"127.0.0.1:{port}",
                               "--num-processes", str(n), "--process-id", str(i)], cwd=ROOT, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)

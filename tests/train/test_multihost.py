@@ -2,11 +2,13 @@
 --process-id I` on every host (jax.distributed, started by train.py itself; here two processes on 127.0.0.1 with
 4 CPU devices each, gloo collectives). Two processes train exactly like one process with 8 devices, only process
 0 prints and writes, a workdir refused on process 0 ends both, a peer that never comes or dies is named in
-one line within the timeout, and the checkpoint resumes on one process with 8 devices."""
+one line within the timeout (so are a taken coordinator port and processes given different settings: ENDINGS),
+and the checkpoint resumes on one process with 8 devices."""
 
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -124,11 +126,72 @@ def test_a_peer_that_never_comes_is_named_within_the_timeout(two, tmp_path):
                                 f"(train.distributed_timeout)"), err[-2000:]
 
 
-def wait_for_records(work, n, timeout=240):
+def wait_for_records(work, n, timeout=240, procs=()):
+    """Until metrics.jsonl holds n records (or any of `procs` has ended: it will not)."""
     metrics = os.path.join(work, "metrics.jsonl")
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not (os.path.exists(metrics) and len(open(metrics).readlines()) >= n):
+    while time.monotonic() < deadline and not (os.path.exists(metrics) and len(open(metrics).readlines()) >= n) \
+            and all(p.poll() is None for p in procs):
         time.sleep(0.2)
+
+
+LOST = "every process stops. resume on every host: python train.py --resume {work} (and the same flags)"
+DIFFERENT = ("error: the processes were given different settings: {}; run the same command on every process (the "
+             "same config, --set and --workdir; only --process-id differs)")
+# What ends a start or a run of two processes early (issue 45): one `error:` line on every process left, exit 2,
+# within train.distributed_timeout (10 s) of the event, never a segfault, a gloo abort or jax's C++ stack trace.
+# Each row: process 1's own --set (process 0: none), the process killed with kill -9 once both train, whether
+# another program listens on the coordinator's port, and {process left: its one stderr line}.
+ENDINGS = {
+    # was: process 0 segfaulted (rc -11) in gRPC's failed bind, or said a C++ "Failed to start RPC server"
+    "the coordinator's port is taken": ([], None, True, {
+        0: "error: the coordinator's address 127.0.0.1:{port}: port {port} is in use by another program on this "
+           "host, so process 0 cannot serve there; pick a free port with --coordinator HOST:PORT (or "
+           "JAX_COORDINATOR_ADDRESS), the same on every process",
+        1: "error: process 1 of 2 could not start with its peers at 127.0.0.1:{port} within 10 s "
+           "(train.distributed_timeout): the coordinator did not answer, or not every process came; run the same "
+           "command on every host, --process-id 0 on the coordinator's host"}),
+    # was: both trained to the end, rc 0, two different runs in one workdir
+    "another optim.lr on process 1": (["optim.lr=3e-4"], None, False, dict.fromkeys(
+        (0, 1), DIFFERENT.format("optim.lr is 0.001 on process 0 and 0.0003 on process 1"))),
+    # was: process 1 aborted in gloo (a collective of another size), process 0 lost it 5 s later
+    "another model.d_model on process 1": (["model.d_model=32"], None, False, dict.fromkeys(
+        (0, 1), DIFFERENT.format("model.d_model is 64 on process 0 and 32 on process 1"))),
+    # was: process 1 aborted by jax within a second (rc -6, a C++ stack trace)
+    "kill -9 of process 0": ([], 0, False, {1: "error: lost process 0 of 2 (the coordinator no longer answers); " + LOST}),
+    "kill -9 of process 1": ([], 1, False, {
+        0: "error: lost process 1 of 2 (no heartbeat for 5 s: killed, or its host is down); " + LOST}),
+}
+
+
+@pytest.mark.parametrize("case", ENDINGS)
+def test_a_start_or_run_that_cannot_go_on_ends_every_process_left_in_one_line(case, cache_dir, tmp_path):
+    from tests.helpers import tiny_configs
+    sets, killed, port_taken, lines = ENDINGS[case]
+    cfg = replace(tiny_configs.gpt_lm(cache_dir), optim=dict(schedule="constant", warmup=0),
+                  train=dict(steps=100000, save_every=100000, log_every=1, sample_tokens=0, distributed_timeout=10))
+    path, work = config_file(cfg, tmp_path), str(tmp_path / "run")
+    with socket.socket() as holder:
+        port = free_port()
+        if port_taken:
+            holder.bind(("127.0.0.1", port))
+            holder.listen()
+        t0 = time.monotonic()
+        procs = [start([path, "--workdir", work, *(f"--set={s}" for s in (sets if i else []))], port=port,
+                       only=[i])[0] for i in (0, 1)]
+        if killed is not None:
+            wait_for_records(work, 2, procs=procs)
+            assert all(p.poll() is None for p in procs), finish(procs)
+            procs[killed].kill()
+            t0 = time.monotonic()
+        outs = finish(procs, timeout=120)
+        took = time.monotonic() - t0
+    for i, line in lines.items():
+        assert procs[i].returncode == 2 and outs[i][1].strip().splitlines() == [line.format(port=port, work=work)], \
+            (i, outs[i][1][-3000:])
+    # within the timeout of the kill; of the start: the timeout and the two processes' start-up
+    assert took < (10 if killed is not None else 40), took
+    assert killed is None or procs[killed].returncode == -9
 
 
 @pytest.mark.slow

@@ -97,8 +97,9 @@ def train_main(argv=None) -> int:
             sys.stderr.write(distributed.plan(a) + "\n")  # one write: processes started together share the stream
             sys.stderr.flush()
             several = False
+        timeout = distributed.timeout_of(a, a.set, a.config and configs.find(a.config), a.resume) if several else 0
         if several:  # JAX's multi-process runtime, before any other jax call; process 0 alone takes the lock
-            distributed.start(a, distributed.timeout_of(a, a.set, a.config and configs.find(a.config), a.resume))
+            distributed.start(a, timeout)
         a.workdir = workdir_of(a) if not a.resume else None
         if not several:
             check_free(a.resume or a.workdir)  # a run in progress is named first, before anything is loaded
@@ -109,12 +110,15 @@ def train_main(argv=None) -> int:
     from zoo.api import training
     try:
         if a.print_config:
-            print(resolve(a)[0].to_json())
+            sys.stdout.write(resolve(a)[0].to_json() + "\n")  # one write, as the plan's line: a launch script's
+            sys.stdout.flush()                                # processes share the stream (and may be unbuffered)
             return 0
+        if several:  # the same settings on every process, compared before anything is built
+            distributed.agree(settings(a), timeout)
         run = training.train(a.config, workdir=a.resume or a.workdir, overrides=a.set, resume=bool(a.resume),
                              init_from=a.init_from, step=a.step, new_batch=a.new_batch, quiet=a.quiet)
     except BaseException as e:
-        if isinstance(e, (TrainError, *BAD_INPUT)):
+        if isinstance(e, (TrainError, distributed.DistributedError, *BAD_INPUT)):
             code = error(e)
             if several and main:  # its peers end on the same refusal: they need its coordination service meanwhile
                 distributed.linger()
@@ -139,6 +143,42 @@ def train_main(argv=None) -> int:
             text = lm.chat(prompt, **kw) if cfg.task == "sft" else lm.generate(prompt, **kw)
             print(f"sample (temperature 0.8, top-k 40):\n{prompt}{text}")
     return 0
+
+
+def settings(a) -> dict:
+    """What every process of a run must be given alike, flat ("model.d_model": 64, "workdir": ...): the config
+    resolved from the config file or the resumed run's config.json with the --set overrides (a fine-tune from
+    --init-from alone: its source and the overrides as given), the workdir and the resume's --step and
+    --new-batch. Cheap and silent (nothing converted, built or printed); a config that does not resolve is its
+    error's text, the same on every process given the same command (the run itself then reports it)."""
+    import json
+    import os
+    from zoo.api import training
+    from zoo.config import apply_overrides, from_dict
+    out = {"workdir": a.resume or a.workdir, "init_from": a.init_from, "step": a.step,
+           "new_batch": a.new_batch}
+    try:
+        if a.resume:
+            with open(os.path.join(a.resume, "config.json")) as f:
+                cfg = apply_overrides(from_dict(json.load(f)), a.set)
+        elif a.config:
+            cfg = training.config(a.config, a.set)
+        else:
+            return {**out, "--set": list(a.set)}
+        return {**out, **_flat(json.loads(cfg.to_json()))}
+    except Exception as e:
+        return {**out, "config": f"{type(e).__name__}: {e}"}
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    """A nested dict (a config's JSON) as {"section.field": value}."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def _process_index() -> int:
