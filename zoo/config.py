@@ -431,7 +431,12 @@ def apply_overrides(cfg: Config, assignments) -> Config:
         section, name, value = _assignment(cfg, a)
         (top if section is None else sections.setdefault(section, {}))[name] = value
     changed = {section: dataclasses.replace(getattr(cfg, section), **fields) for section, fields in sections.items()}
-    return dataclasses.replace(cfg, **top, **changed) if top or changed else cfg
+    out = dataclasses.replace(cfg, **top, **changed) if top or changed else cfg
+    lora_only = sorted({"lora_targets", "lora_alpha", "lora_dropout"} & set(sections.get("model", {})))
+    if lora_only and not getattr(out.model, "lora_rank", 1):
+        raise ConfigError(f"model.{lora_only[0]} is set but model.lora_rank=0 (no adapters): set model.lora_rank=N "
+                          f"(e.g. 8) too")
+    return out
 
 
 def load_config_file(path: str) -> Config:

@@ -54,6 +54,7 @@ ROWS = [  # (command, arguments, fragment of the error line)
     ("train", [*TRAIN, "--set", "optim.weight_decay=-1"], "optim.weight_decay=-1"),
     ("train", [*TRAIN, "--set", "optim.lr=inf"], "optim.lr=inf"),
     ("train", [*TRAIN, "--set", "optim.eps=0"], "optim.eps=0"),
+    ("train", [*TRAIN, "--set", "model.lora_targets=query"], "model.lora_targets is set but model.lora_rank=0"),
     ("train", [*TRAIN, "--set", "train.eval_every=-1"], "train.eval_every=-1"),
     ("train", ["--resume", "{new}"], "no checkpoint in '{new}'"),
     ("train", ["--resume", "{run}", "--set", "model.num_layers=3"],

@@ -77,3 +77,13 @@ def test_weight_decay_applies_only_where_masked():
     updates, _ = tx.update(zero, tx.init(params), params)
     np.testing.assert_allclose(updates["w"], -0.1 * 0.5 * np.ones((2, 2)), rtol=1e-6)
     np.testing.assert_array_equal(updates["b"], np.zeros(2))
+
+
+def test_a_warmup_as_long_as_the_run_is_warned_of():
+    """optim.warmup > train.steps keeps the rate below optim.lr for the whole run: one warning line (the trainer
+    prints it as training starts)."""
+    assert optim.warmup_warning(OptimConfig(lr=1e-3, schedule="cosine", warmup=500), 300) == (
+        "warning: optim.warmup=500 is 500 steps, more than train.steps=300: the learning rate never reaches "
+        "optim.lr=0.001; set optim.warmup to a fraction (e.g. 0.05) or fewer steps")
+    assert optim.warmup_warning(OptimConfig(lr=1e-3, schedule="cosine", warmup=0.05), 300) is None
+    assert optim.warmup_warning(OptimConfig(lr=1e-3, schedule="cosine", warmup=300), 300) is None

@@ -65,6 +65,16 @@ def make_schedule(cfg: OptimConfig, total_steps: int, d_model: int) -> Callable:
     return SCHEDULES[cfg.schedule](cfg, total_steps, cfg.warmup_steps(total_steps), d_model)
 
 
+def warmup_warning(cfg: OptimConfig, total_steps: int) -> str | None:
+    """The warning a run gets (once, as it starts training) when its warmup is longer than the run."""
+    warmup = cfg.warmup_steps(total_steps)
+    if warmup > total_steps > 0 and cfg.schedule != "noam":
+        return (f"warning: optim.warmup={cfg.warmup:g} is {warmup} steps, more than train.steps={total_steps}: the "
+                f"learning rate never reaches optim.lr={cfg.lr:g}; set optim.warmup to a fraction (e.g. 0.05) or fewer "
+                f"steps")
+    return None
+
+
 def decay_mask(boxed_params):
     """True for params that get weight decay: rank >= 2, not counting a scanned `layers` axis."""
     def rank(p):

@@ -433,6 +433,9 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
 
         buffered, eval_metrics, t0, t0_step, compile_s, pace = [], {}, time.perf_counter(), start, None, None
         pending = None  # metrics of the newest step, which may still be running
+        warn = optim.warmup_warning(cfg.optim, cfg.train.steps)
+        if warn and main and start < last:  # said once, as training starts
+            print(warn, file=sys.stderr, flush=True)
         guard = Guard(cfg.train.spike_guard, math.log(cfg.model.vocab_size)
                       if getattr(s.task, "UNIFORM_OVER_VOCAB", False) else None)
         data_state.restore(data.train, workdir, start)
