@@ -47,3 +47,31 @@ def test_dpo_train_beside_trls_dpo_trainer_counts_both_rows_of_every_pair(tmp_pa
         assert r["tokens_per_s"] * r["step_s_median"] == pytest.approx(2 * B * T)
     assert row["trainable_params"] == peer["trainable_params"] == 16384  # the same adapters on both sides
     assert row["ratio_tokens_per_s"] == pytest.approx(row["tokens_per_s"] / peer["tokens_per_s"])
+
+
+def test_grpo_train_beside_trls_grpo_trainer_samples_the_same_tokens_a_step(tmp_path, monkeypatch, one_device):
+    """grpo_train on a tiny shape through zoo-bench's real workers: zoo's whole GRPO step (the in-loop sampler, the
+    reward, the LoRA train step) beside TRL's GRPOTrainer with PEFT; neither ends a completion early, so both sample
+    B * G * new tokens a step and train B * G rows of prompt + new. zoo's in-loop sampler draws, on the base, the
+    tokens zoo.load(...).generate draws."""
+    trl = pytest.importorskip("trl", reason="grpo_train's peer is TRL's GRPOTrainer")
+    from zoo.bench import shapes
+    B, G, P, N = 2, 2, 8, 8
+    tiny = shapes._llama(L=1, D=64, N=2, K=1, F=128, V=512, T=P + N, B=B)
+    tiny = shapes._grpo(shapes._lora(tiny), G=G, prompt=P, new=N)
+    monkeypatch.setitem(shapes.SHAPES, ("grpo_train", "cpu"), [("tiny", tiny)])
+    out = tmp_path / "bench.jsonl"
+    args = ["--workload", "grpo_train", "--shapes", "cpu", "--rounds", "1", "--peer", "hf-torch", "--out", str(out)]
+    assert bench.main(args) == 0
+    row = json.loads(out.read_text().splitlines()[0])
+    peer = row["peers"]["hf-torch"]
+    assert row["workload"] == "grpo_train" and peer["versions"].endswith(f"/ trl {trl.__version__}")
+    for r in (row, peer):  # one timed round: its step time is the median's
+        assert r["completion_tokens_per_step"] == B * G * N and r["train_tokens_per_step"] == B * G * (P + N)
+        assert r["tokens_per_s"] * r["step_s_median"] == pytest.approx(B * G * N)
+        assert r["decode_tokens_per_s"] > r["tokens_per_s"] > 0 and 0 < r["gen_frac"] < 1
+    assert row["trainable_params"] == peer["trainable_params"] == 16384  # the same adapters on both sides
+    assert row["in_loop_same_tokens"] is True and row["in_loop_tokens_per_s"] > 0
+    loop, load = row["in_loop_sample_s_median"], row["load_generate_s_median"]
+    assert row["in_loop_vs_load_generate"] == pytest.approx(load / loop)
+    assert row["ratio_tokens_per_s"] == pytest.approx(row["tokens_per_s"] / peer["tokens_per_s"])

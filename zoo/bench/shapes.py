@@ -12,18 +12,23 @@ setup, sharding, train step and input pipeline; `hf` gives the matching transfor
 
 from __future__ import annotations
 
-WORKLOADS = ("gpt_train", "llama_train", "lora_train", "dpo_train", "sft_train", "bert_mlm", "encdec_train",
-             "generate", "llama_generate", "input", "eval_score")
+WORKLOADS = ("gpt_train", "llama_train", "lora_train", "dpo_train", "grpo_train", "sft_train", "bert_mlm",
+             "encdec_train", "generate", "llama_generate", "input", "eval_score")
 # input and sft_train have no peer. llama_*: the Llama architecture (rope, RMSNorm, SwiGLU, GQA) beside GPT-2.
 # lora_train: llama_train's model and shapes, adapters on every attention and MLP matrix, base frozen.
 # dpo_train: preference tuning (task=dpo, sigmoid loss, beta 0.1) of lora_train's adapters, the base with the
 # adapters off as the reference; peer: TRL's DPOTrainer with PEFT (zoo.bench.dpo_peer). B counts pairs, each two
 # rows of T (prompt + chosen, prompt + rejected); tokens_per_s counts every position of both rows on both sides,
 # 2 * B * T a step (as zoo's trainer does for task=dpo), sequences_per_s counts pairs. Not in the GPU story.
+# grpo_train: GRPO (task=grpo) of lora_train's adapters, a whole step each: G completions of each of B prompts
+# sampled, rewarded (grpo_reward), one train step with the base as the reference; peer: TRL's GRPOTrainer with PEFT
+# (zoo.bench.grpo_peer). tokens_per_s counts the completion tokens sampled a step (B * G * new on both sides: no
+# end-of-text), train_tokens_per_s the rows trained, decode_tokens_per_s the sampler's own rate, gen_frac the
+# sampling's share of the step; zoo's row adds its in-loop sampler beside zoo.load(...).generate. Not in the GPU story.
 # sft_train: chat fine-tuning (task=sft) on zoo's shipped conversations, packed and padded rows.
 # eval_score: zoo-eval's scoring beside the forward pass (zoo.bench.eval_speed), peer lm-eval-hf; not in the GPU story.
-PEER_WORKLOADS = ("gpt_train", "llama_train", "lora_train", "dpo_train", "bert_mlm", "encdec_train", "generate",
-                  "llama_generate", "eval_score")
+PEER_WORKLOADS = ("gpt_train", "llama_train", "lora_train", "dpo_train", "grpo_train", "bert_mlm", "encdec_train",
+                  "generate", "llama_generate", "eval_score")
 # zoo.bench.torch_peer: transformers, eager or torch.compile; zoo.bench.harness_peer: lm-eval's hf model (eval_score)
 PEER_NAMES = ("hf-torch", "hf-torch-compile", "lm-eval-hf")
 
@@ -65,6 +70,28 @@ def _dpo(spec, beta=0.1):
     tokens); the reference is the frozen base with the adapters off, on both sides."""
     over = spec["overrides"] + ["task=dpo", "dpo.loss=sigmoid", f"dpo.beta={beta}", "dpo.reference=base"]
     return {**spec, "overrides": over, "synthetic": True, "dpo": {"beta": beta, "loss": "sigmoid"}}
+
+
+def _grpo(spec, G, prompt, new, beta=0.04, seed=0):
+    """`spec` (a _lora one of T = prompt + new, its batch B counting prompts) tuned by GRPO (task=grpo, loss bnpo,
+    beta, the reference the base with the adapters off): each step samples G completions of `new` tokens of each of
+    B prompts of `prompt` random ids (in the spec: the same on both sides) at temperature 1, scores them with
+    grpo_reward and trains one step on the B * G rows of T. Neither side ends a completion early (zoo's worker: an
+    end-of-text id outside the sampled vocabulary; TRL: min_new_tokens), so both sample B * G * new tokens a step."""
+    import random
+    draw = random.Random(seed)
+    prompts = [[draw.randrange(3, spec["hf"]["vocab_size"]) for _ in range(prompt)] for _ in range(spec["batch"])]
+    over = spec["overrides"] + ["task=grpo", f"grpo.num_generations={G}", f"grpo.max_completion_tokens={new}",
+                                "grpo.temperature=1.0", f"grpo.beta={beta}", "grpo.loss_type=bnpo",
+                                "grpo.rewards=zoo.bench.shapes:grpo_reward"]
+    return {**spec, "overrides": over, "grpo": {"G": G, "new": new, "beta": beta, "prompts": prompts}}
+
+
+def grpo_reward(prompts, completions, **columns) -> list[float]:
+    """grpo_train's reward on both sides (TRL's and zoo's signature), cheap, deterministic and needing no data: the
+    share of a completion's words (its ids, written as numbers by the workload's tokenizers) that are even."""
+    words = [c.split() for c in completions]
+    return [sum(w.isdigit() and int(w) % 2 == 0 for w in ws) / max(len(ws), 1) for ws in words]
 
 
 def _sft(T, B, packing):
@@ -120,6 +147,11 @@ SHAPES = {
     # B=4 pairs: 8 rows of 256 a step, lora_train's 8 x 256 (and one more forward pass, the reference's)
     ("dpo_train", "full"): [("smollm2_135m-r16-T1024-B4pairs", _dpo(_lora(_llama(**SMOLLM2_135M, T=1024, B=4))))],
     ("dpo_train", "cpu"): [("L4-D256-K2-r16-T256-B4pairs-V8192", _dpo(_lora(_llama(**LLAMA_CPU, T=256, B=4))))],
+    # grpo_train: the shipped configs/smollm2_grpo_lora.py's step (4 prompts x 8, 32 new tokens); on CPU 2 x 4
+    ("grpo_train", "full"): [("smollm2_135m-r16-B4x8-P32-N32",
+                              _grpo(_lora(_llama(**SMOLLM2_135M, T=64, B=4)), G=8, prompt=32, new=32))],
+    ("grpo_train", "cpu"): [("L4-D256-K2-r16-B2x4-P32-N32-V8192",
+                             _grpo(_lora(_llama(**LLAMA_CPU, T=64, B=2)), G=4, prompt=32, new=32))],
     # zoo_commands' conversations are 58..179 bytes (median 146): at T=512 packing fills 94% of the positions,
     # one per row 27% (at T=256 the two are 68% and 55%, as at most one long conversation fits beside another)
     ("sft_train", "full"): [(f"llama_tiny-{name}-T512-B16", _sft(512, 16, packed))

@@ -9,7 +9,7 @@ generation, a static KV cache, with which transformers compiles the decoding ste
 (prefill stays eager on both peers). On CPU both stay float32 as before. A spec with dtype float32
 keeps float32 on CUDA too. lora_train wraps the model with PEFT (`peft.get_peft_model`: the spec's rank,
 alpha and target modules) and trains the adapters alone. dpo_train's peer is TRL's DPOTrainer with the same
-PEFT adapters (zoo.bench.dpo_peer).
+PEFT adapters (zoo.bench.dpo_peer), grpo_train's TRL's GRPOTrainer (zoo.bench.grpo_peer).
 """
 
 from __future__ import annotations
@@ -202,8 +202,14 @@ def _dpo(spec, name: str):
     return TrlDpo(spec, name)
 
 
+def _grpo(spec, name: str):
+    from zoo.bench.grpo_peer import TrlGrpo  # TRL's import: only where it runs
+    return TrlGrpo(spec, name)
+
+
 PEERS = {"gpt_train": TorchTrain, "llama_train": TorchTrain, "lora_train": TorchTrain, "dpo_train": _dpo,
-         "bert_mlm": TorchTrain, "encdec_train": TorchTrain, "generate": TorchGenerate, "llama_generate": TorchGenerate}
+         "grpo_train": _grpo, "bert_mlm": TorchTrain, "encdec_train": TorchTrain, "generate": TorchGenerate,
+         "llama_generate": TorchGenerate}
 
 
 def make(name: str, spec: dict):

@@ -21,6 +21,7 @@ import types
 
 from zoo.bench.common import calibrate, hbm_bandwidth, median
 from zoo.bench.eval_speed import ZooScore
+from zoo.bench.grpo_speed import ZooGrpo
 from zoo.bench.model_report import apply_preset, compute_dtype, device_peak_memory_mb, settings, versions_and_fallbacks
 
 
@@ -318,8 +319,8 @@ class ZooInput:
 
 
 ZOO = {"gpt_train": ZooTrain, "llama_train": ZooTrain, "lora_train": ZooTrain, "dpo_train": ZooTrain,
-       "sft_train": ZooTrain, "bert_mlm": ZooTrain, "encdec_train": ZooTrain, "generate": ZooGenerate,
-       "llama_generate": ZooGenerate, "input": ZooInput, "eval_score": ZooScore}
+       "grpo_train": ZooGrpo, "sft_train": ZooTrain, "bert_mlm": ZooTrain, "encdec_train": ZooTrain,
+       "generate": ZooGenerate, "llama_generate": ZooGenerate, "input": ZooInput, "eval_score": ZooScore}
 
 
 def serve(bench) -> None:
