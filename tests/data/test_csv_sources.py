@@ -117,3 +117,18 @@ def test_bert_cls_batches_from_a_csv_file(tmp_path):
     for ids_T, valid_T, label in zip(b["inputs"], b["valid"], b["labels"]):
         text = data.tokenizer.decode([int(t) for t in ids_T[valid_T] if t not in (sp.cls, sp.sep)])
         assert text.startswith(("blue", "red")[label] + " number ") and ", of " in text
+
+
+def test_a_quote_left_open_is_named_not_read_as_merged_rows(tmp_path):
+    """A stray quote at row 10 and another at row 35 made pandas read 26 rows as one (texts merged, labels
+    shifted): refused naming the row and cell; a real multi-line cell with a comma in it still reads."""
+    q = '"'
+    lines = ["text,label"] + [f"{q if i == 10 else ''}sentence {i}{q if i == 35 else ''},{i % 3}" for i in range(50)]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ZooDataError) as e:
+        corpus.load_local(data_cfg(tmp_path, source=str(bad)))
+    assert "row 10's 'text' cell spans 26 lines, and 24 of them read as whole rows ('sentence 11,2')" in str(e.value)
+    good = tmp_path / "good.csv"
+    good.write_text('text,label\n"a line\nover two, with a comma",0\nplain,1\n')
+    assert len(corpus.load_local(data_cfg(tmp_path, source=str(good)))) == 2

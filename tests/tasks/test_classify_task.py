@@ -80,6 +80,18 @@ def test_bad_labelled_data_names_the_culprit(tmp_path, rows, data, culprit):
     assert culprit in str(e.value) and "\n" not in str(e.value)
 
 
+def test_training_data_of_one_class_is_refused(tmp_path):
+    """A label column with one distinct value would train a 1-class classifier at loss 0: refused by name."""
+    rows = [{"text": f"text {i}", "label": "spam"} for i in range(6)]
+    cfg = replace(cfg_for("bert_cls", str(tmp_path)), data=dict(source=write_jsonl(tmp_path / "d.jsonl", rows)))
+    with pytest.raises(ZooDataError) as e:
+        tasks.check_data(cfg)
+    assert "data.label_column='label'" in str(e.value) and "holds one class only (spam) in its 6 rows" in str(e.value)
+    two = rows[:5] + [{"text": "text 5", "label": "ham"}]
+    cfg = replace(cfg, data=dict(source=write_jsonl(tmp_path / "e.jsonl", two)))
+    assert tasks.check_data(cfg).model.num_classes >= 2
+
+
 def test_vocab_too_small_for_the_specials(tmp_path):
     cfg = replace(cfg_for("bert_cls", str(tmp_path)), model=dict(vocab_size=257))
     with pytest.raises(ZooDataError, match=r"model.vocab_size=257 is smaller"):

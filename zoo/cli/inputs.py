@@ -70,9 +70,20 @@ def read_lines(path: str, pairs: bool = False) -> list[Line]:
 
 
 def check_out(path: str | None) -> None:
-    """Refuse an --out whose folder is missing before any work is done."""
-    if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+    """Refuse an --out whose folder is missing or takes no new file (read-only, /proc) before any work is done."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
         raise FileNotFoundError(f"--out={path!r}: no such folder {os.path.dirname(path)!r}")
+    if os.path.isdir(path):
+        raise ValueError(f"--out={path!r} is a folder; name a file to write")
+    try:  # a file can be made there: made and removed at once
+        import tempfile
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".zoo-out-"):
+            pass
+    except OSError as e:
+        raise ValueError(f"--out={path!r}: cannot write in {folder!r} ({e.strerror or e})") from None
 
 
 def write(path: str | None, lines: list[str]) -> None:
@@ -80,8 +91,11 @@ def write(path: str | None, lines: list[str]) -> None:
     if path is None:
         sys.stdout.writelines(line + "\n" for line in lines)
         return
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in lines)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in lines)
+    except OSError as e:
+        raise ValueError(f"--out={path!r}: writing it failed ({e.strerror or e})") from None
 
 
 def jsonl(objs) -> list[str]:

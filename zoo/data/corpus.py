@@ -149,9 +149,36 @@ def load_local(cfg) -> datasets.Dataset:
     # Local files are read once per store, so their Arrow copy stays beside the stores, not in the HF cache.
     cache = os.path.join(os.path.expanduser(cfg.cache_dir), "hf")
     try:
-        return datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cache, **kwargs)
+        ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cache, **kwargs)
     except Exception as e:
         raise ZooDataError(f"data.source={cfg.source!r} could not be read as {kind} ({_short(e)})") from None
+    if kind in ("csv", "tsv"):
+        _no_open_quote(ds, cfg.source, "\t" if kind == "tsv" else ",")
+    return ds
+
+
+def _no_open_quote(ds: datasets.Dataset, source: str, delimiter: str) -> None:
+    """A quote left open in a CSV swallows the rows after it into one cell (texts merged, labels shifted, and
+    fewer rows read than the file has). A cell spanning lines of which one holds a whole row's worth of delimiters
+    (as many as the file has columns, less one, the last field a value of the last column) is that: refused,
+    naming the row and the cell."""
+    n = len(ds.column_names)
+    if n < 2 or not len(ds):
+        return
+    last = {str(v).strip() for v in ds[ds.column_names[-1]]}  # a swallowed row ends in a value of the last column
+    for col in ds.column_names:
+        if getattr(ds.features[col], "dtype", None) not in ("string", "large_string"):
+            continue
+        for i, cell in enumerate(ds[col]):
+            if isinstance(cell, str) and "\n" in cell:
+                lines = cell.split("\n")
+                rowlike = [line for line in lines[1:] if line.count(delimiter) == n - 1 and
+                           line.rsplit(delimiter, 1)[-1].strip().strip('"') in last]
+                if rowlike:
+                    raise ZooDataError(f"data.source={source!r}: row {i}'s {col!r} cell spans {len(lines)} lines, and "
+                                       f"{len(rowlike)} of them read as whole rows ({rowlike[0][:60]!r}): a quote left "
+                                       f"open swallows the rows after it; close it, or quote the text's own quotes "
+                                       f"as \"\"")
 
 
 def load_documents(cfg) -> datasets.Dataset:

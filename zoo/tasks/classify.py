@@ -123,6 +123,15 @@ def num_labels(ds: datasets.Dataset, dcfg) -> int:
     return max(len(names), int(ids.max()) + 1 if len(ids) else 0, 1)
 
 
+def _two_classes(ids: np.ndarray, names: list[str], dcfg) -> None:
+    """Training data of one class is refused: its classifier learns nothing (the loss is 0 from the start)."""
+    seen = np.unique(ids)
+    if len(seen) < 2:
+        one = names[int(seen[0])] if len(seen) and int(seen[0]) < len(names) else seen.tolist()
+        raise ZooDataError(f"data.label_column={dcfg.label_column!r} of data.source={dcfg.source!r} holds one class "
+                           f"only ({one}) in its {len(ids)} rows; a classifier needs rows of 2 classes or more")
+
+
 def resolve_labels(ds: datasets.Dataset, dcfg, num_classes: int) -> tuple[np.ndarray, list[str]]:
     """(label ids [N], class names in id order), checked against num_classes."""
     col = dcfg.label_column
@@ -327,11 +336,12 @@ class ClsTask(_Encoder):
             raise ZooDataError(f"data.source={d.source!r} has {len(ds)} example; a train/val split needs 2")
         if cfg.model.num_classes == 0:
             n = num_labels(ds, d)
-            names = resolve_labels(ds, d, n)[1]
+            ids, names = resolve_labels(ds, d, n)
+            _two_classes(ids, names, d)
             print(f"data: model.num_classes={n} from data.label_column={d.label_column!r} "
                   f"({', '.join(names[:8])}{', ...' if n > 8 else ''})", flush=True)
             return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_classes=n))
-        resolve_labels(ds, d, cfg.model.num_classes)
+        _two_classes(*resolve_labels(ds, d, cfg.model.num_classes), d)
         return cfg
 
     def make_data(self, cfg, process_index: int, process_count: int) -> Data:
