@@ -26,7 +26,9 @@ encoded as it is; true puts the prefix token first, as the harness's flag of tha
 from __future__ import annotations
 
 import functools
+import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -39,10 +41,12 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from tqdm import tqdm
 
-from zoo.errors import ConfigError, ZooDataError
+from zoo.config import from_dict as config_from_dict
+from zoo.errors import ConfigError, FamilyError, ZooDataError
 from zoo.eval.loglik import Row, pad_batch, prefix_token
 from zoo.eval.perplexity import document_rows
 from zoo.infer.encoder import batches, bucket
+from zoo.models import FAMILIES
 from zoo.models.gpt import output_embedding
 from zoo.nn.losses import linear_cross_entropy
 
@@ -64,13 +68,31 @@ def _row_scores(params, inputs_BT, targets_BT, weights_BT, *, model):
     return jax.vmap(one)(h_BTD, targets_BT, weights_BT)
 
 
-def check_model_args(args: dict) -> str:
-    """The run directory of `args` (model_args), checked with the keys before anything loads: zoo-lm-eval calls
-    this before the harness indexes its tasks, so a typo costs no wait."""
+def check_model_args(args: dict, batch_size=None) -> str:
+    """The run directory of `args` (model_args), every value checked and the run's family and context read off its
+    config.json, before anything loads: zoo-lm-eval calls this before the harness indexes its tasks and loads the
+    run, so a typo costs no wait. `batch_size`: the harness's own --batch_size flag, where given."""
     unknown = sorted(k for k in args if k not in MODEL_ARGS + HARNESS_ARGS)
     if unknown:
         raise ConfigError(f"unknown model_args key {unknown[0]!r} for --model zoo; valid keys: {', '.join(MODEL_ARGS)}")
-    return check_run(args.get("run"))
+    run = check_run(args.get("run"))
+    if batch_size is not None and args.get("batch_size") is not None:
+        raise ConfigError(f"batch_size is given twice (model_args batch_size={args['batch_size']!r} and --batch_size "
+                          f"{batch_size}); give one")
+    if batch_size is not None and not re.fullmatch(r"auto(:\d+)?|[1-9]\d*", str(batch_size)):
+        raise ConfigError(f"--batch_size {batch_size!r}: give a whole number >= 1, auto or auto:N")
+    _batch_size(args.get("batch_size"))
+    max_length, stride = (_positive(k, args.get(k), None) for k in ("max_length", "stride"))
+    _positive("max_gen_toks", args.get("max_gen_toks"), None)
+    _bool("add_bos_token", args.get("add_bos_token", False))
+    _whole("seed", args.get("seed", 0))
+    family, context = _run_facts(run)
+    if family is not None and family != "gpt":
+        raise FamilyError(f"--model zoo scores GPT-family runs; {run} is a {family} run (zoo-eval scores the others)")
+    context = max_length if context is None else min(max_length or context, context)
+    if stride is not None and context is not None and stride > context:
+        raise ConfigError(f"model_args stride={stride} must be at most max_length ({context})")
+    return run
 
 
 def check_run(run) -> str:
@@ -83,15 +105,58 @@ def check_run(run) -> str:
     return run
 
 
+def _run_facts(run: str) -> tuple[str | None, int | None]:
+    """(family, the longest window its weights know) of `run`, read off its config.json alone; None where the file
+    does not say (a Hugging Face directory's window) or does not read (the load names what is wrong)."""
+    try:
+        with open(os.path.join(run, "config.json"), encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return None, None
+    if not isinstance(d, dict):
+        return None, None
+    if not os.path.isdir(os.path.join(run, "checkpoints")):  # a Hugging Face directory: the family by model_type
+        return next((f for f, fam in FAMILIES.items() if d.get("model_type") in fam.hf), None), None
+    try:
+        cfg = config_from_dict(d)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None, None
+    return cfg.model.family, min(cfg.window, getattr(cfg.model, "max_len", cfg.window))
+
+
 def _positive(name: str, value, default):
     if value is None:
         return default
     try:
         v = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         v = 0
-    if v < 1 or isinstance(value, float) and v != value:
+    if v < 1 or isinstance(value, bool) or isinstance(value, float) and v != value:
         raise ConfigError(f"model_args {name}={value!r} must be a whole number >= 1")
+    return v
+
+
+def _batch_size(value) -> int | None:
+    """None for the default: no value, or "auto" / "auto:N" (the harness's batch-size search; buckets bound memory
+    here), else the whole number >= 1 given."""
+    if value is None or re.fullmatch(r"auto(:\d+)?", str(value)):
+        return None
+    return _positive("batch_size", value, None)
+
+
+def _bool(name: str, value) -> bool:
+    if isinstance(value, bool) or str(value).lower() in ("true", "false", "1", "0"):
+        return value if isinstance(value, bool) else str(value).lower() in ("true", "1")
+    raise ConfigError(f"model_args {name}={value!r}: give true or false")
+
+
+def _whole(name: str, value) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError, OverflowError):
+        v = -1
+    if v < 0 or isinstance(value, bool) or isinstance(value, float) and v != value:
+        raise ConfigError(f"model_args {name}={value!r} must be a whole number >= 0")
     return v
 
 
@@ -102,21 +167,34 @@ class ZooLM(TemplateLM):
     def __init__(self, run=None, batch_size=None, max_length=None, max_gen_toks=None, stride=None,
                  add_bos_token=False, seed=0, **kwargs):
         super().__init__()
-        run = check_model_args({"run": run, **kwargs})
-        # "auto" or "auto:N" (the harness's batch-size search) is taken as the default: buckets bound memory.
-        self.batch = _positive("batch_size", None if str(batch_size).startswith("auto") else batch_size, 8)
+        run = check_model_args({"run": run, "batch_size": batch_size, "max_length": max_length,
+                                "max_gen_toks": max_gen_toks, "stride": stride, "add_bos_token": add_bos_token,
+                                "seed": seed, **kwargs})  # every value, before the run loads
+        self.batch = _batch_size(batch_size) or 8
         self._max_gen_toks = _positive("max_gen_toks", max_gen_toks, 256)
         self.stride = _positive("stride", stride, None)
-        self.add_bos_token = str(add_bos_token).lower() in ("true", "1")
-        self.seed = int(seed)
+        self.add_bos_token = _bool("add_bos_token", add_bos_token)
+        self.seed = _whole("seed", seed)
         from zoo import hf
         self.model, self.params, self.tok, cfg = hf.from_pretrained(run)
-        if cfg.model.family != "gpt":
-            raise ZooDataError(f"--model zoo scores GPT-family runs; {run} is a {cfg.model.family} run")
+        if cfg.model.family != "gpt":  # where config.json did not say (a model_type zoo does not know)
+            raise FamilyError(f"--model zoo scores GPT-family runs; {run} is a {cfg.model.family} run (zoo-eval "
+                              f"scores the others)")
         self._max_length = min(_positive("max_length", max_length, cfg.window), self.model.cfg.max_len)
         if self.stride is not None and self.stride > self._max_length:
             raise ConfigError(f"model_args stride={self.stride} must be at most max_length ({self._max_length})")
         self.run = run
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "ZooLM":
+        """As the harness's, but a model_args batch_size wins over the harness's own (its --batch_size, 1 unless
+        given; zoo-lm-eval refuses both given): the harness would pass batch_size twice, a TypeError."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "ZooLM":
+        return cls.create_from_arg_obj(lm_utils.simple_parse_args_string(arg_string), additional_config)
 
     # What the harness reads ---------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fixture finished_gpt)
-from zoo.cli import convert, sample
+from zoo.cli import convert, eval as zoo_eval, fill_mask, lm_eval, sample
 from zoo.cli.train import train_main
 
 
@@ -37,10 +37,14 @@ def files(tmp):
     (tmp / "bad_chats.jsonl").write_text("".join(json.dumps({"messages": "hello"}) + "\n" for _ in range(4)))
     (tmp / "raising.jinja").write_text("{{ raise_exception('no chat here') }}")
     (tmp / "exits.py").write_text("import sys\nsys.exit(0)\n")
+    (tmp / "binary.jinja").write_bytes(bytes(range(256)))
+    (tmp / "bert_hf").mkdir()  # a Hugging Face BERT's config.json: its family is read before any weight
+    (tmp / "bert_hf" / "config.json").write_text(json.dumps({"model_type": "bert",
+                                                             "architectures": ["BertForMaskedLM"]}))
     return {"syntax": tmp / "syntax.py", "notes": tmp / "notes.txt", "a_dir": tmp / "a_dir",
             "a_file": tmp / "a_file", "full": tmp / "full", "hf": tmp / "hf", "new": tmp / "new",
             "chats": tmp / "chats.jsonl", "bad_chats": tmp / "bad_chats.jsonl", "raising": tmp / "raising.jinja",
-            "exits": tmp / "exits.py"}
+            "exits": tmp / "exits.py", "binary": tmp / "binary.jinja", "bert_hf": tmp / "bert_hf"}
 
 
 TRAIN = ["configs/gpt_tiny.py", "--workdir", "{new}"]
@@ -76,6 +80,8 @@ ROWS = [  # (command, arguments, fragment of the error line)
      "row 0 of data.messages_column='messages'"),
     ("train", [*TRAIN, "--set", "task=sft", "--set", "data.source={chats}", "--set", "data.chat_template={raising}"],
      "the chat template ({raising}) failed: TemplateError: no chat here"),
+    ("train", [*TRAIN, "--set", "task=sft", "--set", "data.source={chats}", "--set", "data.chat_template={binary}"],
+     "data.chat_template='{binary}' is not a text file (byte 128 is not UTF-8)"),
     # Config-time bounds (issue "trust, round two"), each before any model is built.
     ("train", ["{exits}"], "config file '{exits}' called sys.exit(0) while loading"),
     ("train", [*TRAIN, "--set", "train.seed=99999999999999999999"],
@@ -89,11 +95,30 @@ ROWS = [  # (command, arguments, fragment of the error line)
     ("sample", ["{run}", "--max-new-tokens", "0"], "max-new-tokens=0"),
     ("sample", ["{run}", "--num-samples", "0"], "num-samples=0"),
     ("sample", ["{run}", "--temperature", "nan"], "temperature"),
+    ("sample", ["{run}", "--temperature", "inf"], "temperature"),
+    ("sample", ["{run}", "--top-k", "1000000000"], "top_k=1000000000 is above the vocabulary's"),
+    ("fill-mask", ["{run}", "--text", "a [MASK]", "--out", "/proc/x.jsonl"], "--out='/proc/x.jsonl': cannot write in"),
+    # Issue 45: a model of another family, before any sampling (presets: fresh weights, no run trained).
+    ("sample", ["bert_tiny"], ".generate needs a decoder (GPT family); 'bert_tiny' is a bert model"),
+    ("sample", ["encdec_tiny"], ".generate needs a decoder (GPT family); 'encdec_tiny' is a"),
+    # zoo-lm-eval's model_args, checked before the harness indexes its tasks or loads the run; then a task it lacks.
+    ("lm-eval", ["--model_args", "run={run},stride=1000", "--tasks", "x"],
+     "model_args stride=1000 must be at most max_length (32)"),
+    ("lm-eval", ["--model_args", "run={run}", "--batch_size", "0", "--tasks", "x"], "--batch_size '0': give a whole"),
+    ("lm-eval", ["--model_args", "run={run},batch_size=4", "-b", "2", "--tasks", "x"],
+     "batch_size is given twice (model_args batch_size=4 and --batch_size 2)"),
+    ("lm-eval", ["--model_args", "run={bert_hf}", "--tasks", "x"],
+     "--model zoo scores GPT-family runs; {bert_hf} is a bert run"),
+    ("lm-eval", ["--model_args", "run={run}", "--tasks", "nosuch_task"],
+     "--tasks: nosuch_task: no such task in lm_eval's index; list the valid names with `zoo-lm-eval ls tasks`"),
+    ("eval", ["{run}", "--data", "{chats}", "--cache-dir", "/proc/x"], "--cache-dir='/proc/x' is not a writable "
+                                                                      "directory"),
     ("convert", ["from-hf", "{hf}", "{new}"], "'{hf}/config.json' is not JSON"),
     ("convert", ["to-hf", "{run}", "{full}"], "'{full}'"),
     ("convert", ["to-hf", "{run}", "{a_file}"], "'{a_file}'"),
 ]
-MAINS = {"train": train_main, "sample": sample.main, "convert": convert.main}
+MAINS = {"train": train_main, "sample": sample.main, "convert": convert.main, "fill-mask": fill_mask.main,
+         "lm-eval": lm_eval.main, "eval": zoo_eval.main}
 
 
 @pytest.mark.parametrize("command, args, fragment", ROWS, ids=[f"{c} {' '.join(a)}" for c, a, _ in ROWS])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from zoo.api import decoder
@@ -64,8 +65,7 @@ def main(argv=None) -> int:
         if chat:
             convs = decoder.conversations_of([messages] if messages else [[{"role": "user", "content": t}]
                                                                           for t in texts], a.system)[0]
-        from zoo.infer.sample import check_settings
-        check_settings(a.max_new_tokens, a.num_samples, a.temperature, a.top_k, a.top_p)  # named as the flags are
+        _check_flags(a)
         import zoo
         lm = zoo.load(a.workdir)
         decoder.require_decoder(lm, "generate")
@@ -87,6 +87,19 @@ def main(argv=None) -> int:
             print(f"--- sample {i}")
         print(lm.detokenize(ids) if chat else texts[p] + lm.detokenize(ids))  # ids stop before the end-of-text
     return 0
+
+
+def _check_flags(a) -> None:
+    """The sampling flags, each refusal naming its flag (top-k against the vocabulary once the model is loaded)."""
+    for flag, value in (("--max-new-tokens", a.max_new_tokens), ("--num-samples", a.num_samples)):
+        if value < 1:
+            raise ArgumentError(f"{flag}={value} must be >= 1")
+    if not (math.isfinite(a.temperature) and a.temperature >= 0):  # inf would sample uniformly, nan anything
+        raise ArgumentError(f"--temperature={a.temperature} must be a finite number >= 0 (0: greedy)")
+    if a.top_k < 0:
+        raise ArgumentError(f"--top-k={a.top_k} must be >= 0 (0: all tokens)")
+    if not 0 < a.top_p <= 1:
+        raise ArgumentError(f"--top-p={a.top_p} must be in (0, 1] (1: off)")
 
 
 def _messages(path: str, prompt: list[str] | None) -> list[dict]:

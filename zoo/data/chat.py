@@ -60,24 +60,41 @@ class ChatTemplate(str):
         return self
 
 
-def _read(path: str) -> ChatTemplate:
-    with open(path, encoding="utf-8") as f:
-        return ChatTemplate(f.read(), path)
+def read_template(path: str, what: str | None = None) -> ChatTemplate:
+    """The Jinja chat template in the file `path`. A file that is not text is refused in one line naming `what` (the
+    config key that gave it, with its value; default: the file), not as a codec's error."""
+    what = what or f"the chat template {path!r}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise ZooDataError(f"{what} is not a text file (byte {e.start} is not UTF-8); give a Jinja chat template "
+                           f"(.jinja)") from None
+    except OSError as e:
+        raise ZooDataError(f"{what} could not be read ({e.strerror or e})") from None
+    if "\x00" in text:
+        raise ZooDataError(f"{what} is a binary file (a NUL byte at character {text.index(chr(0))}); give a Jinja "
+                           f"chat template (.jinja)")
+    return ChatTemplate(text, path)
 
 
 def _tokenizer_config(directory: str) -> dict:
     path = os.path.join(directory, "tokenizer_config.json")
     if not os.path.isfile(path):
         return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ZooDataError(f"{path!r} is not a JSON file ({e}); it holds the tokenizer's chat template and special "
+                           f"tokens") from None
 
 
 def template_of(tokenizer_dir: str) -> ChatTemplate | None:
     """The chat template in a Hugging Face tokenizer directory, or None."""
     path = os.path.join(tokenizer_dir, TEMPLATE_FILE)
     if os.path.isfile(path):
-        return _read(path)
+        return read_template(path)
     template = _tokenizer_config(tokenizer_dir).get("chat_template")
     if isinstance(template, list):  # named templates: the default one
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
@@ -88,7 +105,7 @@ def template_for(tokenizer_name: str, run_dir: str | None = None) -> ChatTemplat
     """The template a run uses: RUN_DIR/chat_template.jinja, else its tokenizer directory's (`tokenizer_name`
     is cfg.data.tokenizer), else DEFAULT_TEMPLATE."""
     if run_dir is not None and os.path.isfile(os.path.join(run_dir, TEMPLATE_FILE)):
-        return _read(os.path.join(run_dir, TEMPLATE_FILE))
+        return read_template(os.path.join(run_dir, TEMPLATE_FILE))
     directory = os.path.expanduser(tokenizer_name)
     own = template_of(directory) if os.path.isdir(directory) else None
     return own or ChatTemplate(DEFAULT_TEMPLATE, "zoo.data.chat.DEFAULT_TEMPLATE")

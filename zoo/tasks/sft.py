@@ -48,8 +48,7 @@ def template_of(dcfg) -> str:
         path = os.path.expanduser(dcfg.chat_template)
         if not os.path.isfile(path):
             raise ZooDataError(f"data.chat_template={dcfg.chat_template!r}: no such file (a .jinja chat template)")
-        with open(path, encoding="utf-8") as f:
-            return chat.ChatTemplate(f.read(), path)
+        return chat.read_template(path, f"data.chat_template={dcfg.chat_template!r}")
     return chat.template_for(dcfg.tokenizer)
 
 
