@@ -37,3 +37,19 @@ def hbm_bandwidth(device_kind: str) -> float | None:
         if key.lower() in (device_kind or "").lower():
             return bw
     return None
+
+
+def grpo_final(times, rows: int, train_tokens: float, extra: dict) -> dict:
+    """grpo_train's throughput from its rounds (zoo's and the peer's): per step `step_s`, `complete_s` (sampling),
+    `score_s` (the reward), `completion_tokens` (sampled); zoo's also the two samplers timed alone."""
+    med = lambda key: median([r[key] for r in times])  # noqa: E731
+    step, tokens = med("step_s"), med("completion_tokens")
+    out = {"tokens_per_s": tokens / step, "train_tokens_per_s": train_tokens / step, "sequences_per_s": rows / step,
+           "decode_tokens_per_s": tokens / med("complete_s"), "completion_tokens_per_step": tokens,
+           "train_tokens_per_step": train_tokens, "gen_frac": med("complete_s") / step,
+           "reward_frac": med("score_s") / step, "mfu": None, **extra}
+    if "in_loop_sample_s" in times[0]:
+        out.update(in_loop_tokens_per_s=tokens / med("in_loop_sample_s"),
+                   load_generate_tokens_per_s=tokens / med("load_generate_s"),
+                   in_loop_vs_load_generate=med("load_generate_s") / med("in_loop_sample_s"))
+    return out

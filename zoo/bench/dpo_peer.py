@@ -23,7 +23,7 @@ import warnings
 import torch
 
 from zoo.bench.common import calibrate
-from zoo.bench.torch_peer import _hf_model, _TrainPeer, lora_config
+from zoo.bench.peer_base import _hf_model, _TrainPeer, lora_config
 
 
 def tokenizer(vocab_size: int):

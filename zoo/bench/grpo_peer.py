@@ -12,7 +12,7 @@ scheduler, accelerate's prepare), then each step `training_step(model, inputs)` 
 hands it (each prompt G times in a row), which generates (transformers' `generate`, eager, the adapters unmerged),
 scores, takes the reference's log-probabilities and the loss's backward; then gradient clipping, the optimizer and
 scheduler steps and zero_grad. Its sampler (`_generate_single_turn`) and reward (`_calculate_rewards`) are timed
-where the step calls them, for zoo.bench.grpo_speed.grpo_final.
+where the step calls them, for zoo.bench.common.grpo_final.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import tempfile
 import time
 import warnings
 
-from zoo.bench.common import calibrate
-from zoo.bench.grpo_speed import grpo_final
+from zoo.bench.common import calibrate, grpo_final
 from zoo.bench.shapes import grpo_reward
-from zoo.bench.torch_peer import _hf_model, _TrainPeer, lora_config
+from zoo.bench.peer_base import _hf_model, _TrainPeer, lora_config
 
 
 def tokenizer(vocab_size: int):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from zoo.bench.common import calibrate, median
+from zoo.bench.common import calibrate, grpo_final
 from zoo.bench.model_report import apply_preset, compute_dtype, device_peak_memory_mb, settings, versions_and_fallbacks
 
 
@@ -43,7 +43,7 @@ class ZooGrpo:
         import dataclasses
         import jax
         import zoo
-        from zoo.bench.worker import frozen_base
+        from zoo.bench.model_report import frozen_base
         from zoo.config import apply_overrides, load_config_file
         from zoo.tasks.base import Data
         from zoo.tasks.rl import PromptSet
@@ -129,19 +129,3 @@ class ZooGrpo:
         extra = {"peak_memory_mb": device_peak_memory_mb(self.device), "in_loop_same_tokens": self.same_tokens,
                  "reward_mean": self.host["reward_sum"] / self.host["completions"]}  # the last step's
         return grpo_final(self.times[since:], len(self.rows), float(self.m["tokens"]), extra)
-
-
-def grpo_final(times, rows: int, train_tokens: float, extra: dict) -> dict:
-    """grpo_train's throughput from its rounds (zoo's and the peer's): per step `step_s`, `complete_s` (sampling),
-    `score_s` (the reward), `completion_tokens` (sampled); zoo's also the two samplers timed alone."""
-    med = lambda key: median([r[key] for r in times])  # noqa: E731
-    step, tokens = med("step_s"), med("completion_tokens")
-    out = {"tokens_per_s": tokens / step, "train_tokens_per_s": train_tokens / step, "sequences_per_s": rows / step,
-           "decode_tokens_per_s": tokens / med("complete_s"), "completion_tokens_per_step": tokens,
-           "train_tokens_per_step": train_tokens, "gen_frac": med("complete_s") / step,
-           "reward_frac": med("score_s") / step, "mfu": None, **extra}
-    if "in_loop_sample_s" in times[0]:
-        out.update(in_loop_tokens_per_s=tokens / med("in_loop_sample_s"),
-                   load_generate_tokens_per_s=tokens / med("load_generate_s"),
-                   in_loop_vs_load_generate=med("load_generate_s") / med("in_loop_sample_s"))
-    return out

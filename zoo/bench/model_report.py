@@ -4,6 +4,9 @@ override, one device's peak memory. Shared by zoo.bench.worker and zoo.bench.eva
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+
 from zoo.train.memory import peak_memory_mb
 
 
@@ -58,3 +61,24 @@ def apply_preset(cfg, spec):
 def device_peak_memory_mb(device) -> float:
     """The peak memory of one device (zoo.train.memory.peak_memory_mb)."""
     return peak_memory_mb([device])
+
+
+@contextlib.contextmanager
+def frozen_base(cfg):
+    """cfg as the benchmark runs it: a LoRA config without init_from gets, in a temporary directory removed
+    on leaving, a weights-only checkpoint of its plain model (random params, no adapters) as init_from."""
+    import dataclasses
+    import flax.linen as nn
+    import jax
+    from zoo import tasks
+    from zoo.nn import lora
+    from zoo.train import checkpoint
+    if lora.spec_of(cfg.model) is None or cfg.init_from:
+        yield cfg
+        return
+    base = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_rank=0))  # its config: no adapters
+    with tempfile.TemporaryDirectory(prefix="zoo-bench-base-") as path:
+        params = jax.jit(lambda r: nn.unbox(tasks.plain(base).init(r)))(jax.random.PRNGKey(1))
+        checkpoint.save_weights(path, params, base)
+        del params
+        yield dataclasses.replace(cfg, init_from=path)

@@ -11,18 +11,17 @@ starts peers early so that their imports overlap zoo's compile). zoo's process s
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 import types
 
 from zoo.bench.common import calibrate, hbm_bandwidth, median
 from zoo.bench.eval_speed import ZooScore
 from zoo.bench.grpo_speed import ZooGrpo
-from zoo.bench.model_report import apply_preset, compute_dtype, device_peak_memory_mb, settings, versions_and_fallbacks
+from zoo.bench.model_report import (apply_preset, compute_dtype, device_peak_memory_mb, frozen_base, settings,
+                                    versions_and_fallbacks)
 
 
 class ZooTrain:
@@ -114,27 +113,6 @@ class ZooTrain:
             frac = sum(self.real_fracs[since:]) / len(self.real_fracs[since:])
             out.update(real_token_frac=frac, real_tokens_per_s=tps * frac)
         return out
-
-
-@contextlib.contextmanager
-def frozen_base(cfg):
-    """cfg as the benchmark runs it: a LoRA config without init_from gets, in a temporary directory removed
-    on leaving, a weights-only checkpoint of its plain model (random params, no adapters) as init_from."""
-    import dataclasses
-    import flax.linen as nn
-    import jax
-    from zoo import tasks
-    from zoo.nn import lora
-    from zoo.train import checkpoint
-    if lora.spec_of(cfg.model) is None or cfg.init_from:
-        yield cfg
-        return
-    base = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_rank=0))  # its config: no adapters
-    with tempfile.TemporaryDirectory(prefix="zoo-bench-base-") as path:
-        params = jax.jit(lambda r: nn.unbox(tasks.plain(base).init(r)))(jax.random.PRNGKey(1))
-        checkpoint.save_weights(path, params, base)
-        del params
-        yield dataclasses.replace(cfg, init_from=path)
 
 
 def synthetic_batches(spec, cfg, process_index: int = 0, process_count: int = 1):
