@@ -53,3 +53,14 @@ def grpo_final(times, rows: int, train_tokens: float, extra: dict) -> dict:
                    load_generate_tokens_per_s=tokens / med("load_generate_s"),
                    in_loop_vs_load_generate=med("load_generate_s") / med("in_loop_sample_s"))
     return out
+
+
+def timed_round(bench) -> dict:
+    """One round of `bench`: `bench.k` steps, their mean time `step_s` and the mean of each phase the steps added to
+    `bench.spent` (seconds by name)."""
+    import time
+    bench.spent = {}
+    t = time.perf_counter()
+    bench._steps(bench.k)
+    dt = (time.perf_counter() - t) / bench.k
+    return {"step_s": dt, **{k: v / bench.k for k, v in bench.spent.items()}}

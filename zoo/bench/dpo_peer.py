@@ -23,7 +23,7 @@ import warnings
 import torch
 
 from zoo.bench.common import calibrate
-from zoo.bench.peer_base import _hf_model, _TrainPeer, lora_config
+from zoo.bench.peer_base import _hf_model, _TrlPeer, lora_config
 
 
 def tokenizer(vocab_size: int):
@@ -51,7 +51,7 @@ def pair_examples(B: int, T: int, V: int, seed: int = 0) -> list[dict]:
     return out
 
 
-class TrlDpo(_TrainPeer):
+class TrlDpo(_TrlPeer):
     """A DPOTrainer step (the module's docstring) on one pre-collated batch of the spec's B pairs of T tokens."""
 
     def __init__(self, spec, name: str = "hf-torch"):
@@ -83,17 +83,6 @@ class TrlDpo(_TrainPeer):
         self.params = [p for p in t.model.parameters() if p.requires_grad]
         self.tokens, self.batch, self.times = 2 * B * T, B, []
         self.compile_s, self.k = calibrate(self._steps)
-
-    def _steps(self, n):
-        t = self.trainer
-        for _ in range(n):  # transformers.Trainer's loop, one batch an optimizer step
-            self.loss = t.training_step(self.model, self.inputs)
-            if t.args.max_grad_norm > 0:
-                t._clip_grad_norm(self.model)
-            t.optimizer.step()
-            t.lr_scheduler.step()
-            self.model.zero_grad()
-        self.sync()
 
     def ready(self):
         import trl

@@ -21,9 +21,9 @@ import tempfile
 import time
 import warnings
 
-from zoo.bench.common import calibrate, grpo_final
+from zoo.bench.common import calibrate, grpo_final, timed_round
 from zoo.bench.shapes import grpo_reward
-from zoo.bench.peer_base import _hf_model, _TrainPeer, lora_config
+from zoo.bench.peer_base import _hf_model, _TrlPeer, lora_config
 
 
 def tokenizer(vocab_size: int):
@@ -39,7 +39,7 @@ def tokenizer(vocab_size: int):
                                                 unk_token="<unk>")
 
 
-class TrlGrpo(_TrainPeer):
+class TrlGrpo(_TrlPeer):
     """A GRPOTrainer step (the module's docstring) on the spec's B prompts, G completions each."""
 
     def __init__(self, spec, name: str = "hf-torch"):
@@ -89,23 +89,10 @@ class TrlGrpo(_TrainPeer):
             return out
         return call
 
-    def _steps(self, n):
-        t = self.trainer
-        for _ in range(n):  # transformers.Trainer's loop, one generation batch an optimizer step
-            self.loss = t.training_step(self.model, self.inputs, None)
-            if t.args.max_grad_norm > 0:
-                t._clip_grad_norm(self.model)
-            t.optimizer.step()
-            t.lr_scheduler.step()
-            self.model.zero_grad()
-        self.sync()
+    STEP_ARGS = (None,)  # training_step's num_items_in_batch
 
     def round(self):
-        self.spent = {}
-        t = time.perf_counter()
-        self._steps(self.k)
-        dt = (time.perf_counter() - t) / self.k
-        r = {"step_s": dt, **{k: v / self.k for k, v in self.spent.items()}}
+        r = timed_round(self)
         self.times.append(r)
         return r
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from zoo.bench.common import calibrate, grpo_final
+from zoo.bench.common import calibrate, grpo_final, timed_round
 from zoo.bench.model_report import apply_preset, compute_dtype, device_peak_memory_mb, settings, versions_and_fallbacks
 
 
@@ -115,11 +115,7 @@ class ZooGrpo:
             self._steps(2)
 
     def round(self):
-        self.spent = {}
-        t = time.perf_counter()
-        self._steps(self.k)
-        dt = (time.perf_counter() - t) / self.k
-        r = {"step_s": dt, **{k: v / self.k for k, v in self.spent.items()}}
+        r = timed_round(self)
         self.spent = {}
         _, _, r["in_loop_sample_s"], r["load_generate_s"] = self._sample_alone()
         self.times.append(r)

@@ -95,3 +95,21 @@ class _TrainPeer(_Peer):
         step = median(self.times[since:])
         return {"tokens_per_s": self.tokens / step, "sequences_per_s": self.batch / step,
                 "peak_memory_mb": self.peak_memory_mb()}
+
+
+class _TrlPeer(_TrainPeer):
+    """A TRL trainer's step as transformers.Trainer's loop takes it: `trainer`, `model`, `inputs`; `STEP_ARGS` go
+    to training_step after the inputs (GRPOTrainer's takes the number of items in the batch)."""
+
+    STEP_ARGS: tuple = ()
+
+    def _steps(self, n):
+        t = self.trainer
+        for _ in range(n):  # one batch an optimizer step
+            self.loss = t.training_step(self.model, self.inputs, *self.STEP_ARGS)
+            if t.args.max_grad_norm > 0:
+                t._clip_grad_norm(self.model)
+            t.optimizer.step()
+            t.lr_scheduler.step()
+            self.model.zero_grad()
+        self.sync()
