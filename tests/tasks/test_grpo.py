@@ -204,3 +204,13 @@ def test_bad_rewards_and_settings_are_one_line_and_leave_nothing(base, tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and piece in err[0], err
     assert not os.path.exists(tmp_path / "w")
+
+
+def test_zoo_train_is_the_python_call_of_a_grpo_run(base, tmp_path, cache_dir):
+    """zoo.train runs task=grpo as train.py does (README: "the same call"), its Run carrying the reward metrics,
+    and the run it leaves loads and generates."""
+    cfg = grpo_cfg(base, cache_dir)
+    out = zoo.train(cfg, workdir=str(tmp_path / "py"), overrides={"train.steps": 2, "train.eval_every": 2},
+                    devices=jax.devices()[:1], quiet=True)
+    assert out.step == 2 and {"reward", "kl", "rewards/digits", "eval_reward"} <= set(out.metrics), out.metrics
+    assert isinstance(out.load().generate("1+2=", max_new_tokens=2), str)
