@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo.nn import quant
-from zoo.nn.layers import Einsum
+from zoo.nn.layers import Einsum, dense
 
 LEAVES = ("lora_a", "lora_b")
 
@@ -93,8 +93,9 @@ def delta(m: Einsum, x, spec: LoraSpec, train: bool):
     xs, w, out = _split_eqn(m.eqn)
     mid = "".join(c for c in xs if c not in w[:n_in]) + "r"  # x's letters left after the contraction, then r
     # The scale on the rank-r intermediate, not on the [B, T, out] delta: r elements per token to touch, not out.
-    h = jnp.einsum(f"{xs},{w[:n_in]}r->{mid}", x, a.astype(m.dtype)) * jnp.asarray(spec.scale, m.dtype)
-    return jnp.einsum(f"{mid},r{w[n_in:]}->{out}", h, b.astype(m.dtype))
+    # Both as dense's 2-D matmuls: the adapters' gradients (dA = x^T dh, dB = h^T dy) then read x and dy in place.
+    h = dense(f"{xs},{w[:n_in]}r->{mid}", x, a.astype(m.dtype)) * jnp.asarray(spec.scale, m.dtype)
+    return dense(f"{mid},r{w[n_in:]}->{out}", h, b.astype(m.dtype))
 
 
 _OFF = contextvars.ContextVar("zoo_lora_adapters_off", default=False)
