@@ -13,6 +13,8 @@
   error-level chatter ("Very slow compile?" alarms after a long compile, which are not errors) stays off the
   console; a real failure still reaches the command as an exception and its one `error:` line.
   TF_CPP_MIN_LOG_LEVEL=0 shows everything again.
+- Cache directories users name (data.cache_dir, zoo-eval's --cache-dir): `check_cache_dir` refuses one that
+  cannot take files in one line naming the setting, before any work.
 """
 
 from __future__ import annotations
@@ -68,3 +70,19 @@ def use_compile_cache() -> None:
         except OSError:  # an unwritable cache directory only costs the compiles
             return
         jax.config.update("jax_compilation_cache_dir", path)
+
+
+def check_cache_dir(cache_dir: str, name: str = "data.cache_dir", example: str = "--set data.cache_dir=~/.cache/zoo"
+                    ) -> None:
+    """A cache directory the user names (data.cache_dir: token stores and Arrow copies) exists (made if need
+    be) and takes files, or one line naming it; `name` and `example` say how the line names the setting and
+    shows a good one (zoo-eval's --cache-dir)."""
+    import tempfile
+    from zoo.errors import ZooDataError
+    path = os.path.expanduser(cache_dir)
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as e:
+        raise ZooDataError(f"{name}={cache_dir!r} is not a writable directory ({e.strerror or e}); point it "
+                           f"at one, e.g. {example}") from None

@@ -99,16 +99,20 @@ def sources(tmp_path_factory):
 
 
 # ---- the damage, one function each: (sources, a new directory to make it in) -> the damaged source ----------------
+def _edit_tensors(path, edits: dict):
+    """The safetensors file at `path` rewritten with its tensors edited (name -> a function of the array)."""
+    t = load_file(str(path))
+    t.update({k: f(t[k]) for k, f in edits.items()})
+    save_file(t, str(path), metadata={"format": "pt"})
+
+
 def hf_tensors(**edits):
     """The tiny Llama's directory with tensors edited (name -> a function of the array giving its replacement), and a
     tokenizer file, which a conversion copies into RUN_DIR/tokenizer only once every tensor has passed."""
     def make(src, tmp):
         shutil.copytree(src["hf"], tmp / "hf")
         (tmp / "hf" / "tokenizer.json").write_text("{}")
-        path = tmp / "hf" / "model.safetensors"
-        t = load_file(str(path))
-        t.update({k: f(t[k]) for k, f in edits.items()})
-        save_file(t, str(path), metadata={"format": "pt"})
+        _edit_tensors(tmp / "hf" / "model.safetensors", edits)
         return str(tmp / "hf")
     return make
 
@@ -130,10 +134,7 @@ def adapter(config=None, **edits):
         shutil.copytree(src["adapter"], tmp / "adapter")
         config_file = tmp / "adapter" / "adapter_config.json"
         config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **(config or {})}))  # nan: NaN
-        path = tmp / "adapter" / "adapter_model.safetensors"
-        t = load_file(str(path))
-        t.update({k: f(t[k]) for k, f in edits.items()})
-        save_file(t, str(path), metadata={"format": "pt"})
+        _edit_tensors(tmp / "adapter" / "adapter_model.safetensors", edits)
         return str(tmp / "adapter")
     return make
 

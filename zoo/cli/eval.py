@@ -111,26 +111,13 @@ def _check_args(a) -> None:
         if v is not None and v < 1:
             raise ZooDataError(f"{flag} {v} must be >= 1")
     if a.data and glob.glob(os.path.expanduser(a.data)):  # local files: their Arrow copy goes under --cache-dir
-        _check_cache_dir(a.cache_dir)
+        runtime.check_cache_dir(a.cache_dir, "--cache-dir", "--cache-dir ~/.cache/zoo")
     if not (os.path.isdir(os.path.join(a.workdir, "checkpoints"))
             or os.path.isfile(os.path.join(a.workdir, "config.json"))
             or os.path.isfile(os.path.join(a.workdir, "adapter_config.json"))
             or (a.workdir.endswith(".gguf") and os.path.isfile(a.workdir))):
         raise ZooDataError(f"{a.workdir!r} is neither a zoo run (no checkpoints/), a Hugging Face checkpoint "
                            f"directory (no config.json), a PEFT adapter (no adapter_config.json) nor a .gguf file")
-
-
-def _check_cache_dir(cache_dir: str) -> None:
-    """--cache-dir exists (made if need be) and takes files, or one line naming it (not the source read into it)."""
-    import tempfile
-    from zoo.errors import ZooDataError
-    path = os.path.expanduser(cache_dir)
-    try:
-        os.makedirs(path, exist_ok=True)
-        tempfile.TemporaryFile(dir=path).close()
-    except OSError as e:
-        raise ZooDataError(f"--cache-dir={cache_dir!r} is not a writable directory ({e.strerror or e}); point it at "
-                           f"one, e.g. --cache-dir ~/.cache/zoo") from None
 
 
 def _run_config(workdir: str) -> dict | None:

@@ -5,6 +5,7 @@ model config asks for them (`adapted`); `base` holds the protocol."""
 
 from __future__ import annotations
 
+from zoo import runtime
 from zoo.models import FAMILIES, TASK_FAMILY
 from zoo.models.base import resolve
 from zoo.nn import lora
@@ -30,19 +31,6 @@ def check_data(cfg, vocab: bool = True):
     before any model is built, converted or compiled; returns cfg with what the data decides filled in
     (bert_cls with model.num_classes=0: the number of labels). vocab=False leaves out the tokenizer (a
     checkpoint not yet converted has none to check against)."""
-    check_cache_dir(cfg.data.cache_dir)
+    runtime.check_cache_dir(cfg.data.cache_dir)
     return resolve(FAMILIES[TASK_FAMILY[cfg.task]].tasks[cfg.task]).check_data(cfg, vocab)
 
-
-def check_cache_dir(cache_dir: str) -> None:
-    """data.cache_dir exists (made if need be) and takes files: token stores and Arrow copies go there."""
-    import os
-    import tempfile
-    from zoo.errors import ZooDataError
-    path = os.path.expanduser(cache_dir)
-    try:
-        os.makedirs(path, exist_ok=True)
-        tempfile.TemporaryFile(dir=path).close()
-    except OSError as e:
-        raise ZooDataError(f"data.cache_dir={cache_dir!r} is not a writable directory ({e.strerror or e}); point it "
-                           f"at one, e.g. --set data.cache_dir=~/.cache/zoo") from None
