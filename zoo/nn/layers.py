@@ -32,6 +32,13 @@ def einsum_f32(eq: str, *xs):
     return jnp.einsum(eq, *xs, preferred_element_type=jnp.float32)
 
 
+def split_eqn(eqn: str) -> tuple[str, str, str]:
+    """`BTD,DF->BTF` -> ("BTD", "DF", "BTF"): the input's, the weight's and the output's letters."""
+    inputs, out = eqn.split("->")
+    x, w = inputs.split(",")
+    return x, w, out
+
+
 def dense(eqn: str, x, w):
     """jnp.einsum(eqn, x, w) for a layer's einsum; where x's contracted axes trail it, w's lead, and the output
     is x's other axes then w's (`BTD,DF->BTF`, `BTD,DNH->BTNH`, `BTNH,NHD->BTD`), as one 2-D matmul over x's
@@ -39,9 +46,9 @@ def dense(eqn: str, x, w):
     gradient of the einsum contracts two axes (B and T), and XLA:CPU then copied the output gradient into a
     transposed [F, B*T] layout before the dot (llama_train's four [704, 2048] SwiGLU gradients, 8% of a step);
     over one flattened axis the gradient's dot reads both operands as they lie (llama_train 1.1x, lora_train
-    1.2x on a 2-core CPU). On a GPU the flattening is a bitcast: the same GEMM either way."""
-    xs, ws = eqn.split("->")[0].split(",")
-    out = eqn.split("->")[1]
+    1.2x on a 2-core CPU). On a GPU the flattening is a bitcast and XLA emits one GEMM either way (not yet
+    measured there)."""
+    xs, ws, out = split_eqn(eqn)
     n_in = sum(c in xs and c not in out for c in ws)
     lead = xs[:len(xs) - n_in]
     if xs != lead + ws[:n_in] or out != lead + ws[n_in:] or len(lead) < 2:

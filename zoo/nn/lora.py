@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo.nn import quant
-from zoo.nn.layers import Einsum, dense
+from zoo.nn.layers import Einsum, dense, split_eqn
 
 LEAVES = ("lora_a", "lora_b")
 
@@ -59,15 +59,9 @@ def spec_of(model_cfg) -> LoraSpec | None:
     return LoraSpec(model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.lora_dropout, targets)
 
 
-def _split_eqn(eqn: str) -> tuple[str, str, str]:
-    inputs, out = eqn.split("->")
-    x, w = inputs.split(",")
-    return x, w, out
-
-
 def factor_shapes(eqn: str, shape: tuple, rank: int) -> tuple[tuple, tuple, int]:
     """(A's shape, B's shape, number of in axes) of the kernel `shape` applied by `eqn`."""
-    x, w, out = _split_eqn(eqn)
+    x, w, out = split_eqn(eqn)
     n_in = sum(c in x and c not in out for c in w)
     if any(c in out for c in w[:n_in]) or any(c not in out for c in w[n_in:]):
         raise ValueError(f"LoRA needs the contracted axes of {eqn!r}'s kernel before its output axes")
@@ -90,7 +84,7 @@ def delta(m: Einsum, x, spec: LoraSpec, train: bool):
     if train and spec.dropout > 0:
         keep = jax.random.bernoulli(m.make_rng("dropout"), 1.0 - spec.dropout, x.shape)
         x = jnp.where(keep, x / (1.0 - spec.dropout), 0).astype(m.dtype)
-    xs, w, out = _split_eqn(m.eqn)
+    xs, w, out = split_eqn(m.eqn)
     mid = "".join(c for c in xs if c not in w[:n_in]) + "r"  # x's letters left after the contraction, then r
     # The scale on the rank-r intermediate, not on the [B, T, out] delta: r elements per token to touch, not out.
     # Both as dense's 2-D matmuls: the adapters' gradients (dA = x^T dh, dB = h^T dy) then read x and dy in place.
