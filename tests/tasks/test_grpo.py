@@ -6,6 +6,7 @@ arithmetic set say what they promise; bad rewards and settings end in one line a
 
 import dataclasses
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +20,9 @@ from zoo import rewards, tasks
 from zoo.cli.train import train_main
 from zoo.config import OptimConfig
 from zoo.data import arithmetic, chat
+from zoo.errors import ConfigError, TrainError
 from zoo.tasks import rl
-from zoo.train import runs
+from zoo.train import checkpoint, runs
 
 
 @pytest.fixture(scope="module")
@@ -191,19 +193,66 @@ BAD = [  # (what, --set, the error's piece)
 ]
 
 
-@pytest.mark.parametrize("what, sets, piece", BAD, ids=[b[0] for b in BAD])
-def test_bad_rewards_and_settings_are_one_line_and_leave_nothing(base, tmp_path, capsys, cache_dir, what, sets, piece):
+def small_run(base, tmp_path, sets, rewards=BAD_REWARDS) -> list[str]:
+    """train.py's arguments of a 2-step LoRA GRPO run on 16 sums, `rewards` in the file BAD, with `sets`."""
     bad = tmp_path / "bad_rewards.py"
-    bad.write_text(BAD_REWARDS)
+    bad.write_text(rewards)
     path = write_jsonl(tmp_path / "sums.jsonl", tiny_configs.sums(16))
-    argv = ["--init-from", base, "--workdir", str(tmp_path / "w"), "--set", "task=grpo", "--set",
+    return ["--init-from", base, "--workdir", str(tmp_path / "w"), "--set", "task=grpo", "--set",
             f"data.source={path}", "--set", "data.seq_len=32", "--set", "model.lora_rank=4", "--set",
             "grpo.num_generations=2", "--set", "grpo.max_completion_tokens=4", "--set", "train.batch_size=8",
             "--set", "train.steps=2", *[a for s in sets for a in ("--set", s.replace("BAD", str(bad)))]]
-    assert train_main(argv) == 2
+
+
+@pytest.mark.parametrize("what, sets, piece", BAD, ids=[b[0] for b in BAD])
+def test_bad_rewards_and_settings_are_one_line_and_leave_nothing(base, tmp_path, capsys, cache_dir, what, sets, piece):
+    assert train_main(small_run(base, tmp_path, sets)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and piece in err[0], err
     assert not os.path.exists(tmp_path / "w")
+
+
+def test_rewards_that_misbehave_are_one_line_naming_the_function_and_the_row(tmp_path):
+    """A reward that calls sys.exit (at import or on a row), returns strings, None or numbers past float32, or is
+    not a list: one line naming the reward and the row, nothing coerced; bools and numpy / jax scalars are numbers;
+    a KeyboardInterrupt comes out as RewardInterrupt (the trainer stops as on Ctrl-C)."""
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nsys.exit(0)\ndef f(prompts, completions, **c):\n    return [0.0] * len(prompts)\n")
+    with pytest.raises(ConfigError, match=rf"grpo.rewards: '{exits}' does not load \(it called sys.exit\(0\) at import\)"):
+        rl.load_rewards(dataclasses.replace(tiny_configs.grpo(str(tmp_path)).grpo, rewards=f"{exits}:f"))
+    prompts, completions, where = ["1+1=", "3+3=", "2+2="], ["a", "b", "c"], [7, 8, 9]
+
+    def call(fn):
+        return rl.call_reward("r", lambda p, c, **k: fn(p, c), prompts, completions, {}, where)
+
+    def refused(fn, piece):
+        with pytest.raises(TrainError) as e:
+            call(fn)
+        assert piece in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+    refused(lambda p, c: [sys.exit(3) if "3" in q else 0.0 for q in p], "reward r called sys.exit(3) on row 8 of")
+    refused(lambda p, c: ["1.0"] * len(c), "reward r returned '1.0' (str) for row 7 of the source; a reward must be")
+    refused(lambda p, c: "111", "reward r returned str '111', not a list of numbers")
+    refused(lambda p, c: [0.0, None, 1.0], "reward r returned None (NoneType) for row 8")
+    refused(lambda p, c: [0.0, 0.0, 1e300], "reward r returned 1e+300 for row 9 of the source; a reward must be a "
+                                            "finite number within float32's range")
+    refused(lambda p, c: [0.0, -4e38, 0.0], "returned -4e+38 for row 8")
+    refused(lambda p, c: [float("inf")] * 3, "returned inf for row 7")
+    got = call(lambda p, c: [True, np.float32(0.5), jnp.asarray(2.0)])
+    assert got.tolist() == [1.0, 0.5, 2.0] and got.dtype == np.float64
+    with pytest.raises(rl.RewardInterrupt, match="a KeyboardInterrupt in reward r"):
+        call(lambda p, c: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+
+def test_a_keyboard_interrupt_in_a_reward_stops_the_run_as_ctrl_c_does(base, tmp_path, capsys):
+    """A reward raising KeyboardInterrupt: a checkpoint and one line naming it, no traceback, exit 0 (Ctrl-C's)."""
+    rewards = "def interrupts(prompts, completions, **columns):\n    raise KeyboardInterrupt\n"
+    assert train_main(small_run(base, tmp_path, ["grpo.rewards=BAD:interrupts"], rewards)) == 0
+    out, err = capsys.readouterr()
+    work = str(tmp_path / "w")
+    assert (f"stopped by a KeyboardInterrupt in reward interrupts at step 0; checkpoint saved. Continue with: "
+            f"python train.py --resume {work}") in out.splitlines(), out
+    assert "Traceback" not in err and checkpoint.all_steps(work) == [0]
 
 
 def test_zoo_train_is_the_python_call_of_a_grpo_run(base, tmp_path, cache_dir):

@@ -38,8 +38,10 @@ import functools
 import importlib
 import importlib.util
 import math
+import numbers
 import os
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -91,8 +93,10 @@ def load_rewards(rcfg) -> list[tuple[str, object]]:
                 spec.loader.exec_module(module)
             else:
                 module = importlib.import_module(where)
-        except Exception as e:  # noqa: BLE001 - a user's file: whatever it raised, said in one line
-            raise ConfigError(f"grpo.rewards: {where!r} does not load ({type(e).__name__}: {e})") from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a user's file: whatever it raised (sys.exit too), in one line
+            raise ConfigError(f"grpo.rewards: {where!r} does not load (it {_did(e)} at import)") from None
         fn = getattr(module, name, None)
         if not callable(fn):
             raise ConfigError(f"grpo.rewards: {where!r} has no function {name!r}")
@@ -135,30 +139,76 @@ class PromptBatches:
         return {"index": self.order(step)[self.rows]}
 
 
+class RewardInterrupt(KeyboardInterrupt):
+    """A KeyboardInterrupt raised in a reward function: the run stops as on Ctrl-C (a checkpoint, one line naming
+    the reward), not with a traceback."""
+
+
 def call_reward(name: str, fn, prompts, completions, columns: dict, where: list[int]) -> np.ndarray:
-    """float32[len(completions)] of one reward function, checked: an exception names the first prompt (index into
-    the source) whose completion raises it, a wrong length or a non-number its function and prompt."""
+    """float64[len(completions)] of one reward function, checked. What it raised (an exception, sys.exit) names the
+    first prompt (row of the source) whose completion raises it; a KeyboardInterrupt stops the run (RewardInterrupt).
+    Its values must be real numbers that fit a float32 (bool, int, float, or a numpy / jax / torch scalar; a bool is
+    0 or 1, as TRL's torch.tensor takes it), one per completion: a string ("1.0", or "1111" read as four characters),
+    None, NaN/Inf or a value beyond float32's range is refused in one line naming the function and the row."""
     try:
         got = fn(prompts, completions, **columns)
-    except Exception as e:  # noqa: BLE001 - the user's code: find which prompt, say it in one line
+    except KeyboardInterrupt:
+        raise RewardInterrupt(f"a KeyboardInterrupt in reward {name}") from None
+    except BaseException as e:  # noqa: BLE001 - the user's code: find which prompt, say it in one line
         for i in range(len(completions)):
             try:
                 fn(prompts[i:i + 1], completions[i:i + 1], **{k: v[i:i + 1] for k, v in columns.items()})
-            except Exception as e1:  # noqa: BLE001
-                raise TrainError(f"reward {name} raised {type(e1).__name__}: {e1} on row {where[i]} of the source "
+            except KeyboardInterrupt:
+                raise RewardInterrupt(f"a KeyboardInterrupt in reward {name}") from None
+            except BaseException as e1:  # noqa: BLE001
+                raise TrainError(f"reward {name} {_did(e1)} on row {where[i]} of the source "
                                  f"(its prompt {_short(prompts[i])})") from None
-        raise TrainError(f"reward {name} raised {type(e).__name__}: {e} on the batch") from None
+        raise TrainError(f"reward {name} {_did(e)} on the batch") from None
+    if isinstance(got, (str, bytes, dict)) or not hasattr(got, "__iter__"):
+        raise TrainError(f"reward {name} returned {type(got).__name__} {_short(got)}, not a list of numbers (one per "
+                         f"completion)")
+    got = list(got)
+    if len(got) != len(completions):
+        raise TrainError(f"reward {name} returned {len(got)} values for {len(completions)} completions")
+    values = np.zeros(len(got), np.float64)
+    for i, v in enumerate(got):
+        number = _real(v)
+        if number is None:
+            raise TrainError(f"reward {name} returned {_short(v)} ({type(v).__name__}) for row {where[i]} of the "
+                             f"source; a reward must be a number (bool, int or float)")
+        if not math.isfinite(number) or abs(number) > F32_MAX:
+            raise TrainError(f"reward {name} returned {number:g} for row {where[i]} of the source; a reward must be a "
+                             f"finite number within float32's range (|r| <= {F32_MAX:.3g})")
+        values[i] = number
+    return values
+
+
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _real(v) -> float | None:
+    """v as a float if it is a real number (bool, int, float, a 0-d numpy / jax / torch number), else None: no
+    string is parsed, no complex number or array taken."""
+    if isinstance(v, (str, bytes)) or (isinstance(v, numbers.Complex) and not isinstance(v, numbers.Real)):
+        return None
+    if not isinstance(v, (numbers.Real, np.bool_)) and not (hasattr(type(v), "__float__") and
+                                                           getattr(v, "shape", ()) == ()):
+        return None
     try:
-        values = np.asarray(list(got), np.float64)
-    except (TypeError, ValueError):
-        raise TrainError(f"reward {name} returned {type(got).__name__}, not a list of numbers") from None
-    if values.shape != (len(completions),):
-        raise TrainError(f"reward {name} returned {values.size} values for {len(completions)} completions")
-    bad = np.flatnonzero(~np.isfinite(values))
-    if bad.size:
-        raise TrainError(f"reward {name} returned {values[bad[0]]} for row {where[bad[0]]} of the source; a "
-                         f"reward must be a finite number")
-    return values.astype(np.float32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a complex array scalar's ComplexWarning
+            return float(v)
+    except OverflowError:  # an int past float64's range
+        return math.inf
+    except (TypeError, ValueError, Warning):
+        return None
+
+
+def _did(e: BaseException) -> str:
+    """What a user's code did, as a line says it: "called sys.exit(3)", "raised KeyError: 'answer'"."""
+    if isinstance(e, SystemExit):
+        return f"called sys.exit({e.code!r})"
+    return f"raised {type(e).__name__}: {e}"
 
 
 def _short(value, n: int = 60) -> str:
@@ -274,7 +324,7 @@ class GrpoTask(LmTask):
         completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
         per = np.stack([call_reward(n, fn, prompts.prompts, completions, prompts.columns, prompts.where)
                         for n, fn in rewards], 1)
-        return per @ weights_of(self.cfg.grpo, len(rewards)), per
+        return per @ weights_of(self.cfg.grpo, len(rewards)).astype(np.float64), per
 
     def rollout(self, params, batch: dict, step: int, data: Data) -> tuple[dict, dict]:
         """The training batch of a step (rows of prompt + completion, the completion's targets weighted, each

@@ -156,6 +156,13 @@ class _Stopper:
     def _handle(self, signum, frame):
         self.signal = signum
 
+    def interrupted(self, e: KeyboardInterrupt) -> None:
+        """A KeyboardInterrupt raised in the task's host code (a reward function: zoo.tasks.rl) stops the run as
+        Ctrl-C does, the line naming it."""
+        self.signal, self.why = signal.SIGINT, str(e) or "a KeyboardInterrupt"
+
+    why = None  # what stopped the run when no signal did (interrupted)
+
     at = None  # with several processes: the step they all stop after
 
     def stop(self, step: int) -> bool:
@@ -450,7 +457,11 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
             while step < last and not stopper.stop(step):
                 batch = batches.get(step)
                 if rollout is not None:
-                    batch, host_metrics[step + 1] = rollout(s.full_params(state), batch, step, data)
+                    try:
+                        batch, host_metrics[step + 1] = rollout(s.full_params(state), batch, step, data)
+                    except KeyboardInterrupt as e:  # raised in a reward: the run stops here, as on Ctrl-C
+                        stopper.interrupted(e)
+                        break
                     batch = to_device(batch, s.mesh)
                 state, m = step_fn(state, batch)
                 step += 1
@@ -493,7 +504,10 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                     if do_eval:
                         eval_metrics = evaluate(eval_fn, s.full_params(state), data.eval, s.mesh, s.task.eval_metrics,
                                                 perplexity=perplexity)
-                        eval_metrics.update(s.task.evaluate_extra(s.full_params(state), data))
+                        try:
+                            eval_metrics.update(s.task.evaluate_extra(s.full_params(state), data))
+                        except KeyboardInterrupt as e:  # raised in a reward scoring the held-out prompts: this
+                            stopper.interrupted(e)          # step's record is written, then the loop stops
                         if eval_sets:
                             eval_metrics.update(during.score(eval_sets, s.task.model, s.full_params(state), data.tokenizer,
                                                              cfg))
@@ -518,7 +532,8 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                     _save(mngr, state, cfg, workdir, data, step, force=True)
                 if main and stopper.stopped:
                     bar.close()
-                    print(f"stopped by {f'signal {stopper.signal}' if stopper.signal else 'a signal to another process'} "
+                    by = stopper.why or (f"signal {stopper.signal}" if stopper.signal else "a signal to another process")
+                    print(f"stopped by {by} "
                           f"at step {step}; checkpoint saved. Continue with: "
                           f"python train.py --resume {workdir}", flush=True)
         checkpoint.finish(mngr)
