@@ -56,6 +56,12 @@ def test_advantages_are_normalised_within_each_group():
     np.testing.assert_allclose(adv[:4], first, rtol=1e-6)
     assert adv[0] > 0 > adv[1] and np.all(adv[4:8] == 0)  # one group better, one where all tie: no signal
     np.testing.assert_allclose(adv.reshape(3, 4).sum(1), 0, atol=1e-5)
+    # the logged figures (TRL 1.16's): reward_std the step's whole batch's, averaged over the steps logged;
+    # frac_reward_zero_std the completions of groups that tie (their advantage 0)
+    two = [rl.reward_sums(r, r[:, None], ["f"], 4), rl.reward_sums(r[::-1] * 2, r[:, None], ["f"], 4)]
+    got = rl.GrpoTask.train_metrics(None, {k: two[0][k] + two[1][k] for k in two[0]})
+    assert got["reward_std"] == pytest.approx((r.std(ddof=1) + (2 * r).std(ddof=1)) / 2, rel=1e-6)
+    assert got["frac_reward_zero_std"] == pytest.approx(1 / 3) and got["reward"] == pytest.approx(1.5 * r.mean())
 
 
 def test_a_lora_runs_first_step_is_the_policy_gradient_at_kl_zero(lora_run, base, cache_dir):

@@ -8,10 +8,10 @@ zoo's policy is the Llama with random non-zero LoRA adapters, its reference the 
 (zoo.hf.convert.export), its reference the base Llama. TRL runs its own code end to end: the fixed completions come in
 through its `rollout_func` hook, so `_generate_and_score_completions` pads them, scores them (a reward function
 that reads each row's fixed reward), normalises the rewards within each group and computes the reference's
-log-probs; `_compute_loss` (training mode, num_iterations=1: old_per_token_logps None) then gives the loss and
-logs kl and clip_ratio. Compared, for zoo's bnpo, grpo and dr_grpo (and bnpo against TRL's default dapo, which is
-bnpo on one process): `group_advantages` vs TRL's advantages, `GrpoTask.loss` (loss_sum / aux["weight"]) vs TRL's
-loss, `GrpoTask.train_metrics`' kl and clip_ratio vs TRL's kl and clip_ratio/region_mean, and the per-token
+log-probs (logging reward, reward_std, frac_reward_zero_std and rewards/NAME/mean); `_compute_loss` (training mode,
+num_iterations=1: old_per_token_logps None) then gives the loss and logs kl and clip_ratio. Compared, for zoo's
+bnpo, grpo and dr_grpo (and bnpo against TRL's default dapo, which is bnpo on one process): `group_advantages` vs TRL's advantages, `GrpoTask.loss` (loss_sum / aux["weight"]) vs TRL's
+loss, `GrpoTask.train_metrics`' kl, clip_ratio and reward figures (rl.reward_sums) vs TRL's, and the per-token
 log-probs of the policy and the reference that the losses take. With one step per sample the ratio is 1, so
 clip_ratio is 0 on both sides. Both take the loss's log-probabilities at the sampling temperature (the logits
 divided by it): compared at 1 (both defaults) and at 0.7."""
@@ -164,6 +164,7 @@ def zoo_run(models, loss_type, temperature=1.0):
     rng = jax.random.PRNGKey(0)
     loss_sum, aux = task.loss(params, batch, rng, True)
     totals = {k: float(v) for k, v in aux.items()}
+    totals.update(rl.reward_sums(REWARDS, REWARDS[:, None], ["fixed_reward"], G))  # what the rollout adds
     with lora.intercept(task.spec, True):  # as task.loss runs the policy, and its reference (the adapters off)
         pi = task.inner.token_logps(params, batch, True, rng)[0]
         with lora.adapters_off():
@@ -184,7 +185,9 @@ def test_advantages_loss_and_metrics_equal_trl(models, tmp_path, monkeypatch, zo
     for k in ("policy", "reference"):  # the completion tokens in the same order: rows, then positions
         np.testing.assert_allclose(our_logps[k], their_logps[k], rtol=0, atol=1e-4, err_msg=k)
     diffs = {"loss": abs(ours - theirs), "kl": abs(our_metrics["kl"] - their_metrics["kl"]),
-             "clip_ratio": abs(our_metrics["clip_ratio"] - their_metrics["clip_ratio/region_mean"])}
+             "clip_ratio": abs(our_metrics["clip_ratio"] - their_metrics["clip_ratio/region_mean"]),
+             **{k: abs(our_metrics[k] - their_metrics[k]) for k in ("reward", "reward_std", "frac_reward_zero_std")},
+             "rewards/fixed_reward": abs(our_metrics["rewards/fixed_reward"] - their_metrics["rewards/fixed_reward/mean"])}
     assert max(diffs.values()) <= 1e-4, (diffs, ours, theirs, our_metrics["kl"], their_metrics["kl"])
     # the test can fail: the adapters move the policy from its reference, every group's rewards differ
     assert our_metrics["kl"] > 1e-2, our_metrics

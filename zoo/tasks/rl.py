@@ -25,9 +25,11 @@ other columns (an expected answer) go to the rewards. A step takes `train.batch_
    completions (DeepSeekMath), dr_grpo over completions x max_completion_tokens (Dr. GRPO, Liu et al. 2025,
    arXiv:2503.20783).
 
-Metrics per logged step: reward (mean and std over the completions; each reward function's mean as
-rewards/NAME), kl, completion_length, clip_ratio, and gen_seconds (sampling and scoring) beside seconds (the
-whole interval); at each evaluation the held-out prompts' greedy completions are scored: eval_reward,
+Metrics per logged step, as TRL names them (`reward_sums`): reward (the mean over the completions), reward_std (the
+standard deviation of each step's whole batch of rewards, as TRL 1.16 logs it; the advantages divide by each
+group's), frac_reward_zero_std (the share of completions in groups whose rewards all tie: no advantage), each reward
+function's mean as rewards/NAME, kl, completion_length, clip_ratio, and gen_seconds (sampling and scoring) beside
+seconds (the whole interval); at each evaluation the held-out prompts' greedy completions are scored: eval_reward,
 eval_rewards/NAME.
 """
 
@@ -222,6 +224,19 @@ def group_advantages(rewards_R: np.ndarray, G: int) -> np.ndarray:
     return ((r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + 1e-4)).reshape(-1).astype(np.float32)
 
 
+def reward_sums(total_R: np.ndarray, per_RF: np.ndarray, names: list[str], G: int) -> dict:
+    """One rollout's reward figures as sums over the logged steps (GrpoTask.train_metrics divides), as TRL 1.16's
+    GRPOTrainer logs them: reward the mean; reward_std the standard deviation of the step's whole batch of rewards
+    (Bessel's correction; not the groups' that the advantages divide by), averaged over the steps logged;
+    frac_reward_zero_std the share of completions whose group's rewards all tie (std 0: no advantage, no
+    gradient); each reward function's mean."""
+    total = np.asarray(total_R, np.float64)
+    zero = np.isclose(total.reshape(-1, G).std(1, ddof=1), 0.0)  # torch.isclose's tolerances, as TRL tests it
+    return {"reward_sum": float(total.sum()), "reward_std_sum": float(total.std(ddof=1)) if total.size > 1 else 0.0,
+            "rollouts": 1.0, "zero_std_completions": float(G * zero.sum()), "completions": float(total.size),
+            **{f"reward_sum/{n}": float(per_RF[:, k].sum()) for k, n in enumerate(names)}}
+
+
 class GrpoTask(LmTask):
     """GRPO on the one trainer (the module's docstring)."""
 
@@ -347,10 +362,8 @@ class GrpoTask(LmTask):
             n = len(seq) - 1
             inputs[r, :n], targets[r, :n] = seq[:-1], seq[1:]
             weights[r, len(p) - 1:n] = 1.0  # the completion's tokens (and its end) are the targets trained
-        names = [n for n, _ in self.rewards]
-        host = {"reward_sum": float(total.sum()), "reward_sq_sum": float((total ** 2).sum()), "completions": float(R),
-                "completion_tokens": float(weights.sum()), "gen_seconds": time.perf_counter() - t,
-                **{f"reward_{n}_sum": float(per[:, k].sum()) for k, n in enumerate(names)}}
+        host = {**reward_sums(total, per, [n for n, _ in self.rewards], G), "completion_tokens": float(weights.sum()),
+                "gen_seconds": time.perf_counter() - t}
         return {"inputs": inputs, "targets": targets, "weights": weights, "advantages": adv}, host
 
     # ---- the objective ------------------------------------------------------------------------------------
@@ -393,13 +406,14 @@ class GrpoTask(LmTask):
     def train_metrics(self, totals: dict) -> dict:
         n = max(totals.get("completions", 0.0), 1.0)
         tokens = max(totals.get("answer_tokens", 0.0), 1.0)
-        mean = totals.get("reward_sum", 0.0) / n
-        out = {"reward": mean, "reward_std": math.sqrt(max(totals.get("reward_sq_sum", 0.0) / n - mean ** 2, 0.0)),
+        out = {"reward": totals.get("reward_sum", 0.0) / n,
+               "reward_std": totals.get("reward_std_sum", 0.0) / max(totals.get("rollouts", 0.0), 1.0),
+               "frac_reward_zero_std": totals.get("zero_std_completions", 0.0) / n,
                "kl": totals.get("kl_sum", 0.0) / tokens, "clip_ratio": totals.get("clipped", 0.0) / tokens,
                "completion_length": totals.get("completion_tokens", 0.0) / n,
                "gen_seconds": totals.get("gen_seconds", 0.0)}
-        out.update({f"rewards/{k[7:-4]}": v / n for k, v in totals.items() if k.startswith("reward_") and
-                    k.endswith("_sum") and k not in ("reward_sum", "reward_sq_sum")})
+        out.update({f"rewards/{k[len('reward_sum/'):]}": v / n for k, v in totals.items()
+                    if k.startswith("reward_sum/")})
         return out
 
     def evaluate_extra(self, params, data: Data) -> dict:
