@@ -63,6 +63,19 @@ def test_a_step_whose_output_went_uniform_is_not_good():
     assert fresh.confirmed([1, 2]) == 2
 
 
+def test_a_step_at_the_uniform_loss_with_no_gradient_is_not_good_whatever_came_before():
+    """LoRA SFT at lr 1000 without clipping (issue 50): never 0.1 nats under ln 384 before it collapsed, so the
+    rule above did not apply, and step 4 was named good. Its loss at ln(vocab) to 1e-4 with a gradient norm ~0 is a
+    collapsed model; the same loss with a fresh model's gradient norm is not."""
+    uniform = math.log(384)
+    g = Guard(4.0, uniform)
+    assert g.check(steps(5.940, 5.983, 6.015, 5.9506427, 5.9506414, grads=[2.0, 40.0, 90.0, 0.0, 1e-6])) is None
+    assert g.confirmed([1, 2, 3, 4, 5]) == 2
+    fresh = Guard(4.0, uniform)
+    fresh.check(steps(uniform + 5e-5, uniform - 0.01, grads=[3.9, 3.7]))
+    assert fresh.confirmed([1]) == 1
+
+
 @pytest.mark.parametrize("recipe, keep, blown", [
     (dict(lr=1e6, clip_norm=0, warmup=6), 3, 3),  # warmup from 0: the second update explodes, step 3 shows it
     (dict(lr=30, schedule="constant", warmup=0, clip_norm=0), 3, None),  # a climb over several steps

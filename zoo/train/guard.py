@@ -35,9 +35,15 @@ GRAD_HISTORY = 8  # steps of history before the gradient-norm bound applies
 CALM_NATS = 0.5  # a step's loss at most this far above the median before it is calm
 # A model whose output went uniform (a learning rate far too high can leave one there, finite, its loss exactly
 # ln(vocab) and its gradients near zero, so lowering the rate never moves it) is not good either: a step whose
-# loss is within UNIFORM_NATS of the uniform-output loss after the run had been UNIFORM_BELOW nats under it.
+# loss is within UNIFORM_NATS of the uniform-output loss after the run had been UNIFORM_BELOW nats under it, or,
+# whatever came before, within COLLAPSED_NATS of it with a gradient norm under COLLAPSED_GRAD (a LoRA run at lr
+# 1000 without clipping that started only 0.01 nats under ln(vocab): 5.940, 5.983, 6.015, then 5.9506427 and
+# 5.9506414 against ln 384 = 5.9506426; the tiny Llama's LoRA run so sat at 5.9506669 with gradient norm 0.0),
+# where a fresh model near ln(vocab) has a gradient norm of order 1 (the tiny GPT's first step: 3.9).
 UNIFORM_NATS = 1e-3
 UNIFORM_BELOW = 0.1
+COLLAPSED_NATS = 1e-4
+COLLAPSED_GRAD = 1e-3
 
 
 class Guard:
@@ -72,8 +78,9 @@ class Guard:
             loss, grad = float(m["loss_sum"]) / weight, float(m["grad_norm"])
             if self.losses:
                 self.low = min(self.low, statistics.median(self.losses))
-            stuck = self.uniform is not None and abs(loss - self.uniform) < UNIFORM_NATS and \
-                self.lowest < self.uniform - UNIFORM_BELOW
+            stuck = self.uniform is not None and (
+                (abs(loss - self.uniform) < UNIFORM_NATS and self.lowest < self.uniform - UNIFORM_BELOW) or
+                (abs(loss - self.uniform) < COLLAPSED_NATS and grad < COLLAPSED_GRAD))
             self.calm[step] = loss <= self.low + CALM_NATS and not stuck
             self.lowest = min(self.lowest, loss)
             if self.factor and self.losses:
