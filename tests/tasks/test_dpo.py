@@ -161,8 +161,8 @@ def test_a_chat_format_pair_renders_the_prompt_once_and_the_answers_apart(tmp_pa
     path = write_jsonl(tmp_path / "c.jsonl", rows)
     cfg = dataclasses.replace(tiny_configs.dpo(cache_dir), data=dataclasses.replace(
         tiny_configs.dpo(cache_dir).data, source=str(path), seq_len=48))
-    pairs = preference.encode_pairs(cfg.data, tasks.build(cfg).make_data(cfg, 0, 1).tokenizer,
-                                    preference.template_of(cfg.data))[0]
+    tokenizer = tasks.build(cfg).make_data(cfg, 0, 1).tokenizer
+    pairs = preference.encode_pairs(cfg.data, tokenizer, preference.template_of(cfg.data))[0]
     chosen, rejected = pairs.ids[0, 0], pairs.ids[0, 1]
     first_answer = int(np.argmax(pairs.mask[0, 0] > 0)) + 1  # the first answer token (ids are one ahead of mask)
     assert (chosen[:first_answer] == rejected[:first_answer]).all()  # the prompt's turns shared, token for token
@@ -170,8 +170,12 @@ def test_a_chat_format_pair_renders_the_prompt_once_and_the_answers_apart(tmp_pa
     with pytest.raises(ConfigError):
         PreferenceConfig(loss="ipo", reference="none")
     with pytest.raises(ZooDataError, match="leaves no preference pair"):
-        preference.encode_pairs(dataclasses.replace(cfg.data, seq_len=4), tasks.build(cfg).make_data(cfg, 0, 1).tokenizer,
-                                preference.template_of(cfg.data))
+        preference.encode_pairs(dataclasses.replace(cfg.data, seq_len=4), tokenizer, preference.template_of(cfg.data))
+    rows[5]["rejected"] = [{"role": "user", "content": "7"}]  # not the assistant's turn: no token to score, said so
+    user = dataclasses.replace(cfg.data, source=write_jsonl(tmp_path / "u.jsonl", rows))
+    with pytest.raises(ZooDataError, match=r"row 5 of data.source=.*: data.rejected_column='rejected' holds 'user' "
+                                           r"messages only; an answer is the assistant's turn"):
+        preference.encode_pairs(user, tokenizer, preference.template_of(cfg.data))
 
 
 def test_a_dpo_lora_run_travels_as_a_peft_adapter_and_merged_and_answers(base, tmp_path, cache_dir):

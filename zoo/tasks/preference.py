@@ -84,6 +84,10 @@ def _answer(value, where: str):
         chat.check_messages(value, where)
         if not any(m["content"].strip() for m in value):
             raise ZooDataError(f"{where} is empty; a preference pair needs two answers")
+        if not any(m["role"] == "assistant" for m in value):  # the loss falls on the assistant's tokens alone
+            roles = sorted({m["role"] for m in value})
+            raise ZooDataError(f"{where} holds {' and '.join(repr(r) for r in roles)} messages only; an answer is the "
+                               f"assistant's turn: give it role 'assistant' (its tokens are what DPO scores)")
         return value
     if not isinstance(value, str) or not value.strip():
         raise ZooDataError(f"{where} is {'empty' if isinstance(value, str) else type(value).__name__}; a preference "
