@@ -19,7 +19,9 @@ What else ends a start or a run of several processes in one line, on every proce
   model.d_model abort in gloo);
 - process 0 (the coordinator) lost: jax's coordination client notices within a second (its polling RPC fails)
   and by default aborts with a C++ stack trace; zoo's `_fatal` says the one line instead (how, on jaxlib 0.10:
-  above `_fatal`). A lost process other than 0 is named by zoo's own watchdog (`_watch`), within half the timeout.
+  above `_fatal`). A lost process other than 0 is named by zoo's own watchdog (`_watch`), within half the timeout;
+  should jax's heartbeat verdict come first (a busy host holding the watchdog up), `_fatal` names the process the
+  watchdog last saw go quiet, in the same line.
 """
 
 from __future__ import annotations
@@ -177,7 +179,7 @@ def start(a, timeout: int = DEFAULT_TIMEOUT) -> bool:
     finally:
         timer.cancel()
     global _limit
-    _limit = max(2.0, timeout / 2)  # under jax's own heartbeat timeout (whose verdict, `_fatal`, names no one)
+    _limit = max(2.0, timeout / 2)  # under jax's own heartbeat timeout (whose verdict names no one: `_fatal`)
     threading.Thread(target=_watch, name="zoo-peers", daemon=True).start()
     atexit.register(finished)
     return True
@@ -314,6 +316,9 @@ def _fatal(status=None) -> None:
         _lost([0], "the coordinator no longer answers")
     if task:
         _lost([int(task.group(1))], "jax's coordination service lost it")
+    quiet = _quiet()
+    if quiet:  # the service's heartbeat timeout came before the watchdog's half of it (a busy host): the same line
+        _lost(sorted(quiet), f"no heartbeat for {max(quiet.values()):.0f} s: killed, or its host is down")
     first = text.strip().splitlines()[0][:300] if text.strip() else "a process was lost or could not be reached"
     _leave(f"error: jax's coordination service stopped the run ({first}); every process stops"
            f"{'. ' + hint if hint else ''}")
@@ -385,11 +390,25 @@ def _fatal_errors_said():
         distributed._jax = real
 
 
+_seen: dict[int, tuple] = {}  # the watchdog's view: peer -> (its counter, when the watchdog saw it change)
+_done: set = set()  # the peers that said they ended
+
+
+def _quiet() -> dict[int, float]:
+    """{peer: seconds} of the peers whose counter the watchdog has not seen move for over 2 beats, when that tells
+    which are gone: jax's verdict (through `_fatal`) names no one on jaxlib 0.10. Every peer quiet (the watchdog
+    itself held up) tells nothing, unless there is one peer."""
+    now = time.monotonic()
+    ages = {p: now - t for p, (_, t) in list(_seen.items()) if f"zoo/done/{p}" not in _done}
+    quiet = {p: a for p, a in ages.items() if a > 2 * BEAT_S}
+    return quiet if quiet and (len(quiet) < len(ages) or len(ages) == 1) else {}
+
+
 def _watch() -> None:
     import jax
     from jax._src import distributed
     me, n = jax.process_index(), jax.process_count()
-    seen: dict[int, tuple] = {}
+    seen = _seen
     while True:
         client = distributed.global_state.client
         if client is None:
@@ -398,6 +417,7 @@ def _watch() -> None:
             client.key_value_increment(f"zoo/beat/{me}", 1)
             beats = dict(client.key_value_dir_get("zoo/beat/"))
             done = {k for k, _ in client.key_value_dir_get("zoo/done/")}
+            _done.update(done)
         except Exception:
             if distributed.global_state.client is None:
                 return
