@@ -224,7 +224,7 @@ def test_rewards_that_misbehave_are_one_line_naming_the_function_and_the_row(tmp
     a KeyboardInterrupt comes out as RewardInterrupt (the trainer stops as on Ctrl-C)."""
     exits = tmp_path / "exits.py"
     exits.write_text("import sys\nsys.exit(0)\ndef f(prompts, completions, **c):\n    return [0.0] * len(prompts)\n")
-    with pytest.raises(ConfigError, match=rf"grpo.rewards: '{exits}' does not load \(it called sys.exit\(0\) at import\)"):
+    with pytest.raises(ConfigError, match=rf"grpo.rewards: '{exits}' does not load \(it called sys.exit\(0\) at "):
         rl.load_rewards(dataclasses.replace(tiny_configs.grpo(str(tmp_path)).grpo, rewards=f"{exits}:f"))
     prompts, completions, where = ["1+1=", "3+3=", "2+2="], ["a", "b", "c"], [7, 8, 9]
 

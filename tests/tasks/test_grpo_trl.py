@@ -10,9 +10,10 @@ through its `rollout_func` hook, so `_generate_and_score_completions` pads them,
 that reads each row's fixed reward), normalises the rewards within each group and computes the reference's
 log-probs (logging reward, reward_std, frac_reward_zero_std and rewards/NAME/mean); `_compute_loss` (training mode,
 num_iterations=1: old_per_token_logps None) then gives the loss and logs kl and clip_ratio. Compared, for zoo's
-bnpo, grpo and dr_grpo (and bnpo against TRL's default dapo, which is bnpo on one process): `group_advantages` vs TRL's advantages, `GrpoTask.loss` (loss_sum / aux["weight"]) vs TRL's
-loss, `GrpoTask.train_metrics`' kl, clip_ratio and reward figures (rl.reward_sums) vs TRL's, and the per-token
-log-probs of the policy and the reference that the losses take. With one step per sample the ratio is 1, so
+bnpo, grpo and dr_grpo (and bnpo against TRL's default dapo, which is bnpo on one process): `group_advantages`
+vs TRL's advantages, `GrpoTask.loss` (loss_sum / aux["weight"]) vs TRL's loss, `GrpoTask.train_metrics`' kl,
+clip_ratio and reward figures (rl.reward_sums) vs TRL's, and the per-token log-probs of the policy and the
+reference that the losses take. With one step per sample the ratio is 1, so
 clip_ratio is 0 on both sides. Both take the loss's log-probabilities at the sampling temperature (the logits
 divided by it): compared at 1 (both defaults) and at 0.7."""
 
@@ -187,7 +188,7 @@ def test_advantages_loss_and_metrics_equal_trl(models, tmp_path, monkeypatch, zo
     diffs = {"loss": abs(ours - theirs), "kl": abs(our_metrics["kl"] - their_metrics["kl"]),
              "clip_ratio": abs(our_metrics["clip_ratio"] - their_metrics["clip_ratio/region_mean"]),
              **{k: abs(our_metrics[k] - their_metrics[k]) for k in ("reward", "reward_std", "frac_reward_zero_std")},
-             "rewards/fixed_reward": abs(our_metrics["rewards/fixed_reward"] - their_metrics["rewards/fixed_reward/mean"])}
+             "rewards/NAME": abs(our_metrics["rewards/fixed_reward"] - their_metrics["rewards/fixed_reward/mean"])}
     assert max(diffs.values()) <= 1e-4, (diffs, ours, theirs, our_metrics["kl"], their_metrics["kl"])
     # the test can fail: the adapters move the policy from its reference, every group's rewards differ
     assert our_metrics["kl"] > 1e-2, our_metrics

@@ -532,7 +532,8 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                     _save(mngr, state, cfg, workdir, data, step, force=True)
                 if main and stopper.stopped:
                     bar.close()
-                    by = stopper.why or (f"signal {stopper.signal}" if stopper.signal else "a signal to another process")
+                    by = stopper.why or (f"signal {stopper.signal}" if stopper.signal else
+                                         "a signal to another process")
                     print(f"stopped by {by} "
                           f"at step {step}; checkpoint saved. Continue with: "
                           f"python train.py --resume {workdir}", flush=True)
