@@ -19,8 +19,9 @@ The requests are scored as the harness's `hf` model scores them, on zoo's pieces
 Any number of requests compiles a handful of shapes: rows and length in powers of two.
 
 model_args: run (required), batch_size (default 8), max_length (default: the run's context), max_gen_toks
-(default 256), stride (default: the harness's windows), add_bos_token (default false: the context is
-encoded as it is; true puts the prefix token first, as the harness's flag of that name), seed (sampling).
+(default 256), stride (default: the harness's windows), add_bos_token (default: as the `hf` model's default, what
+transformers' `tokenizer(text)` puts first, the checkpoint's BOS where its tokenizer adds one; true puts the prefix
+token first, false nothing, as the harness's flag of that name), seed (sampling).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from tqdm import tqdm
 
 from zoo.config import from_dict as config_from_dict
+from zoo.data.tokenizers import encode_text
 from zoo.errors import ConfigError, FamilyError, ZooDataError
 from zoo.eval.loglik import Row, pad_batch, prefix_token
 from zoo.eval.perplexity import document_rows
@@ -84,7 +86,7 @@ def check_model_args(args: dict, batch_size=None) -> str:
     _batch_size(args.get("batch_size"))
     max_length, stride = (_positive(k, args.get(k), None) for k in ("max_length", "stride"))
     _positive("max_gen_toks", args.get("max_gen_toks"), None)
-    _bool("add_bos_token", args.get("add_bos_token", False))
+    _bos_flag(args.get("add_bos_token"))
     _whole("seed", args.get("seed", 0))
     family, context = _run_facts(run)
     if family is not None and family != "gpt":
@@ -144,6 +146,11 @@ def _batch_size(value) -> int | None:
     return _positive("batch_size", value, None)
 
 
+def _bos_flag(value) -> bool | None:
+    """add_bos_token: None (not given: the tokenizer's own, zoo.data.tokenizers.encode_text) or true / false."""
+    return None if value is None else _bool("add_bos_token", value)
+
+
 def _bool(name: str, value) -> bool:
     if isinstance(value, bool) or str(value).lower() in ("true", "false", "1", "0"):
         return value if isinstance(value, bool) else str(value).lower() in ("true", "1")
@@ -165,7 +172,7 @@ class ZooLM(TemplateLM):
     """A zoo GPT-family run as an lm-evaluation-harness model (see the module docstring)."""
 
     def __init__(self, run=None, batch_size=None, max_length=None, max_gen_toks=None, stride=None,
-                 add_bos_token=False, seed=0, **kwargs):
+                 add_bos_token=None, seed=0, **kwargs):
         super().__init__()
         run = check_model_args({"run": run, "batch_size": batch_size, "max_length": max_length,
                                 "max_gen_toks": max_gen_toks, "stride": stride, "add_bos_token": add_bos_token,
@@ -173,7 +180,7 @@ class ZooLM(TemplateLM):
         self.batch = _batch_size(batch_size) or 8
         self._max_gen_toks = _positive("max_gen_toks", max_gen_toks, 256)
         self.stride = _positive("stride", stride, None)
-        self.add_bos_token = _bool("add_bos_token", add_bos_token)
+        self.add_bos_token = _bos_flag(add_bos_token)
         self.seed = _whole("seed", seed)
         from zoo import hf
         self.model, self.params, self.tok, cfg = hf.from_pretrained(run)
@@ -223,11 +230,27 @@ class ZooLM(TemplateLM):
         return str(getattr(self.tok, "name", "zoo"))
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        ids = self.tok.encode(string)
-        bos = add_special_tokens if add_special_tokens is not None else self.add_bos_token
-        if bos and ids[:1] != [self.prefix_token_id]:
-            ids = [self.prefix_token_id, *ids]
-        return ids
+        """As the `hf` model encodes: with add_special_tokens (else add_bos_token) false, the text alone; else what
+        its tokenizer puts first: the prefix token where add_bos_token=true forced it, else what transformers'
+        `tokenizer(text)` puts first (encode_text). A text that starts with the prefix token's text (a chat
+        template's BOS) gets nothing first unless add_special_tokens says so."""
+        add = add_special_tokens if add_special_tokens is not None else self.add_bos_token
+        if add_special_tokens is None and self._prefix_text and string.startswith(self._prefix_text):
+            add = False
+        if add is False:
+            return self.tok.encode(string)
+        if self.add_bos_token:
+            return [self.prefix_token_id, *self.tok.encode(string)]
+        return encode_text(self.tok, string)
+
+    @functools.cached_property
+    def _prefix_text(self) -> str:
+        """The prefix token as the harness's `tokenizer.decode` writes it (specials kept)."""
+        inner = getattr(self.tok, "tok", None)  # a checkpoint's `tokenizers.Tokenizer` (zoo.data.hf_tokenizers)
+        if inner is not None:
+            return inner.decode([self.prefix_token_id], skip_special_tokens=False)
+        prefix = self.prefix_token_id
+        return self.tok.eot_text if prefix == self.tok.eot_token else self.tok.decode([prefix])
 
     def tok_decode(self, ids) -> str:
         return self.tok.decode(ids)

@@ -155,6 +155,29 @@ def test_stride_scores_as_zoo_eval_sliding_window(lms):
     assert abs(sliding - default) > 1e-2  # more context for each token after the first window
 
 
+def test_a_bos_adding_tokenizer_encodes_as_the_hf_model_encodes(lms, dirs, tmp_path):
+    """With a tokenizer that puts a BOS first (as Llama's does), zoo's tok_encode and the pairs zoo-eval's choice
+    scoring encodes are the `hf` model's: the BOS by default, none where the text starts with it or it is refused."""
+    import copy
+    from tokenizers import processors
+    from zoo.data.tokenizers import get_tokenizer
+    from zoo.eval.choice import encode_pair
+    theirs = transformers.AutoTokenizer.from_pretrained(dirs["llama"])
+    theirs.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", theirs.eos_token_id)])
+    theirs.save_pretrained(tmp_path)
+    hf_lm, zoo_lm = (copy.copy(m) for m in lms["llama"])
+    hf_lm.tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    zoo_lm.tok = get_tokenizer(str(tmp_path))
+    bos = hf_lm.prefix_token_id
+    assert zoo_lm.prefix_token_id == bos and hf_lm.tok_encode("the cat")[0] == bos
+    for text in ("the cat sat", "<|endoftext|>the cat", " leading space"):
+        for add in (None, False, True):
+            assert zoo_lm.tok_encode(text, add_special_tokens=add) == hf_lm.tok_encode(text, add_special_tokens=add)
+    for context, continuation in (("the cat", " sat"), ("question: ", "answer")):
+        assert encode_pair(zoo_lm.tok, context, continuation, bos) == hf_lm._encode_pair(context, continuation)
+
+
 def test_registered_beside_the_harness_models(dirs):
     assert get_model("zoo") is harness.ZooLM
     assert get_model("hf").__name__ == "HFLM"  # registering zoo first does not hide the harness's table

@@ -131,6 +131,31 @@ def test_greedy_generation_equals_transformers_generate(hf_dirs, runs, name):
     assert ours == theirs
 
 
+def test_plain_text_starts_with_the_bos_as_transformers_tokenizer_puts_it(hf_dirs, runs):
+    """The Llama 3-style tokenizer puts <|begin_of_text|> before a text: zoo's plain-text ids are
+    `tokenizer(text)`'s, so greedy `generate` continues what transformers' `generate` continues, and `logprobs`
+    scores each token as transformers does after that BOS."""
+    import zoo
+    from zoo.api import decoder
+    from zoo.data.tokenizers import encode_text
+    src, torch_model = hf_dirs["llama"]
+    theirs = transformers.AutoTokenizer.from_pretrained(src)
+    lm = zoo.load(runs["llama"][0])
+    for text in TEXTS:
+        assert encode_text(lm.tokenizer, text) == theirs(text)["input_ids"] and theirs(text)["input_ids"][0] == 0
+    prompt = "The if statement"
+    ids = theirs(prompt, return_tensors="pt")
+    with torch.no_grad():
+        out = torch_model.generate(**ids, max_new_tokens=8, do_sample=False, eos_token_id=1, pad_token_id=1)
+    want = out[0, ids["input_ids"].shape[1]:].tolist()
+    assert decoder.prompt_tokens(lm, [prompt]) == [ids["input_ids"][0].tolist()]  # what zoo-serve encodes too
+    assert lm.generate(prompt, max_new_tokens=8) == theirs.decode(want, skip_special_tokens=True)
+    assert decoder.generate_ids(lm, [lm.tokenize(prompt)], max_new_tokens=8)[0] != want  # the BOS changes it
+    text_ids = theirs(TEXTS[0])["input_ids"]
+    logp = torch.log_softmax(torch.tensor(hf_logits(torch_model, [text_ids])[0]), -1).numpy()
+    np.testing.assert_allclose(lm.logprobs(TEXTS[0]), logp[np.arange(len(text_ids) - 1), text_ids[1:]], atol=1e-4)
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_export_loads_in_transformers_as_the_same_architecture(hf_dirs, runs, name, tmp_path):
     run_dir, report = runs[name]

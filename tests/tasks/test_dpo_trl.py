@@ -3,7 +3,8 @@
 Llama policy, the same reference (the policy with noise added, so rewards are non-zero) and the same batch of
 pairs of different lengths, for `sigmoid` (DPO), `ipo` (length-normalised) and `robust` (label smoothing 0.2);
 and zoo's `sigmoid` with label smoothing 0.2 (cDPO) against the cDPO formula computed from TRL's log-probs
-(TRL 1.16's `sigmoid` ignores label_smoothing)."""
+(TRL 1.16's `sigmoid` ignores label_smoothing). Plain-text pairs with a tokenizer that adds a BOS (as Llama's, Mistral's
+and Gemma's do): zoo's rows are TRL's ids, BOS first, and its metrics TRL's."""
 
 import dataclasses
 
@@ -52,7 +53,8 @@ def zoo_batch(pairs):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """(policy dir, reference dir, pairs, zoo batch with the reference's log-probs, zoo's policy params and cfg)."""
+    """(policy dir, reference dir, pairs, zoo batch with the reference's log-probs, zoo's policy params and cfg, zoo's
+    reference params)."""
     root = tmp_path_factory.mktemp("dpo_trl")
     policy_dir, ref_dir = str(root / "policy"), str(root / "reference")
     policy = tiny_lms.llama(policy_dir)
@@ -67,7 +69,7 @@ def models(tmp_path_factory):
     _, ref_params, _, _ = hf.from_pretrained(ref_dir)
     cfg = dataclasses.replace(cfg, task="dpo", dpo=PreferenceConfig())
     ref_B2 = preference.DpoTask(cfg).logps(ref_params, batch, train=False, rng=jax.random.PRNGKey(0))[0]
-    return policy_dir, ref_dir, pairs, dict(batch, ref=ref_B2), params, cfg
+    return policy_dir, ref_dir, pairs, dict(batch, ref=ref_B2), params, cfg, ref_params
 
 
 def byte_tokenizer():
@@ -83,7 +85,7 @@ def byte_tokenizer():
 def trl_loss(models, tmp_path, loss, eps):
     """(TRL's loss, its train metrics, its summed log-probs of the policy and the reference [B, 2])."""
     import datasets
-    policy_dir, ref_dir, pairs, batch, _, _ = models
+    policy_dir, ref_dir, pairs, batch, _, _, _ = models
     policy = transformers.LlamaForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
     reference = transformers.LlamaForCausalLM.from_pretrained(ref_dir, dtype=torch.float32)
     args = trl.DPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, fp16=False,
@@ -118,7 +120,7 @@ def trl_loss(models, tmp_path, loss, eps):
 
 def zoo_loss(models, loss, eps):
     """(zoo's loss, its train metrics, its summed log-probs of the policy [B, 2]) of the batch."""
-    _, _, _, batch, params, cfg = models
+    _, _, _, batch, params, cfg, _ = models
     cfg = dataclasses.replace(cfg, dpo=PreferenceConfig(loss=loss, beta=BETA, label_smoothing=eps))
     task = preference.DpoTask(cfg)
     loss_sum, aux = task.loss(params, batch, jax.random.PRNGKey(0), False)
@@ -155,3 +157,63 @@ def test_sigmoid_label_smoothing_is_cdpo(models, tmp_path):
     plain, _, _ = zoo_loss(models, "sigmoid", 0.0)
     assert abs(ours - expect) < 1e-4, (ours, expect)
     assert abs(ours - plain) > 0.05, (ours, plain)  # the smoothing moves the loss
+
+
+# Plain-text pairs (TRL's standard format) through each side's own tokenization, with a tokenizer that puts a BOS
+# first as Llama's does: TRL tokenizes `tokenizer(prompt + chosen + eos_token)`, zoo zoo.tasks.preference.encode_pairs.
+PLAIN = [{"prompt": "The cat", "chosen": " sat on the mat.", "rejected": " ran"},
+         {"prompt": "Two and two make", "chosen": " four", "rejected": " five, or six!"},
+         {"prompt": "Hi", "chosen": " there", "rejected": " you all"}]
+BOS = 257
+
+
+def bos_tokenizer_dir(path) -> str:
+    """byte_tokenizer's vocabulary plus a BOS (id 257) that its post-processor puts before every text, as the
+    tokenizers of Llama 2/3, Mistral and Gemma do, saved as a Hugging Face tokenizer directory."""
+    from tokenizers import Tokenizer, pre_tokenizers, processors
+    from tokenizers.models import WordLevel
+    tok = Tokenizer(WordLevel({chr(i): i for i in range(256)} | {"<eot>": EOT, "<s>": BOS}, unk_token="<eot>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS)])
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="<eot>",
+                                         pad_token="<eot>").save_pretrained(path)
+    return str(path)
+
+
+def test_plain_text_pairs_start_with_the_bos_as_trls_and_give_its_logps(models, tmp_path):
+    import datasets
+    import json
+    from zoo.config import DataConfig
+    from zoo.data.tokenizers import get_tokenizer
+    policy_dir, ref_dir, _, _, params, cfg, ref_params = models
+    tok_dir = bos_tokenizer_dir(tmp_path / "tok")
+    theirs_tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
+    assert theirs_tok("ab")["input_ids"] == [BOS, 97, 98]  # the reference adds a BOS to plain text
+    args = trl.DPOConfig(output_dir=str(tmp_path / "trl"), report_to="none", use_cpu=True, bf16=False, fp16=False,
+                         beta=BETA, precompute_ref_log_probs=False, max_length=None, per_device_train_batch_size=3)
+    trainer = trl.DPOTrainer(model=transformers.LlamaForCausalLM.from_pretrained(policy_dir, dtype=torch.float32),
+                             ref_model=transformers.LlamaForCausalLM.from_pretrained(ref_dir, dtype=torch.float32),
+                             args=args, train_dataset=datasets.Dataset.from_list(PLAIN), processing_class=theirs_tok)
+    rows = list(trainer.train_dataset)
+    trainer.model.train()
+    trainer.compute_loss(trainer.model, trainer.data_collator(rows))
+    their = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in PLAIN))
+    dcfg = DataConfig(source=str(source), tokenizer=tok_dir, seq_len=32)
+    pairs, _, _ = preference.encode_pairs(dcfg, get_tokenizer(tok_dir), "")
+    for b, r in enumerate(rows):  # the same ids: BOS, prompt, answer, end-of-text
+        for k, answer in enumerate(("chosen_ids", "rejected_ids")):
+            want = r["prompt_ids"] + r[answer]
+            assert want[0] == BOS and pairs.ids[b, k, :len(want)].tolist() == want
+            assert pairs.mask[b, k].sum() == len(r[answer])
+    batch = {k: jnp.asarray(v) for k, v in pairs.rows(np.arange(len(PLAIN))).items()}
+    cfg = dataclasses.replace(cfg, task="dpo", dpo=PreferenceConfig(beta=BETA))
+    task = preference.DpoTask(cfg)
+    batch["ref"] = task.logps(ref_params, batch, train=False, rng=jax.random.PRNGKey(0))[0]
+    _, aux = task.loss(params, batch, jax.random.PRNGKey(0), False)
+    ours = task.train_metrics({k: float(v) for k, v in aux.items()})
+    print({k: (ours[k], their[k]) for k in ("logps/chosen", "logps/rejected", "rewards/margins")})
+    for k in preference.METRICS:
+        assert abs(ours[k] - their[k]) <= 1e-4 * max(1.0, abs(their[k])), (k, ours[k], their[k])

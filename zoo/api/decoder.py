@@ -1,7 +1,8 @@
 """Text in, text or scores out, for a decoder (the GPT family): what Pretrained.generate, .chat, .logprobs and
 .loss do, and what zoo-sample and zoo-eval call.
 
-Generation: each prompt is tokenized, then all of them decode together in one KV-cached batch
+Generation: each prompt is tokenized as transformers tokenizes it (the checkpoint's BOS first where its tokenizer
+adds one), then all of them decode together in one KV-cached batch
 (zoo.infer.sample.generate_batch: left-padded to a power-of-two length bucket, rows to a power of two, so
 prompts of nearby lengths share one compiled program); a prompt that does not fit the model's window with
 max_new_tokens is decoded alone with its context cropped (zoo.infer.sample.generate), as zoo-sample does. A row
@@ -103,10 +104,12 @@ def shaped(texts: list[str], single: bool, n: int):
 
 
 def prompt_tokens(lm, texts: list[str] | None = None, conversations: list[list[dict]] | None = None):
-    """The token ids of plain prompts, or of conversations rendered for the assistant's turn (the run's chat
-    template, zoo.infer.chat)."""
+    """The token ids of plain prompts as transformers' `tokenizer(text)` gives them (with the checkpoint's BOS where
+    its tokenizer adds one: zoo.data.tokenizers.encode_text), or of conversations rendered for the assistant's turn
+    (the run's chat template, zoo.infer.chat; the template writes any BOS itself)."""
     if conversations is None:
-        return [lm.tokenizer.encode(t) for t in texts]
+        from zoo.data.tokenizers import encode_text
+        return [encode_text(lm.tokenizer, t) for t in texts]
     from zoo.infer.chat import prompt_ids
     return [prompt_ids(lm.tokenizer, lm.config.data.tokenizer, c, lm.run_dir) for c in conversations]
 

@@ -323,15 +323,17 @@ def encode_conversation(tokenizer, template: str, messages: list[dict], variable
 def encode_prompt_completion(tokenizer, template: str, prompt, completion, variables: dict, *,
                              train_on_prompt: bool = False) -> tuple[list[int], list[bool]]:
     """(ids, mask) of a prompt/completion row in TRL's two formats. Strings: prompt + completion as plain
-    text then the eot id, mask on the completion's tokens and the eot. Lists of messages (conversational):
-    encode_conversation(prompt + completion)."""
+    text, as TRL tokenizes it (`tokenizer(prompt + completion)`: the checkpoint's BOS first where its tokenizer adds
+    one, zoo.data.tokenizers.encode_text), then the eot id; mask on the completion's tokens and the eot. Lists of
+    messages (conversational): encode_conversation(prompt + completion)."""
     if isinstance(prompt, str) and isinstance(completion, str):
         text = prompt + completion
         ids, starts = tokenizer.encode_with_offsets(text)
         mask = [train_on_prompt] * len(ids)
         for k in _overlapping(starts, _ends(starts, len(text)), len(prompt), len(text)):
             mask[k] = True
-        return ids + [tokenizer.eot_token], mask + [True]
+        bos = list(getattr(tokenizer, "special_prefix", ()))
+        return bos + ids + [tokenizer.eot_token], [train_on_prompt] * len(bos) + mask + [True]
     if isinstance(prompt, list) and isinstance(completion, list):
         return encode_conversation(tokenizer, template, prompt + completion, variables, train_on_prompt=train_on_prompt)
     raise ZooDataError(f"the prompt and completion columns hold {type(prompt).__name__} and "

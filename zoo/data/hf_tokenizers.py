@@ -19,6 +19,12 @@ files and written back by `to-hf`; zoo.data.chat renders it. For its text every 
 `encode_with_offsets` (ids and start characters; the checkpoint's special tokens, `eot_text` among them,
 read as their ids) beside `encode`.
 
+`special_prefix` is what transformers' `tokenizer(text)` puts before a text's ids (zoo.data.tokenizers.encode_text):
+as transformers 5 decides it, tokenizer.json's post-processor when the directory has one (its template's
+leading specials: Llama 2/3's, Mistral's and Gemma's BOS; none for GPT-2, Qwen2 or SmolLM2; tokenizer_config's
+add_bos_token is then ignored, as there), else tokenizer_config.json's add_bos_token (GPT-2's files: default
+false). Specials a template puts after the text (an EOS) are left out: zoo ends its rows itself.
+
 A converted encoder-decoder's directory also holds seq2seq.json (zoo's, written by zoo.hf.from_hf):
 how the checkpoint frames sources and targets. It is attached as the tokenizer's `seq2seq` dict,
 which zoo.tasks.seq2seq_data.framing reads.
@@ -114,6 +120,7 @@ def gpt2_bpe(directory: str) -> TiktokenTokenizer:
             ranks[merged] = len(rank_ids)
             rank_ids.append(vocab.get(a + b, -1))
     eot = vocab.get(ENDOFTEXT, vocab.get("</s>", len(vocab)))  # GPT-2's <|endoftext|>, BART's </s>
+    spec = _tokenizer_json(directory)
     eot_text = "</s>" if ENDOFTEXT not in vocab and "</s>" in vocab else ENDOFTEXT
     special = {ENDOFTEXT: len(rank_ids)}
     # Decoding <|endoftext|> gives its text; BART's </s> (like its <s> <pad> <mask>) decodes to nothing.
@@ -123,18 +130,36 @@ def gpt2_bpe(directory: str) -> TiktokenTokenizer:
         rank_ids.append(-1)
     enc = tiktoken.Encoding(name=f"bpe:{os.path.abspath(directory)}", pat_str=encoding_spec("r50k_base")[0],
                             mergeable_ranks=ranks, special_tokens=special)
-    return RemappedBpe(enc, np.asarray(rank_ids), max(max(vocab.values()) + 1, eot + 1), eot, eot_text=eot_text,
-                       name=os.path.abspath(directory), fingerprint=_fingerprint(directory, ["vocab.json", "merges.txt"]))
+    tok = RemappedBpe(enc, np.asarray(rank_ids), max(max(vocab.values()) + 1, eot + 1), eot, eot_text=eot_text,
+                      name=os.path.abspath(directory), fingerprint=_fingerprint(directory, ["vocab.json", "merges.txt"]))
+    if spec is not None:  # transformers runs tokenizer.json's post-processor (ids in the same vocabulary)
+        from tokenizers import Tokenizer
+        tok.special_prefix = special_prefix(Tokenizer.from_str(json.dumps(spec)))
+    else:  # GPT2Tokenizer from the files: its add_bos_token (default false) decides
+        conf = _tokenizer_config(directory)
+        bos = _token(conf, "bos_token", "")
+        tok.special_prefix = (vocab[bos],) if conf.get("add_bos_token") is True and bos in vocab else ()
+    return tok
+
+
+def special_prefix(tok) -> tuple[int, ...]:
+    """The special ids a `tokenizers.Tokenizer`'s post-processor puts before a text (transformers' BOS), read off
+    the encoding of one character: its leading run of specials."""
+    e = tok.encode("a", add_special_tokens=True)
+    n = next((i for i, special in enumerate(e.special_tokens_mask) if not special), 0)
+    return tuple(e.ids[:n])
 
 
 class HfTokenizer:
     """A `tokenizers.Tokenizer` behind the zoo tokenizer surface: ids without the checkpoint's
-    specials (zoo frames rows itself), decoding skips specials."""
+    specials (zoo frames rows itself), decoding skips specials; `special_prefix` what transformers puts first (the
+    module's docstring)."""
 
     def __init__(self, tok, name: str, fingerprint: str):
         tok.no_padding()  # a checkpoint's tokenizer.json may pad and truncate (MiniLM: to 128)
         tok.no_truncation()
         self.tok, self.name, self.fingerprint = tok, name, fingerprint
+        self.special_prefix = special_prefix(tok)
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids

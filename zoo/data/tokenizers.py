@@ -6,6 +6,12 @@ Every tokenizer has the same small surface the data pipeline and the trainer use
 also gives each token's start character and reads `eot_text` in the text as `eot_token` (a chat
 template writes it at each turn's end), where `.encode` keeps it ordinary text. `get_tokenizer` picks
 by name: the byte tokenizer here, tiktoken's in zoo.data.bpe, a checkpoint's own in zoo.data.hf_tokenizers.
+
+`.encode` adds no special tokens (the training stream frames documents with `eot_token` itself). A plain text
+that a decoder reads as it would under transformers (a prompt to continue or score, a prompt/completion or
+preference row) goes through `encode_text`: the checkpoint's `special_prefix` (its BOS, where transformers'
+`tokenizer(text)` adds one) then `.encode`. Chat templates write their BOS into the text: a rendered
+conversation is encoded without it, as `apply_chat_template` does.
 """
 
 from __future__ import annotations
@@ -51,6 +57,13 @@ class ByteTokenizer:
     def decode(self, ids) -> str:
         # Sampled ids can be the separator or cut a multi-byte character; neither may crash a decode.
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    """The ids of a plain text as transformers' `tokenizer(text)` gives them for a decoder: the special tokens the
+    checkpoint's tokenizer puts first (`special_prefix`: the BOS of Llama 2/3, Mistral, Gemma; none for GPT-2,
+    Qwen2, SmolLM2 or zoo's own tokenizers), then `tokenizer.encode(text)`."""
+    return [*getattr(tokenizer, "special_prefix", ()), *tokenizer.encode(text)]
 
 
 def tokenizer_names() -> list[str]:

@@ -20,6 +20,7 @@ import json
 
 import numpy as np
 
+from zoo.data.tokenizers import encode_text
 from zoo.errors import ZooDataError
 from zoo.eval.jsonl import read_jsonl
 from zoo.eval.loglik import Row, score_rows
@@ -50,14 +51,15 @@ def check_question(q, where: str) -> dict:
 
 
 def encode_pair(tokenizer, context: str, continuation: str, prefix: int) -> tuple[list[int], list[int]]:
-    """(context ids, continuation ids) as lm-evaluation-harness's `_encode_pair` makes them."""
+    """(context ids, continuation ids) as lm-evaluation-harness's `_encode_pair` makes them with its `hf` model's
+    default encoding (transformers' `tokenizer(text)`: the checkpoint's BOS first where its tokenizer adds one)."""
     if not context:
         return [prefix], tokenizer.encode(continuation)
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole = tokenizer.encode(context + continuation)
-    n = len(tokenizer.encode(context))
+    whole = encode_text(tokenizer, context + continuation)
+    n = len(encode_text(tokenizer, context))
     return whole[:n], whole[n:]
 
 

@@ -59,11 +59,12 @@ def evaluate(model, params, tok, tokenizer_name: str, items: list[dict], *, run_
     length, so each batch pads little and prompts of one length bucket share a program), each answer stopping
     at the tokenizer's end-of-text or end-of-turn token; a prompt too long for the window with max_new_tokens
     is answered alone, its context cropped. `progress(n)` after each batch."""
+    from zoo.data.tokenizers import encode_text
     from zoo.infer.chat import prompt_ids
     from zoo.infer.sample import generate, generate_batch, stop_ids
     prompts = [item["prompt_ids"] if "prompt_ids" in item else  # ids rendered already (zoo.tasks.sft)
                prompt_ids(tok, tokenizer_name, item["messages"], run_dir) if "messages" in item
-               else tok.encode(item["prompt"]) for item in items]
+               else encode_text(tok, item["prompt"]) for item in items]
     kw = dict(temperature=0.0, eos_id=stop_ids(tok), vocab_limit=tok.n_vocab, window=window)
     answers: list = [None] * len(items)
     fits = sorted((i for i, p in enumerate(prompts) if len(p) + max_new_tokens <= window), key=lambda i: len(prompts[i]))

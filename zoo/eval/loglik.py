@@ -25,9 +25,10 @@ from zoo.nn.losses import linear_cross_entropy, token_logprobs
 
 
 def prefix_token(tokenizer) -> int:
-    """The token a document (or an empty context) starts from: BOS where the tokenizer has one, else
-    end-of-text (as lm-evaluation-harness does)."""
-    bos = getattr(tokenizer, "bos_token", None)
+    """The token a document (or an empty context) starts from: the BOS transformers' tokenizer puts before a text
+    (`special_prefix`), else the tokenizer's BOS, else end-of-text (as lm-evaluation-harness does)."""
+    first = tuple(getattr(tokenizer, "special_prefix", ()))
+    bos = first[-1] if first else getattr(tokenizer, "bos_token", None)
     return tokenizer.eot_token if bos is None else bos
 
 

@@ -260,7 +260,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None):
         if echo and asked == 0:  # scoring the prompt alone, as a harness does
             body = {**body, "max_tokens": None}
         s = sampling(body, 16)
-        prompts = [tok.encode(t) for t in texts]
+        prompts = decoder.prompt_tokens(lm, texts)  # as transformers tokenizes them (the checkpoint's BOS first)
         rid = "cmpl-" + uuid.uuid4().hex[:24]
         if echo and asked == 0:
             if s["stream"]:

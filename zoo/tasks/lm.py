@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo.data import batches, corpus, store, stream
-from zoo.data.tokenizers import get_tokenizer
+from zoo.data.tokenizers import encode_text, get_tokenizer
 from zoo.errors import ZooDataError
 from zoo.infer.sample import generate
 from zoo.models.gpt import Gpt, output_embedding
@@ -97,6 +97,6 @@ class LmTask(BaseTask):
 
     def sample(self, params, tokenizer, prompt: str, max_new_tokens: int) -> str:
         """A sampled continuation (temperature 0.8, top-k 40, seed 0), its context cropped to the trained length."""
-        out = generate(self.model, params, tokenizer.encode(prompt), max_new_tokens, temperature=0.8, top_k=40, seed=0,
+        out = generate(self.model, params, encode_text(tokenizer, prompt), max_new_tokens, temperature=0.8, top_k=40, seed=0,
                        eos_id=tokenizer.eot_token, vocab_limit=tokenizer.n_vocab, window=self.cfg.window)[0]
         return tokenizer.decode(out)

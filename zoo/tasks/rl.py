@@ -52,7 +52,7 @@ import numpy as np
 from zoo.data import arithmetic, chat, corpus
 from zoo.data.batches import EpochOrder, process_rows
 from zoo.data.store import doc_hash, val_documents
-from zoo.data.tokenizers import get_tokenizer
+from zoo.data.tokenizers import encode_text, get_tokenizer
 from zoo.errors import ConfigError, TrainError, ZooDataError
 from zoo.models.gpt import output_embedding
 from zoo.nn import lora, losses
@@ -275,7 +275,7 @@ class GrpoTask(LmTask):
                 row = tokenizer.encode_with_offsets(chat.render(template, p, add_generation_prompt=True,
                                                                 variables=variables))[0]
             elif isinstance(p, str) and p:
-                row = tokenizer.encode(p)
+                row = encode_text(tokenizer, p)
             else:
                 raise ZooDataError(f"row {i} of data.prompt_column={dcfg.prompt_column!r} is {p!r}; give a text or a "
                                    f"list of messages")

@@ -33,7 +33,7 @@ import numpy as np
 
 from zoo.data import chat, corpus, packing, zoo_commands
 from zoo.data.store import doc_hash, val_documents
-from zoo.data.tokenizers import get_tokenizer
+from zoo.data.tokenizers import encode_text, get_tokenizer
 from zoo.errors import ZooDataError
 from zoo.infer.sample import generate
 from zoo.models.gpt import output_embedding
@@ -122,7 +122,7 @@ def answer_items(dcfg, tokenizer, template: str) -> list[dict]:
             prompt, completion = row[dcfg.prompt_column], row[dcfg.completion_column]
             answer = completion if isinstance(completion, str) else completion[-1]["content"]
         if isinstance(prompt, str):
-            ids = tokenizer.encode(prompt)
+            ids = encode_text(tokenizer, prompt)
         else:
             text = chat.render(template, prompt, add_generation_prompt=True, variables=variables)
             ids = tokenizer.encode_with_offsets(text)[0]
