@@ -212,6 +212,16 @@ def bad_calls(run, bert):
         ("an unknown config key", lambda: zoo.config("gpt_tiny", train={"nosuch": 1}), ConfigError, "train.nosuch"),
         ("overrides as a string", lambda: zoo.train("gpt_tiny", overrides="train.steps=3"), ArgumentError,
          "overrides='train.steps=3'"),
+        ("a step the run does not hold", lambda: zoo.load(run, step=999), ArgumentError, "step=999: "),
+        ("a stop that is no string", lambda: lm.generate("x", stop=5), ArgumentError, "stop=5"),
+        ("a lone surrogate in a prompt", lambda: lm.generate("a\ud800"), ArgumentError, "lone surrogate"),
+        ("a lone surrogate in a message", lambda: lm.chat("\udc80"), ArgumentError, "message 0's content"),
+        ("a lone surrogate to score", lambda: lm.logprobs(["ok", "\udc80"]), ArgumentError, "texts[1] holds"),
+        ("another family's params", lambda: lm.with_params(bert.params), ArgumentError, "not a tree of this model's"),
+        ("params of None", lambda: lm.with_params(None), ArgumentError, "params=None"),
+        ("empty params", lambda: lm.with_params({}), ArgumentError, "params=dict {}"),
+        ("an empty chat message", lambda: lm.chat(""), ArgumentError, "messages=''"),
+        ("a workdir that is no path", lambda: zoo.train("gpt_tiny", workdir=5), ArgumentError, "workdir=5"),
     ]
 
 

@@ -34,10 +34,20 @@ def require_decoder(lm, method: str) -> None:
 def texts_of(value, what: str) -> tuple[list[str], bool]:
     """(the texts, whether one string was given): a str or a non-empty list of str."""
     if isinstance(value, str):
-        return [value], True
+        return [utf8(value, what)], True
     if isinstance(value, (list, tuple)) and value and all(isinstance(t, str) for t in value):
-        return list(value), False
+        return [utf8(t, f"{what}[{i}]") for i, t in enumerate(value)], False
     raise ArgumentError(f"{what}={_short(value)}: give a string or a non-empty list of strings")
+
+
+def utf8(text: str, what: str) -> str:
+    """`text`, refused in one line where UTF-8 cannot encode it (a lone surrogate, e.g. from a bad decode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ArgumentError(f"{what} holds {text[e.start]!r} at character {e.start}, a lone surrogate UTF-8 cannot "
+                            f"encode; fix the text (decode its bytes with errors='replace')") from None
+    return text
 
 
 def _short(value) -> str:
@@ -61,7 +71,8 @@ def check_settings(lm, max_new_tokens, temperature, top_k, top_p, seed, n, stop)
     vocab = lm.tokenizer.n_vocab
     if top_k > vocab:
         raise ArgumentError(f"top_k={top_k} is above the vocabulary's {vocab} tokens (0: off)")
-    stops = [stop] if isinstance(stop, str) else list(stop or ())
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, (list, tuple)) \
+        else [stop]
     if not all(isinstance(s, str) and s for s in stops):
         raise ArgumentError(f"stop={_short(stop)}: give a non-empty string or a list of them")
     return stops
@@ -130,6 +141,8 @@ def conversations_of(value, system: str | None) -> tuple[list[list[dict]], bool]
     list of {"role", "content"} dicts) or a list of conversations; `system` goes first in each that has none."""
     from zoo.data.chat import check_messages
     if isinstance(value, str):
+        if not value:
+            raise ArgumentError("messages='': give a non-empty user message (or a conversation)")
         convs, single = [[{"role": "user", "content": value}]], True
     elif isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
         convs, single = [list(value)], True
@@ -140,8 +153,13 @@ def conversations_of(value, system: str | None) -> tuple[list[list[dict]], bool]
                             f"{{'role', 'content'}} dicts) or a list of conversations")
     if system is not None and not isinstance(system, str):
         raise ArgumentError(f"system={_short(system)} must be a string")
+    if system is not None:
+        utf8(system, "system")
     for i, c in enumerate(convs):
-        check_messages(c, f"conversation {i}" if not single else "messages")
+        where = f"conversation {i}" if not single else "messages"
+        check_messages(c, where)
+        for j, m in enumerate(c):
+            utf8(m["content"], f"{where}: message {j}'s content")
     if system is not None:
         convs = [c if c[0].get("role") == "system" else [{"role": "system", "content": system}, *c] for c in convs]
     return convs, single

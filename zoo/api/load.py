@@ -91,7 +91,7 @@ def load(source, *, dtype=None, step: int | None = None, base: str | None = None
     mesh: a jax.sharding.Mesh with zoo's axes (data, fsdp, tensor, expert; zoo.train.sharding.make_mesh): the
     params laid out over it by zoo's rules table, as the trainer lays them out.
     Raises zoo.errors.CheckpointError (a missing path, a directory of no kind zoo reads, damage in every step),
-    ArgumentError (a bad dtype, step, base or mesh) before anything is read.
+    ArgumentError (a bad dtype, base or mesh; a step the run does not hold) before any weights are read.
     """
     from zoo.api.pretrained import Pretrained
     from zoo.runtime import use_compile_cache
@@ -126,7 +126,11 @@ def load(source, *, dtype=None, step: int | None = None, base: str | None = None
 
 
 def _run(path: str, step):
-    from zoo.train import runs
+    from zoo.train import checkpoint, runs
+    if step is not None and step not in (steps := checkpoint.all_steps(path)):
+        listed = ", ".join(map(str, steps[:8])) + (", ..." if len(steps) > 8 else "")
+        raise ArgumentError(f"step={step}: {path!r} has no checkpoint of that step; its steps (newest first): "
+                            f"{listed or 'none'}")
     step, cfg, params = runs.load_weights(path, step=step)
     return cfg, params, step
 

@@ -15,10 +15,12 @@ zoo.errors.FamilyError naming what it offers; a bad argument raises zoo.errors.A
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Iterator
 
 from zoo.api import batches, decoder, encoder, save, seq2seq
 from zoo.config import Config
+from zoo.errors import ArgumentError
 
 # What each task's model answers (besides apply, loss_fn, batch, save, tokenize).
 OFFERS = {"gpt_lm": ("generate", "chat", "logprobs", "loss"), "sft": ("generate", "chat", "logprobs", "loss"),
@@ -165,8 +167,11 @@ class Pretrained:
         return save.save(self, out_dir, format, params=params, verbose=verbose)
 
     def tokenize(self, text: str) -> list[int]:
-        """The token ids of `text` (no special tokens added)."""
-        return self.tokenizer.encode(text)
+        """The token ids of `text` (no special tokens added: generate, logprobs and training rows put the
+        checkpoint's BOS first where transformers' `tokenizer(text)` does, zoo.data.tokenizers.encode_text)."""
+        if not isinstance(text, str):
+            raise ArgumentError(f"text={text!r:.80}: give a string")
+        return self.tokenizer.encode(decoder.utf8(text, "text"))
 
     def detokenize(self, ids) -> str:
         """The text of token ids."""
@@ -187,5 +192,29 @@ class Pretrained:
         return self.__dict__["_task_"]
 
     def with_params(self, params) -> "Pretrained":
-        """The same model with other params (e.g. after a loop of one's own), sharing everything else."""
+        """The same model with other params (e.g. after a loop of one's own), sharing everything else. They must
+        be a tree of this model's: the same keys and shapes as `params` (dtypes may differ); else ArgumentError."""
+        check_params(self.params, params)
         return dataclasses.replace(self, params=params)
+
+
+def check_params(have, params) -> None:
+    """ArgumentError in one line unless `params` has the keys and shapes of `have` (a model's parameter tree)."""
+    import jax
+    if not isinstance(params, Mapping) or not params:
+        raise ArgumentError(f"params={type(params).__name__ if params is not None else None}"
+                            f"{'' if params is None else ' ' + repr(params)[:40]}: give this model's parameter tree "
+                            f"(a dict of arrays shaped as .params)")
+
+    def shapes(tree) -> dict[str, tuple]:
+        return {jax.tree_util.keystr(k): tuple(getattr(x, "shape", ())) for k, x in
+                jax.tree_util.tree_flatten_with_path(tree)[0]}
+    want, got = shapes(have), shapes(params)
+    if got == want:
+        return
+    missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
+    shaped = [f"{k} {got[k]} (this model's: {want[k]})" for k in sorted(want.keys() & got.keys()) if got[k] != want[k]]
+    said = [f"missing {len(missing)} ({', '.join(missing[:2])}{', ...' if len(missing) > 2 else ''})"] * bool(missing) + \
+        [f"{len(extra)} not of this model ({', '.join(extra[:2])}{', ...' if len(extra) > 2 else ''})"] * bool(extra) + \
+        [f"other shapes: {', '.join(shaped[:2])}{', ...' if len(shaped) > 2 else ''}"] * bool(shaped)
+    raise ArgumentError(f"params are not a tree of this model's ({len(want)} arrays): {'; '.join(said)}")

@@ -207,6 +207,8 @@ def vocab_from_tokenizer(cfg):
 
 def check_arguments(config, resume: bool, init_from, workdir, step, new_batch) -> None:
     """What train.py's argument parser refuses, for library callers."""
+    if workdir is not None and not isinstance(workdir, (str, os.PathLike)):
+        raise ArgumentError(f"workdir={workdir!r:.60}: give a directory path (a string)")
     if resume and (config is not None or init_from):
         raise ArgumentError("resume=True continues the run in workdir; config and init_from do not apply")
     if resume and not workdir:
