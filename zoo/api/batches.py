@@ -99,6 +99,7 @@ def mlm_batch(lm, texts: list[str], seq_len, seed: int) -> dict:
     for b, ids in enumerate(enc):
         row = [sp.cls, *ids[:T - 2], sp.sep]
         ids_BT[b, :len(row)], valid_BT[b, :len(row)] = row, True
+    mlm.check_ids(ids_BT, lm.model.cfg.vocab_size, lm.tokenizer, "examples")
     masked = mlm.mask_tokens(np.random.default_rng([seed, 1]), ids_BT, sp)
     return {**masked, "positions": mlm.chosen_positions(masked["weights"], mlm.max_predictions(T)),
             "segment_ids": np.zeros((len(texts), T), np.int32), "valid": valid_BT}
@@ -123,20 +124,22 @@ def _labels(lm, labels, n: int) -> np.ndarray:
 
 def cls_batch(lm, texts, pairs, labels, seq_len) -> dict:
     from zoo.tasks import classify
-    from zoo.tasks.mlm import bert_specials
+    from zoo.tasks.mlm import bert_specials, check_ids
     if pairs is not None and len(pairs) != len(texts):
         raise ArgumentError(f"pairs: {len(pairs)} given for {len(texts)} texts; give one per text")
+    sp = bert_specials(lm.tokenizer)
     enc = lm.tokenizer.encode_batch(texts)
-    extra = 0 if pairs is None else max(map(len, lm.tokenizer.encode_batch(list(pairs)))) + 1
-    T = _length(max(map(len, enc)) + 2 + extra, seq_len, lm.model.cfg.max_len)
-    ex, _ = classify.encode(lm.tokenizer, bert_specials(lm.tokenizer), texts, pairs, labels, T)
+    extra = 0 if pairs is None else max(map(len, lm.tokenizer.encode_batch(list(pairs))))
+    T = _length(max(map(len, enc)) + sp.n_framing(pairs is not None) + extra, seq_len, lm.model.cfg.max_len)
+    ex, _ = classify.encode(lm.tokenizer, sp, texts, pairs, labels, T)
+    check_ids(ex.ids, lm.model.cfg.vocab_size, lm.tokenizer, "examples")
     return ex.rows(np.arange(len(texts)))
 
 
 def tokens_batch(lm, texts, labels, seq_len) -> dict:
     from zoo.api.encoder import class_names
     from zoo.tasks import token_classify
-    from zoo.tasks.mlm import bert_specials
+    from zoo.tasks.mlm import bert_specials, check_ids
     words = [t.split() for t in texts]
     names = class_names(lm)
     if labels is None or len(labels) != len(words) or any(len(t) != len(w) for t, w in zip(labels, words)):
@@ -147,6 +150,7 @@ def tokens_batch(lm, texts, labels, seq_len) -> dict:
         raise ArgumentError(f"labels: tag {bad[0]!r} is not one of this model's: {', '.join(names)}")
     T = _length(max(len(w) for w in words) * 4 + 2, seq_len, lm.model.cfg.max_len)
     ex, _ = token_classify.encode(lm.tokenizer, bert_specials(lm.tokenizer), words, tags, T)
+    check_ids(ex.ids, lm.model.cfg.vocab_size, lm.tokenizer, "examples")
     return ex.rows(np.arange(len(words)))
 
 

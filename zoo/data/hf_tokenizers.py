@@ -7,6 +7,10 @@
   `tokenizers` package, which tiktoken cannot stand in for (lower-casing, accent stripping, "##"
   continuations). Its `encode` gives the text's ids without [CLS] / [SEP] (zoo frames rows itself),
   and `special_ids` / `ordinary_ids` hand the vocabulary's own specials to zoo.tasks.mlm.
+- A BPE or SentencePiece vocabulary that holds all four BERT roles (cls, sep, mask, pad: as
+  tokenizer_config.json names them, else RoBERTa's and XLM-R's <s> </s> <mask> <pad>) hands them over the
+  same way (`bert_roles`), with the mask's text, how many separators join a pair (RoBERTa's </s></s>) and
+  the text of every special: a converted RoBERTa or XLM-R frames its rows with its own ids.
 - Any other tokenizer.json (T5's SentencePiece unigram; Llama's, Mistral's and Qwen2's BPE, byte-level
   or Metaspace) goes through `tokenizers` as it is; a T5 directory with only spiece.model is rebuilt
   into the same pipeline transformers builds from it. `encode` gives ids without the checkpoint's
@@ -196,6 +200,8 @@ class WordPiece(HfTokenizer):
         self.special_ids = {k: vocab[t] for k, t in names.items() if k != "unk"}
         self.eot_token = self.special_ids["sep"]
         self.ordinary_ids = _ordinary_ids(vocab, self.n_vocab)
+        self.mask_text, self.pair_seps = names["mask"], 1
+        self.special_texts = {vocab[t]: t for t in names.values()}
 
 
 def _ordinary_ids(vocab: dict[str, int], n_vocab: int) -> range:
@@ -266,6 +272,56 @@ def pretrained(directory: str) -> Pretrained:
                       _token(conf, "eos_token", "</s>"), _token(conf, "bos_token", ""))
 
 
+BERT_ROLES = ("cls", "sep", "mask", "pad")
+ROBERTA_ROLES = {"cls": "<s>", "sep": "</s>", "mask": "<mask>", "pad": "<pad>"}  # XLM-R's and BART's too
+
+
+def _pair_seps(spec: dict | None, sep: str) -> int:
+    """How many separators stand between a pair's texts: tokenizer.json's post-processor says (RoBERTa's
+    `<s> A </s></s> B </s>`: 2; BERT's `[CLS] A [SEP] B [SEP]`: 1), else 2 for a </s> separator."""
+    post = (spec or {}).get("post_processor") or {}
+    for p in post.get("processors") or [post]:  # a Sequence of processors, or one
+        kind = p.get("type")
+        if kind in ("RobertaProcessing", "BertProcessing"):
+            return 2 if kind == "RobertaProcessing" else 1
+        pair = [next(iter(item)) for item in p.get("pair") or []]  # TemplateProcessing
+        if pair.count("Sequence") == 2:
+            a, b = (i for i, item in enumerate(pair) if item == "Sequence")
+            return b - a - 1
+    return 2 if sep == "</s>" else 1
+
+
+def bert_roles(tok, directory: str):
+    """`tok` (a BPE or SentencePiece tokenizer of `directory`) with the BERT roles of its vocabulary attached,
+    when it holds all four: `special_ids` (cls, sep, mask, pad -> id: as tokenizer_config.json names them, else
+    RoBERTa's <s> </s> <mask> <pad>), `ordinary_ids` (the longest run of ids holding no special token),
+    `mask_text`, `mask_strip` (whether the mask token takes the spaces on its left / right, as RoBERTa's
+    <mask> does on its left), `pair_seps` and `special_texts` (id -> text of every special token). A vocabulary
+    without them (GPT-2's, T5's, Llama's) is left as it is."""
+    conf, spec = _tokenizer_config(directory), _tokenizer_json(directory)
+    added = {a["content"]: a for a in (spec or {}).get("added_tokens") or []}
+    if isinstance(tok, HfTokenizer):
+        vocab = tok.tok.get_vocab(with_added_tokens=True)
+    else:  # vocab.json, and the added tokens (<mask>) a tokenizer.json may hold beside it
+        with open(os.path.join(directory, "vocab.json"), encoding="utf-8") as f:
+            vocab = {**json.load(f), **{t: a["id"] for t, a in added.items()}}
+    names = {k: _token(conf, f"{k}_token", "") or ROBERTA_ROLES[k] for k in BERT_ROLES}
+    if any(t not in vocab for t in names.values()):
+        return tok
+    others = [_token(conf, f"{k}_token", "") for k in ("unk", "bos", "eos")] + \
+        [t for t, a in added.items() if a.get("special")]
+    texts = {vocab[t]: t for t in [*names.values(), *others] if t in vocab}
+    tok.n_vocab = max(tok.n_vocab, max(vocab.values()) + 1)
+    edges = [-1, *sorted(texts), tok.n_vocab]
+    lo, hi = max(zip(edges, edges[1:]), key=lambda e: e[1] - e[0])
+    mask = added.get(names["mask"]) or (conf["mask_token"] if isinstance(conf.get("mask_token"), dict) else {})
+    tok.special_ids = {k: vocab[t] for k, t in names.items()}
+    tok.ordinary_ids = range(lo + 1, hi)
+    tok.mask_text, tok.mask_strip = names["mask"], (bool(mask.get("lstrip")), bool(mask.get("rstrip")))
+    tok.pair_seps, tok.special_texts = _pair_seps(spec, names["sep"]), texts
+    return tok
+
+
 def t5_sentencepiece(directory: str) -> Pretrained:
     """T5's tokenizer from spiece.model alone (no tokenizer.json): the pipeline transformers 5 builds from
     the same file for T5Tokenizer. A Unigram model over the pieces, then `extra_ids` sentinels
@@ -322,11 +378,11 @@ def load_dir(directory: str):
     kind = None if spec is None else spec.get("model", {}).get("type")
     has = lambda name: os.path.isfile(os.path.join(directory, name))
     if has("vocab.json") and has("merges.txt") and _gpt2_pipeline(spec):
-        tok = gpt2_bpe(directory)
+        tok = bert_roles(gpt2_bpe(directory), directory)
     elif kind == "WordPiece" or (kind is None and has("vocab.txt")):
         tok = wordpiece(directory)
     elif kind is not None:
-        tok = pretrained(directory)
+        tok = bert_roles(pretrained(directory), directory)
     elif has("spiece.model"):
         tok = t5_sentencepiece(directory)
     else:

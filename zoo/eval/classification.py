@@ -30,7 +30,7 @@ def evaluate(model, params, tokenizer, run_cfg, names: list[str], data_cfg, *, b
     sp = bert_specials(tokenizer)
     enc_a = tokenizer.encode_batch(texts)
     enc_b = tokenizer.encode_batch(pairs) if pairs is not None else [None] * len(texts)
-    budget = model.cfg.max_len - (3 if pairs is not None else 2)
+    budget = model.cfg.max_len - sp.n_framing(pairs is not None)
     rows, starts, truncated = [], [], 0
     for a, b in zip(enc_a, enc_b):
         ta, tb = classify.truncate(a, b, budget)

@@ -8,10 +8,10 @@ an optional second text column (`data.text_pair_column`) and a label column. Lab
 from the built-in corpus: each paragraph of Python's pydoc topics, labelled with the family of the
 topic it comes from (`TOPIC_FAMILIES`); paragraphs that occur under two families are dropped.
 
-A row is [CLS] a [SEP] (b [SEP]) then [PAD]s up to data.seq_len, with `valid` marking the real
-tokens and segment id 1 on b. Longer examples are truncated, longest text first, and counted
-(printed once); empty text, a missing column and labels outside model.num_classes are refused
-with a one-line ZooDataError. Validation examples are held out by a hash of their text
+A row is [CLS] a [SEP] (b [SEP]) (RoBERTa's: <s> a </s></s> b </s>) then [PAD]s up to data.seq_len,
+with `valid` marking the real tokens and segment id 1 on b. Longer examples are truncated, longest text
+first, and counted (printed once); empty text, a missing column, labels outside model.num_classes and
+token ids outside model.vocab_size are refused with a one-line ZooDataError. Validation examples are held out by a hash of their text
 (data.val_fraction), so duplicates never straddle the split. Training batches walk a fresh
 permutation each epoch, drawn from (seed, epoch): the batch of a step is a pure function of
 (seed, step).
@@ -39,7 +39,7 @@ from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ConfigError, ZooDataError
 from zoo.models.bert import BertClassifier, BertEncoder
 from zoo.tasks.base import BaseTask, Data, attention_flops, count
-from zoo.tasks.mlm import BertSpecials, check_bert_vocab
+from zoo.tasks.mlm import BertSpecials, check_bert_vocab, check_ids
 
 # The offline default labelled set: pydoc topic -> family (every topic of the corpus is in one).
 TOPIC_FAMILIES = {
@@ -180,10 +180,12 @@ def truncate(a: list, b: list | None, budget: int) -> tuple[list, list | None]:
 
 
 def frame(a: list, b: list | None, sp: BertSpecials) -> tuple[list, int]:
-    """([CLS] a [SEP] (b [SEP]), index where segment 1 starts: the row length when there is no b)."""
+    """([CLS] a [SEP] (b [SEP]), index where segment 1 starts: the row length when there is no b). A tokenizer
+    whose pairs take two separators joins them as RoBERTa's does: <s> a </s></s> b </s>."""
     ids = [sp.cls, *a, sp.sep]
     if b is None:
         return ids, len(ids)
+    ids += [sp.sep] * (sp.pair_seps - 1)
     return ids + [*b, sp.sep], len(ids)
 
 
@@ -213,7 +215,7 @@ def encode(tokenizer, sp: BertSpecials, texts: list[str], pairs: list[str] | Non
     """Tokenize, truncate and pad; returns the examples and how many were truncated."""
     enc_a = tokenizer.encode_batch(texts)
     enc_b = tokenizer.encode_batch(pairs) if pairs is not None else [None] * len(texts)
-    budget = seq_len - (2 if pairs is None else 3)
+    budget = seq_len - sp.n_framing(pairs is not None)
     ids = np.full((len(texts), seq_len), sp.pad, np.int32)
     lengths, seg_start = np.zeros(len(texts), np.int64), np.zeros(len(texts), np.int64)
     truncated = 0
@@ -236,6 +238,7 @@ def examples(cfg, tokenizer, sp: BertSpecials) -> tuple[Examples, Examples, list
     if len(texts) < 2:
         raise ZooDataError(f"data.source={d.source!r} has {len(texts)} example; a train/val split needs 2")
     every, truncated = encode(tokenizer, sp, texts, pairs, labels, d.seq_len)
+    check_ids(every.ids, cfg.model.vocab_size, tokenizer, f"data.source={d.source!r}")
     if truncated:
         print(f"data: truncated {truncated} of {len(texts)} examples to data.seq_len={d.seq_len} tokens "
               f"(longest text first)", flush=True)

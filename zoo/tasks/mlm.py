@@ -4,8 +4,11 @@ the token store, and the task whose loss runs on the masked positions only.
 The four BERT specials are appended after the tokenizer's vocabulary: [CLS] = n_vocab, [SEP] =
 n_vocab + 1, [MASK] = n_vocab + 2, [PAD] = n_vocab + 3, so any tokenizer (bytes, tiktoken) works
 unchanged and the model needs `vocab_size >= n_vocab + 4`. A tokenizer with its own specials (a
-checkpoint's WordPiece) says so with `special_ids` ({"cls", "sep", "mask", "pad"} -> id) and
-`ordinary_ids` (a range); those ids are used and nothing is appended.
+checkpoint's WordPiece; RoBERTa's and XLM-R's <s> </s> <mask> <pad>) says so with `special_ids`
+({"cls", "sep", "mask", "pad"} -> id) and `ordinary_ids` (a range); those ids are used and nothing is
+appended. Its `mask_text` marks a mask in fill-mask text ("<mask>" for RoBERTa) and `pair_seps` says how a
+pair is joined (RoBERTa's <s> a </s></s> b </s>). A row holding an id outside the model's embedding table is
+refused (`check_ids`) before any lookup: a gather there reads NaN, and every answer after it is wrong.
 
 A training row is a window of T - 2 tokens from the flat token store (documents joined by eot),
 framed as [CLS] window [SEP]; each document boundary inside it becomes a [SEP] too, and segment
@@ -55,10 +58,17 @@ class BertSpecials:
     pad: int
     n_ordinary: int  # ordinary tokens end here (exclusive); the tokenizer's eot and others come after
     ordinary_start: int = 0  # ... and start here (WordPiece keeps [PAD], [unused*], [CLS], ... first)
+    mask_text: str = SPECIALS[2]  # what marks a mask in fill-mask text: the tokenizer's own (RoBERTa: <mask>)
+    mask_strip: tuple[bool, bool] = (False, False)  # the mask takes the spaces on its (left, right) (RoBERTa: left)
+    pair_seps: int = 1  # separators between a pair's texts: [SEP] (BERT), </s></s> (RoBERTa, XLM-R)
 
     @property
     def vocab_needed(self) -> int:
         return max(self.cls, self.sep, self.mask, self.pad, self.n_ordinary - 1) + 1
+
+    def n_framing(self, pair: bool) -> int:
+        """Specials in a framed row: [CLS] a [SEP], and pair_seps more before a pair's b."""
+        return 2 + (self.pair_seps if pair else 0)
 
     def is_special(self, ids):
         """Not an ordinary token: never chosen for prediction ([UNK] and [unused*] included)."""
@@ -67,12 +77,32 @@ class BertSpecials:
 
 def bert_specials(tokenizer) -> BertSpecials:
     own = getattr(tokenizer, "special_ids", None)
-    if own:  # a vocabulary that holds [CLS] [SEP] [MASK] [PAD] itself
+    if own:  # a vocabulary that holds [CLS] [SEP] [MASK] [PAD] (or <s> </s> <mask> <pad>) itself
         ordinary = tokenizer.ordinary_ids
-        return BertSpecials(**own, n_ordinary=ordinary.stop, ordinary_start=ordinary.start)
+        return BertSpecials(**own, n_ordinary=ordinary.stop, ordinary_start=ordinary.start,
+                            mask_text=getattr(tokenizer, "mask_text", SPECIALS[2]),
+                            mask_strip=getattr(tokenizer, "mask_strip", (False, False)),
+                            pair_seps=getattr(tokenizer, "pair_seps", 1))
     n = tokenizer.n_vocab
     # Every zoo tokenizer numbers its own specials (eot, ...) after the ordinary tokens.
     return BertSpecials(cls=n, sep=n + 1, mask=n + 2, pad=n + 3, n_ordinary=tokenizer.eot_token)
+
+
+def special_texts(tokenizer, sp: BertSpecials) -> dict[int, str]:
+    """id -> text of the specials (the vocabulary's own, else the four appended ones), which decoding skips."""
+    own = getattr(tokenizer, "special_texts", None)
+    return dict(own) if own else dict(zip((sp.cls, sp.sep, sp.mask, sp.pad), SPECIALS))
+
+
+def check_ids(ids, vocab_size: int, tokenizer, where: str) -> None:
+    """Refuse ids outside the model's embedding table [0, vocab_size), before any lookup reads them (a gather
+    there gives NaN, silently)."""
+    ids = np.asarray(ids)
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.size:
+        raise ZooDataError(f"{where}: token id {int(bad[0])} is outside the model's embedding table of "
+                           f"model.vocab_size={vocab_size} rows; tokenizer {getattr(tokenizer, 'name', tokenizer)!r} "
+                           f"does not fit this model")
 
 
 def check_bert_vocab(model_cfg, tokenizer) -> BertSpecials:
@@ -185,13 +215,19 @@ def eval_batches(tokens, seq_len: int, global_batch: int, num_batches: int, eot:
 
 
 def encode_masked(text: str, tokenizer, sp: BertSpecials) -> list[int]:
-    """[CLS] text [SEP] with every literal "[MASK]" in `text` as the [MASK] id (for fill-mask)."""
-    pieces = text.split(SPECIALS[2])
+    """[CLS] text [SEP] with every literal mask text in `text` ("[MASK]"; RoBERTa's "<mask>") as the mask id
+    (for fill-mask), as Hugging Face's tokenizer reads it: by the tokenizer itself where it knows the mask as
+    a token, else split around it (the spaces the mask takes, as RoBERTa's takes those on its left, dropped)."""
+    if tokenizer.encode(sp.mask_text) == [sp.mask]:
+        return [sp.cls, *tokenizer.encode(text), sp.sep]
+    pieces = text.split(sp.mask_text)
+    lstrip, rstrip = sp.mask_strip
     ids = [sp.cls]
     for i, piece in enumerate(pieces):
         if i:
             ids.append(sp.mask)
-        ids.extend(tokenizer.encode(piece))
+        piece = piece.lstrip() if i and rstrip else piece
+        ids.extend(tokenizer.encode(piece.rstrip() if i < len(pieces) - 1 and lstrip else piece))
     return ids + [sp.sep]
 
 

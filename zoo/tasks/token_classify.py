@@ -37,7 +37,7 @@ from zoo.tasks.entities import IGNORE
 from zoo.models.bert import BertTokenClassifier
 from zoo.tasks.base import Data
 from zoo.tasks.classify import ClsBatches, _Encoder, eval_batches
-from zoo.tasks.mlm import BertSpecials, bert_specials, check_bert_vocab
+from zoo.tasks.mlm import BertSpecials, bert_specials, check_bert_vocab, check_ids
 
 
 def load_examples(dcfg) -> datasets.Dataset:
@@ -186,6 +186,7 @@ def examples(cfg, tokenizer, sp: BertSpecials) -> tuple[Examples, Examples, list
     if len(words) < 2:
         raise ZooDataError(f"data.source={d.source!r} has {len(words)} example; a train/val split needs 2")
     every, truncated = encode(tokenizer, sp, words, tags, d.seq_len)
+    check_ids(every.ids, cfg.model.vocab_size, tokenizer, f"data.source={d.source!r}")
     if truncated:
         print(f"data: truncated {truncated} of {len(words)} examples to data.seq_len={d.seq_len} tokens (the words "
               f"cut off are not trained or scored)", flush=True)
