@@ -1,10 +1,16 @@
 """Text in, labels or tokens out, for a BERT encoder: what Pretrained.classify, .fill_mask and .tag do, and what
 zoo-classify and zoo-fill-mask call.
 
-Texts are framed as training frames them ([CLS] a [SEP] (b [SEP])) and run in jitted batches of padded,
-bucketed rows (zoo.infer.encoder), so any number of texts compiles a handful of shapes and a text's result
-does not depend on the others in its batch. A text longer than the model's positions is refused, not cut
-(a cut could drop a [MASK] or the words to tag).
+Texts are framed as training frames them ([CLS] a [SEP] (b [SEP]); a converted RoBERTa's or XLM-R's own
+<s> a </s></s> b </s>) and run in jitted batches of padded, bucketed rows (zoo.infer.encoder), so any number
+of texts compiles a handful of shapes and a text's result does not depend on the others in its batch. A text
+longer than the model's positions is refused, not cut (a cut could drop a [MASK] or the words to tag), and so
+is one holding a token id outside the model's embedding table (zoo.tasks.mlm.check_ids).
+
+Each call answers as transformers' pipeline does on the same checkpoint: `classify` the softmax over the
+classes; `fill_mask` the softmax over the whole vocabulary and its top k, specials included (their text as
+the tokenizer writes them: "[SEP]", "</s>"); `tag` the text tokenized whole and each whitespace word's tag read
+at its first token.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ def class_probs(lm, texts: list[str], pairs: list[str] | None = None, *, batch_s
     text); `where(i)` names text i in errors."""
     from zoo.infer.encoder import class_probs as run
     from zoo.tasks.classify import frame
-    from zoo.tasks.mlm import bert_specials
+    from zoo.tasks.mlm import bert_specials, check_ids
     require(lm, "bert_cls", "classify")
     where = where or (lambda i: f"text {i}")
     sp = bert_specials(lm.tokenizer)
@@ -58,6 +64,7 @@ def class_probs(lm, texts: list[str], pairs: list[str] | None = None, *, batch_s
         if not texts[i].strip() or (pair is not None and not pair.strip()):
             raise ArgumentError(f"{where(i)} is empty")
         ids, seg_start = frame(a, lm.tokenizer.encode(pair) if pair is not None else None, sp)
+        check_ids(ids, lm.model.cfg.vocab_size, lm.tokenizer, where(i))
         rows.append(check_length(ids, lm.model.cfg.max_len, where(i)))
         seg_starts.append(seg_start)
     return run(lm.model, lm.params, rows, seg_starts, pad_id=sp.pad, batch_size=batch_size)
@@ -78,7 +85,8 @@ def classify(lm, texts, pairs=None, *, batch_size: int = 32):
 
 
 def fill_mask_ids(lm, texts: list[str], top_k: int = 5, *, batch_size: int = 32, where=None):
-    """For each text, for each [MASK] in it: the top_k (token id, probability) pairs, most likely first."""
+    """For each text, for each mask in it (the tokenizer's mask text: "[MASK]", RoBERTa's "<mask>"): the top_k
+    (token id, probability) pairs over the whole vocabulary, most likely first (transformers' fill-mask pipeline)."""
     from zoo.infer.encoder import mask_top_k
     from zoo.tasks import mlm
     require(lm, "bert_mlm", "fill_mask")
@@ -92,17 +100,27 @@ def fill_mask_ids(lm, texts: list[str], top_k: int = 5, *, batch_size: int = 32,
             raise ArgumentError(f"{where(i)} is empty")
         ids = check_length(mlm.encode_masked(text, lm.tokenizer, sp), lm.model.cfg.max_len, where(i))
         if sp.mask not in ids:
-            raise ArgumentError(f"{where(i)} has no {mlm.SPECIALS[2]}; put one where a token should be predicted")
+            raise ArgumentError(f"{where(i)} has no {sp.mask_text}; put one where a token should be predicted")
+        mlm.check_ids(ids, lm.model.cfg.vocab_size, lm.tokenizer, where(i))
         rows.append(ids)
-    return mask_top_k(lm.model, lm.params, rows, pad_id=sp.pad, mask_id=sp.mask, start=sp.ordinary_start,
-                      stop=sp.n_ordinary, top_k=top_k, batch_size=batch_size)
+    return mask_top_k(lm.model, lm.params, rows, pad_id=sp.pad, mask_id=sp.mask, top_k=top_k, batch_size=batch_size)
+
+
+def token_text(tokenizer):
+    """id -> the text of one token as transformers' fill-mask pipeline writes it: a special's own ("[SEP]",
+    "</s>"), where zoo's decoding skips specials."""
+    from zoo.tasks import mlm
+    specials = mlm.special_texts(tokenizer, mlm.bert_specials(tokenizer))
+    return lambda i: specials[i] if i in specials else tokenizer.decode([i])
 
 
 def filled(text: str, fills: list[list[tuple[int, float]]], tokenizer) -> str:
-    """`text` with each [MASK] replaced by its most likely token."""
-    from zoo.tasks.mlm import SPECIALS
-    best = iter(tokenizer.decode([row[0][0]]) for row in fills)
-    return "".join(piece if i == 0 else next(best) + piece for i, piece in enumerate(text.split(SPECIALS[2])))
+    """`text` with each mask replaced by its most likely token."""
+    from zoo.tasks.mlm import bert_specials
+    text_of = token_text(tokenizer)
+    best = iter(text_of(row[0][0]) for row in fills)
+    pieces = text.split(bert_specials(tokenizer).mask_text)
+    return "".join(piece if i == 0 else next(best) + piece for i, piece in enumerate(pieces))
 
 
 def fill_mask(lm, texts, *, top_k: int = 5, batch_size: int = 32):
@@ -110,40 +128,46 @@ def fill_mask(lm, texts, *, top_k: int = 5, batch_size: int = 32):
     from zoo.api.decoder import texts_of
     items, single = texts_of(texts, "texts")
     fills = fill_mask_ids(lm, items, top_k, batch_size=batch_size)
-    out = [[[(lm.tokenizer.decode([t]), p) for t, p in m] for m in f] for f in fills]
+    text_of = token_text(lm.tokenizer)
+    out = [[[(text_of(t), p) for t, p in m] for m in f] for f in fills]
     return out[0] if single else out
+
+
+def first_tokens(text: str, starts: list[int]) -> list[tuple[str, int | None]]:
+    """(word, index of its first token) of each whitespace-separated word of `text`, given each token's start
+    character (a token runs to the next one's start): the first token that starts in the word or runs into it
+    (None: no token does)."""
+    import re
+    ends, out, j = [*starts[1:], len(text)], [], 0
+    for m in re.finditer(r"\S+", text):
+        while j < len(starts) and starts[j] < m.start() and ends[j] <= m.start():
+            j += 1
+        out.append((m.group(), j if j < len(starts) and starts[j] < m.end() else None))
+    return out
 
 
 def tag(lm, texts, *, batch_size: int = 32):
     """See Pretrained.tag."""
-    import jax
-    import jax.numpy as jnp
     from zoo.api.decoder import texts_of
-    from zoo.infer.encoder import batches
-    from zoo.tasks import token_classify
-    from zoo.tasks.mlm import bert_specials
+    from zoo.infer.encoder import best_tags
+    from zoo.tasks.mlm import bert_specials, check_ids
     require(lm, "bert_tokens", "tag")
     items, single = texts_of(texts, "texts")
-    words = [t.split() for t in items]
-    for i, w in enumerate(words):
-        if not w:
-            raise ArgumentError(f"text {i} is empty")
     names = class_names(lm)
-    ex, _ = token_classify.encode(lm.tokenizer, bert_specials(lm.tokenizer), words,
-                                  [np.zeros(len(w), np.int32) for w in words], lm.model.cfg.max_len)
-    for i in range(len(words)):  # a word cut off (or of no tokens) would get no tag
-        if (ex.labels[i] != token_classify.IGNORE).sum() < len(words[i]):
-            raise ArgumentError(f"text {i} is longer than the model's max_len={lm.model.cfg.max_len} tokens with "
-                                f"[CLS] and [SEP]; shorten it")
-    apply = jax.jit(lambda p, ids, seg, valid: lm.model.apply({"params": p}, ids, seg, valid))
-    out: list = [None] * len(words)
-    T = min(lm.model.cfg.max_len, -(-int(ex.lengths.max()) // 8) * 8)
-    for idx in batches(list(ex.lengths), batch_size):
-        rows = ex.rows(idx)
-        logits_BTC = apply(lm.params, jnp.asarray(rows["inputs"][:, :T]), jnp.asarray(rows["segment_ids"][:, :T]),
-                           jnp.asarray(rows["valid"][:, :T]))
-        best_BT = np.asarray(jnp.argmax(logits_BTC, -1))
-        for b, i in enumerate(idx):
-            starts = np.flatnonzero(ex.labels[i, :T] != token_classify.IGNORE)
-            out[i] = [(w, names[int(best_BT[b, s])]) for w, s in zip(words[i], starts)]
+    sp = bert_specials(lm.tokenizer)
+    rows, words = [], []
+    for i, text in enumerate(items):
+        # The text tokenized whole, as transformers' pipeline tokenizes it (RoBERTa's first word without a space).
+        ids, starts = lm.tokenizer.encode_with_offsets(text)
+        words.append(first_tokens(text, starts))
+        if not words[i]:
+            raise ArgumentError(f"text {i} is empty")
+        lost = next((w for w, j in words[i] if j is None), None)
+        if lost is not None:
+            raise ArgumentError(f"text {i}: the word {lost!r} has no token (the tokenizer drops it); remove it")
+        row = check_length([sp.cls, *ids, sp.sep], lm.model.cfg.max_len, f"text {i}")
+        check_ids(row, lm.model.cfg.vocab_size, lm.tokenizer, f"text {i}")
+        rows.append(row)
+    best = best_tags(lm.model, lm.params, rows, pad_id=sp.pad, batch_size=batch_size)
+    out = [[(w, names[int(b[1 + j])]) for w, j in ws] for ws, b in zip(words, best)]
     return out[0] if single else out

@@ -3,9 +3,10 @@
     zoo-fill-mask runs/mlm --text 'The "wh[MASK]le" statement is used for repeated execution' --top-k 5
     zoo-fill-mask runs/mlm --file masked.txt --out fills.jsonl   # one text a line (or .jsonl {"text": ...})
 
-The text is framed [CLS] text [SEP]; each literal "[MASK]" in it is one [MASK] token (one byte
-with the byte tokenizer). Predictions are over ordinary tokens only (never a special). A text
-longer than the model's positions is refused rather than cut, since a cut could drop the mask.
+The text is framed [CLS] text [SEP]; each literal "[MASK]" in it (the tokenizer's own mask text: a
+converted RoBERTa's "<mask>") is one mask token (one byte with the byte tokenizer). Probabilities are the
+softmax over the whole vocabulary, specials included, as transformers' fill-mask pipeline gives them. A
+text longer than the model's positions is refused rather than cut, since a cut could drop the mask.
 
 A shell over zoo.load(...) and zoo.api.encoder (Pretrained.fill_mask): the texts run in jitted batches of
 --batch-size (zoo.infer.encoder). With --file (zoo.cli.inputs) each gives one JSON line: {"text": ...,
@@ -52,17 +53,18 @@ def main(argv=None) -> int:
     except BAD_INPUT as e:
         return error(e)
     tok = lm.tokenizer
+    text_of = encoder.token_text(tok)
     if a.file is not None:
         inputs.write(a.out, inputs.jsonl(
             {"text": line.text, "filled": encoder.filled(line.text, fills, tok),
-             "masks": [[{"token": tok.decode([i]), "id": i, "prob": p} for i, p in row] for row in fills]}
+             "masks": [[{"token": text_of(i), "id": i, "prob": p} for i, p in row] for row in fills]}
             for line, fills in zip(lines, all_fills)))
         return 0
     out = []
     for text, fills in zip(a.text, all_fills):
         out.append(encoder.filled(text, fills, tok))
         for m, row in enumerate(fills):
-            out.append(f"[MASK] {m + 1}: " + "  ".join(f"{tok.decode([i])!r} {p:.3f}" for i, p in row))
+            out.append(f"[MASK] {m + 1}: " + "  ".join(f"{text_of(i)!r} {p:.3f}" for i, p in row))
     inputs.write(a.out, out)
     return 0
 

@@ -1,6 +1,6 @@
-"""Batched, jitted inference on a BERT encoder (zoo.models.bert): class probabilities of a classifier and
-the top-k tokens at each [MASK] of a masked LM, for many framed rows at once (zoo-classify and
-zoo-fill-mask --file).
+"""Batched, jitted inference on a BERT encoder (zoo.models.bert): class probabilities of a classifier, the
+top-k tokens at each [MASK] of a masked LM and the best tag at each token of a token classifier, for many
+framed rows at once (zoo-classify, zoo-fill-mask --file, Pretrained.tag).
 
 Rows are token ids already framed ([CLS] a [SEP] (b [SEP])) by the caller. They are sorted by length
 and cut into batches of at most `batch_size`, so a batch pads little; each batch is padded to a bucketed
@@ -67,20 +67,18 @@ def class_probs(model, params, rows: list[list[int]], seg_starts: list[int], *, 
     return np.stack(out)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "start", "stop", "top_k"))
-def _mask_top_k(params, ids_BT, valid_BT, positions_BK, *, model, start: int, stop: int, top_k: int):
+@functools.partial(jax.jit, static_argnames=("model", "top_k"))
+def _mask_top_k(params, ids_BT, valid_BT, positions_BK, *, model, top_k: int):
     # Only the K gathered positions go through the MLM head: [B, K, V], never [B, T, V].
     logits_BKV = model.apply({"params": params}, ids_BT, jnp.zeros_like(ids_BT), valid_BT, positions_BK=positions_BK)
-    probs_BKV = jax.nn.softmax(logits_BKV[..., start:stop].astype(jnp.float32), axis=-1)
-    probs_BKk, ids_BKk = jax.lax.top_k(probs_BKV, top_k)
-    return probs_BKk, ids_BKk + start
+    return jax.lax.top_k(jax.nn.softmax(logits_BKV.astype(jnp.float32), axis=-1), top_k)
 
 
-def mask_top_k(model, params, rows: list[list[int]], *, pad_id: int, mask_id: int, start: int, stop: int,
-               top_k: int, batch_size: int = 32) -> list[list[list[tuple[int, float]]]]:
-    """For each framed row, for each [MASK] in it: the top_k (token id, probability) pairs over the ordinary
-    tokens [start, stop), most likely first."""
-    top_k = min(top_k, stop - start)
+def mask_top_k(model, params, rows: list[list[int]], *, pad_id: int, mask_id: int, top_k: int,
+               batch_size: int = 32) -> list[list[list[tuple[int, float]]]]:
+    """For each framed row, for each [MASK] in it: the top_k (token id, probability) pairs, most likely first.
+    As transformers' fill-mask pipeline: the softmax over the whole vocabulary, specials included."""
+    top_k = min(top_k, model.cfg.vocab_size)
     where = [np.flatnonzero(np.asarray(r) == mask_id) for r in rows]
     out = [None] * len(rows)
     for idx in batches([len(r) for r in rows], batch_size):
@@ -91,9 +89,25 @@ def mask_top_k(model, params, rows: list[list[int]], *, pad_id: int, mask_id: in
         for b, i in enumerate(idx):
             positions_BK[b, :len(where[i])] = where[i]
         probs_BKk, ids_BKk = (np.asarray(x) for x in _mask_top_k(
-            params, jnp.asarray(ids_BT), jnp.asarray(valid_BT), jnp.asarray(positions_BK), model=model,
-            start=start, stop=stop, top_k=top_k))
+            params, jnp.asarray(ids_BT), jnp.asarray(valid_BT), jnp.asarray(positions_BK), model=model, top_k=top_k))
         for b, i in enumerate(idx):
             out[i] = [[(int(t), float(p)) for t, p in zip(ids_BKk[b, m], probs_BKk[b, m])]
                       for m in range(len(where[i]))]
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _best_tags(params, ids_BT, valid_BT, *, model):
+    return jnp.argmax(model.apply({"params": params}, ids_BT, jnp.zeros_like(ids_BT), valid_BT), axis=-1)
+
+
+def best_tags(model, params, rows: list[list[int]], *, pad_id: int, batch_size: int = 32) -> list[np.ndarray]:
+    """For each framed row, a token classifier's most likely tag id at each of its positions."""
+    out = [None] * len(rows)
+    for idx in batches([len(r) for r in rows], batch_size):
+        ids_BT, _, valid_BT = pad_rows([rows[i] for i in idx], [len(rows[i]) for i in idx], pad_id, batch_size,
+                                       model.cfg.max_len)
+        best_BT = np.asarray(_best_tags(params, jnp.asarray(ids_BT), jnp.asarray(valid_BT), model=model))
+        for b, i in enumerate(idx):
+            out[i] = best_BT[b, :len(rows[i])]
     return out
