@@ -11,10 +11,10 @@ topic it comes from (`TOPIC_FAMILIES`); paragraphs that occur under two families
 A row is [CLS] a [SEP] (b [SEP]) (RoBERTa's: <s> a </s></s> b </s>) then [PAD]s up to data.seq_len,
 with `valid` marking the real tokens and segment id 1 on b. Longer examples are truncated, longest text
 first, and counted (printed once); empty text, a missing column, labels outside model.num_classes and
-token ids outside model.vocab_size are refused with a one-line ZooDataError. Validation examples are held out by a hash of their text
-(data.val_fraction), so duplicates never straddle the split. Training batches walk a fresh
-permutation each epoch, drawn from (seed, epoch): the batch of a step is a pure function of
-(seed, step).
+token ids outside model.vocab_size are refused with a one-line ZooDataError. Validation examples are
+held out by a hash of their text (data.val_fraction), so duplicates never straddle the split. Training
+batches walk a fresh permutation each epoch, drawn from (seed, epoch): the batch of a step is a pure
+function of (seed, step).
 """
 
 from __future__ import annotations
