@@ -15,6 +15,10 @@ import sys
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
                            " --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# libtpu (a test extra, for tests/aot's TPU compiles) quiet on this host without a TPU, before jax can load it.
+from zoo import runtime  # noqa: E402 (jax-free)
+
+runtime.quiet_libtpu()
 # The commands tests start, and the scripts they start (configs/launch/'s recipes call `python train.py`), run
 # this interpreter however the suite was started (`/path/to/venv/bin/python -m pytest` without the venv
 # activated: `python` on PATH would be another, or none).

@@ -8,6 +8,7 @@
     lm.logprobs("some text"), lm.loss(["a", "b"])
     loss, metrics = lm.loss_fn(lm.params, lm.batch(texts))        # pure: jax.grad, jax.jit, your optax loop
     run = zoo.train("gpt_tiny", workdir="runs/y", overrides={"train.steps": 100})
+    zoo.compile_for("gpt2_small", "v5e-8")       # its train step compiled for a TPU slice: fits? FLOPs, step time
     lm.save("out/hf", format="hf")
 
 Every name below is imported on first use, so `import zoo` imports neither jax nor flax. Errors are the
@@ -20,13 +21,13 @@ import importlib
 
 from zoo import errors
 
-__all__ = ["load", "Pretrained", "train", "config", "Run", "from_pretrained", "errors"]
+__all__ = ["load", "Pretrained", "train", "config", "Run", "from_pretrained", "compile_for", "errors"]
 
 # name -> "module:attribute" (or a module), imported when first asked for (PEP 562). zoo.train and zoo.config
 # are the package of the trainer and the module of Config, which calling makes zoo.api.training's train and
 # config (zoo.callable_module): `import zoo.train.trainer` sets the same object as zoo.train.
 _LAZY = {"load": "zoo.api.load:load", "Pretrained": "zoo.api.pretrained:Pretrained", "Run": "zoo.api.training:Run",
-         "train": "zoo.train", "config": "zoo.config"}
+         "train": "zoo.train", "config": "zoo.config", "compile_for": "zoo.aot.train:compile_for"}
 
 
 def __getattr__(name: str):

@@ -13,12 +13,17 @@
   error-level chatter ("Very slow compile?" alarms after a long compile, which are not errors) stays off the
   console; a real failure still reaches the command as an exception and its one `error:` line.
   TF_CPP_MIN_LOG_LEVEL=0 shows everything again.
+- libtpu installed on a host with no TPU attached (the test extras and the `tpu` extra bring it, for
+  --compile-for): at every start it looks for its pod's workers and accelerator type and prints what it cannot
+  find. `quiet_libtpu` gives it this host and a placeholder type first, only where no TPU chip is on the PCI bus
+  and the user set neither, and lets several compile-only clients start at once; a TPU host is left as it is.
 - Cache directories users name (data.cache_dir, zoo-eval's --cache-dir): `check_cache_dir` refuses one that
   cannot take files in one line naming the setting, before any work.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 import warnings
@@ -46,6 +51,24 @@ def quiet_cache_failures() -> None:
     warnings.filterwarnings("ignore", message=r"Error (writing|reading) persistent compilation cache")
 
 
+GOOGLE_PCI_VENDOR = "0x1ae0"  # a TPU chip on the PCI bus (jax's cloud_tpu_init looks for the same)
+
+
+def tpu_attached() -> bool:
+    return any(open(p).read().strip() == GOOGLE_PCI_VENDOR for p in glob.glob("/sys/bus/pci/devices/*/vendor"))
+
+
+def quiet_libtpu(env=None) -> None:
+    """libtpu's start-up lines off the console on a host without a TPU (see the module's docstring)."""
+    env = os.environ if env is None else env
+    if not tpu_attached():
+        env.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        env.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+        # libtpu's lockfile (/tmp/libtpu_lockfile) keeps two processes off one TPU's chips; with none attached, it
+        # would only keep two compile-only clients (two test workers, two --compile-for runs) from starting.
+        env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
 def prepare_command(env=None) -> None:
     """For a command, before jax is imported: the compilation cache and XLA's log level, as environment
     variables jax reads when it starts (the user's own settings kept)."""
@@ -55,6 +78,7 @@ def prepare_command(env=None) -> None:
     if path is not None and "JAX_COMPILATION_CACHE_DIR" not in env:
         env["JAX_COMPILATION_CACHE_DIR"] = path
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    quiet_libtpu(env)
     if "jax" in sys.modules:  # imported already (a command called from Python): the same, through jax.config
         use_compile_cache()
 

@@ -62,15 +62,17 @@ def base_shapes(base_cfg) -> dict:
     return _shapes(jax.eval_shape(tasks.plain(base_cfg).init, jax.random.PRNGKey(0)))
 
 
-def trainable_paths(cfg, abstract, seen=(), base_cfg=None) -> frozenset | None:
+def trainable_paths(cfg, abstract, seen=(), base_cfg=None, abstract_base: bool = False) -> frozenset | None:
     """The paths that train (None: all) for `cfg`, whose model's boxed abstract params are `abstract`;
     `seen` are the Einsum layers the model called (named when lora_targets matches none); `base_cfg` is the
-    init_from run's config (zoo.train.runs.trainable_of reads it), whose params the frozen part is."""
+    init_from run's config (zoo.train.runs.trainable_of reads it), whose params the frozen part is.
+    `abstract_base`: with no init_from, the model's own params stand for the base (a program compiled and never
+    run: zoo.aot)."""
     pattern, adapters = cfg.train.trainable, lora.spec_of(cfg.model)
     if not partial(cfg):
         return None
     what = "model.lora_rank" if adapters is not None else "train.trainable"
-    if not cfg.init_from:
+    if not cfg.init_from and not abstract_base:
         raise ConfigError(f"{what} freezes a base model, which comes from init_from: fine-tune a run with "
                           f"--init-from RUN (or --set init_from=RUN)")
     shapes = _shapes(abstract)
@@ -85,7 +87,7 @@ def trainable_paths(cfg, abstract, seen=(), base_cfg=None) -> frozenset | None:
             examples = ", ".join(list(shapes)[:3])
             raise ConfigError(f"train.trainable={pattern!r} matches no parameter; paths look like {examples}")
         chosen |= matched
-    base = base_shapes(base_cfg) if base_cfg is not None else {}
+    base = base_shapes(base_cfg) if base_cfg is not None else shapes if abstract_base else {}
     chosen |= {p for p, s in shapes.items() if not lora.is_adapter(p) and base.get(p) != s}  # new: a fresh head
     if len(chosen) == len(shapes):
         return None

@@ -79,7 +79,7 @@ def load_trained(workdir: str, cfg: Config, sharding=None, step: int | None = No
                                              abstract), step), trainable
 
 
-def trainable_of(cfg: Config, boxed, seen=()):
+def trainable_of(cfg: Config, boxed, seen=(), abstract_base: bool = False):
     """zoo.train.freeze.trainable_paths of `cfg` (boxed abstract params `boxed`), its init_from run's config read."""
     base_cfg = None
     if freeze.partial(cfg) and cfg.init_from:
@@ -88,7 +88,7 @@ def trainable_of(cfg: Config, boxed, seen=()):
         except CheckpointError as e:
             raise BaseError(f"the base this run trains on, init_from={cfg.init_from!r}, is missing or does not "
                             f"restore: {str(e).split('; train first')[0]}") from None
-    return freeze.trainable_paths(cfg, boxed, seen, base_cfg)
+    return freeze.trainable_paths(cfg, boxed, seen, base_cfg, abstract_base)
 
 
 def load_config(workdir: str, step: int | None = None) -> Config:

@@ -1,0 +1,120 @@
+"""--compile-for: a run's train step compiled for a TPU topology by libtpu's compile-only client on this CPU host
+(zoo.aot). Every family's tiny config compiles for v5e:2x2 and reports what a user needs to know before renting the
+pod: bytes per device beside the chip's HBM and whether it fits, FLOPs (XLA's beside zoo's count), collectives,
+kernels, an estimated step time; a mesh with fsdp, tensor and expert axes compiles for v5p-16 with the collectives
+those axes need; a model too large for the chip is reported not to fit; bad targets are one line.
+
+The configs are the shipped tiny ones cut to one or two layers and short rows: a TPU compile costs seconds
+whatever the width, and the suite compiles seven."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import zoo
+from tests.helpers import processes
+from zoo.aot import target as targets
+from zoo.errors import ConfigError
+
+SMALL = ["data.seq_len=32", "train.batch_size=8"]
+TINY = {  # every family's tiny config, as a run of it would compile (one or two layers)
+    "gpt": ("gpt_tiny", ["model.num_layers=1"]),
+    "llama, GQA + sliding window": ("llama_tiny", ["model.num_layers=2", "model.sliding_window=16",
+                                                   "model.global_every=2"]),
+    "bert": ("bert_tiny_mlm", ["model.num_layers=1"]),
+    "t5-style encoder-decoder": ("encdec_tiny", ["model.num_encoder_layers=1", "model.num_decoder_layers=1"]),
+    "gpt + LoRA": ("gpt_tiny", ["model.num_layers=1", "model.lora_rank=4"]),
+}
+KEYS = {"target", "fits", "kernels", "flops_per_device", "model_flops", "bytes_per_device", "collective_bytes",
+        "compile_seconds", "estimate", "mesh", "chip"}
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return {name: zoo.compile_for(config, "v5e:2x2", overrides=SMALL + sets) for name, (config, sets) in TINY.items()}
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_every_family_compiles_for_v5e_and_says_it_fits(reports, name):
+    r = reports[name]
+    assert KEYS <= set(r)
+    assert r["target"] == "v5e:2x2" and r["chips"] == r["devices"] == 4 and r["chip"]["device_kind"] == "TPU v5 lite"
+    assert r["mesh"]["data"] == 4  # mesh.data=-1 fills the 4 chips
+    mem = r["bytes_per_device"]
+    assert r["fits"] and 0 < mem["params"] < mem["total"] < r["hbm_per_device"] == 16e9
+    # XLA's count of the partitioned program, times the devices, is zoo's 6N(+attention) count give or take the
+    # optimizer's and the norms' elementwise work.
+    assert 0.8 < r["flops_per_device"] * r["devices"] / r["model_flops"] < 1.6
+    # Data parallel: the gradients are summed across the 4 chips, and nothing else moves.
+    assert r["collective_bytes"]["all-reduce"] > 0 and r["collective_bytes"]["all-to-all"] == 0
+    assert r["estimate"]["step_s"] > 0 and 0 < r["estimate"]["mfu"] < 1
+
+
+def test_lora_keeps_no_optimizer_state_for_the_frozen_base(reports):
+    plain, lora = reports["gpt"], reports["gpt + LoRA"]
+    assert lora["bytes_per_device"]["optimizer"] < plain["bytes_per_device"]["optimizer"] / 5
+    assert lora["bytes_per_device"]["params"] > plain["bytes_per_device"]["params"]  # base + adapters
+
+
+def test_fsdp_tensor_and_expert_axes_on_v5p_move_what_they_shard():
+    r = zoo.compile_for("moe_tiny", "v5p-16", overrides=SMALL + ["model.num_layers=1", "mesh.data=1", "mesh.fsdp=2",
+                                                                 "mesh.tensor=2", "mesh.expert=2"])
+    assert r["chips"] == r["devices"] == 8 and r["mesh"] == {"data": 1, "fsdp": 2, "tensor": 2, "expert": 2}
+    c = r["collective_bytes"]
+    assert r["fits"] and c["all-gather"] > 0  # fsdp gathers its weights for the matmuls
+    assert c["all-reduce"] + c["reduce-scatter"] > 0
+
+
+def test_a_model_too_large_for_the_chip_does_not_fit():
+    r = zoo.compile_for("gpt_tiny", "v5e:2x2", overrides=SMALL + ["model.num_layers=1", "model.d_model=8192",
+                                                                  "model.num_heads=64", "model.d_ff=65536"])
+    # 1.1e9 params in float32, replicated on each chip, and twice that again in Adam's moments: 13 GB per chip.
+    assert not r["fits"] and r["bytes_per_device"]["params"] + r["bytes_per_device"]["optimizer"] > 16e9
+
+
+def test_the_command_prints_one_json_object(tmp_path):
+    out = subprocess.run([sys.executable, "train.py", "gpt_tiny", "--compile-for", "v5e-4", "--json", "--set",
+                          "model.num_layers=1", *(f"--set={s}" for s in SMALL)], cwd=processes.ROOT,
+                         env=processes.environment(1), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["fits"] and r["topology"] == "v5e:2x2" and not list(tmp_path.iterdir())
+    assert "libtpu" not in out.stderr.lower() and "TPU_WORKER_HOSTNAMES" not in out.stderr  # libtpu kept quiet
+
+
+@pytest.mark.parametrize("name, says", [
+    ("h100:8", "not a target zoo knows: GENERATION:TOPOLOGY"),
+    ("v5e:2x2x2", "a v5e topology has 2 dimensions"),
+    ("v5p-6", "v5p-6 is not a slice Cloud TPU sells (v5p-N counts TensorCores, 2 a chip)"),
+    ("v5e:3x3", "libtpu cannot describe topology v5e:3x3"),
+])
+def test_a_bad_target_is_one_line(name, says):
+    with pytest.raises(ConfigError, match=r"^--compile-for .*") as e:
+        targets.devices(targets.parse(name))
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_slice_names_count_chips_or_cores_as_cloud_tpu_does():
+    assert targets.parse("v5e-8").topology == "v5e:2x4"
+    assert (t := targets.parse("v5p-16")).topology == "v5p:2x2x2" and t.chips == 8
+    assert (t := targets.parse("v6e:2x2/2")).slices == 2 and t.chips == 8
+    assert len(targets.devices(targets.parse("v5e:2x2/2"))) == 8
+
+
+def test_without_libtpu_the_line_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "libtpu", None)  # import libtpu fails as it does where it is not installed
+    with pytest.raises(ConfigError, match=r"needs libtpu: pip install 'zoo\[tpu\]'"):
+        targets.devices(targets.parse("v5e:2x2"))
+
+
+def test_generation_compiles_with_its_kv_cache_over_the_chips():
+    r = zoo.compile_for("llama_tiny", "v5e:2x2", program="generate", rows=4, prompt_len=16, max_new_tokens=16)
+    assert r["mesh"]["tensor"] == 4 and r["fits"]  # served tensor-parallel over the 4 chips
+    # llama_tiny's cache: 4 layers x K and V x 4 rows x 32 positions x 2 kv heads x 32 dims, bfloat16 (and the
+    # cache's int32 position counters).
+    assert 0 <= r["kv_cache_bytes"] - 4 * 2 * 4 * 32 * 2 * 32 * 2 < 64
+    assert r["bytes_per_device"]["total"] >= r["bytes_per_device"]["params"] + r["bytes_per_device"]["kv_cache"]
+    e = r["estimate"]
+    assert e["per_token_s"] > 0 and e["tokens_per_s"] == pytest.approx(4 / e["per_token_s"])

@@ -1,0 +1,130 @@
+"""A run's train step compiled for a target it is not running on (`train.py CONFIG --compile-for TARGET`,
+`zoo.compile_for(...)`): the trainer's own setup (task, mesh from `mesh.*`, optimizer, LoRA/QLoRA, shardings) on
+the target's compile-only devices, the state as abstract arrays laid out as the run would lay them out, one batch
+shaped as the run's data pipeline makes it, then `jit(train_step).lower(...).compile()` and the report
+(zoo.aot.report). Nothing is trained, no checkpoint or workdir is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import io
+import time
+
+import numpy as np
+
+from zoo.aot import report, target as targets
+from zoo.config import Config, apply_overrides
+from zoo.errors import ConfigError
+
+
+def _bytes_per_device(tree) -> int:
+    import jax
+    total = 0
+    for a in jax.tree.leaves(tree):
+        shape = a.sharding.shard_shape(a.shape) if getattr(a, "sharding", None) is not None else a.shape
+        total += int(np.prod(shape)) * np.dtype(a.dtype).itemsize
+    return total
+
+
+def _abstract_batch(s, cfg: Config) -> dict:
+    """One global batch as ShapeDtypeStructs laid out over the data axes, shaped by the task's own pipeline."""
+    import jax
+    from zoo.train import sharding
+    if hasattr(s.task, "rollout"):
+        raise ConfigError(f"--compile-for: task={cfg.task} samples its batches inside the run (rollouts); compile "
+                          f"its policy as task=sft, or its generation with zoo-serve --compile-for")
+    with contextlib.redirect_stdout(io.StringIO()):  # the data's own counts are said by a real run
+        local = s.task.make_data(cfg, 0, 1).train(0)
+    sh = sharding.batch_sharding(s.mesh)
+    return {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype, sharding=sh) for k, v in local.items()}
+
+
+def compile_step(cfg: Config, devices) -> tuple[dict, float]:
+    """(the report's figures that do not depend on the chip table, compile seconds) of cfg's train step."""
+    from zoo.train import freeze, trainer
+    s = trainer.setup(cfg, devices, abstract_base=True)
+    batch = _abstract_batch(s, cfg)
+    st = s.abstract_state
+    fixed = {"params": _bytes_per_device((st.params, st.frozen)), "optimizer": _bytes_per_device(st.opt_state)}
+    rows, length = next(iter(batch.values())).shape[:2]
+    fpt = freeze.flops_per_token(s.task, cfg.data.seq_len, s.abstract_params, s.trainable)
+    if "target_len" in inspect.signature(s.task.flops_per_token).parameters:  # seq2seq: per source + target token
+        length = 2 * cfg.data.seq_len
+    fig = {"program": f"train step of task={cfg.task} (train.batch_size={cfg.train.batch_size}, "
+                      f"data.seq_len={cfg.data.seq_len}, grad_accum={cfg.train.grad_accum})",
+           "mesh": dict(s.mesh.shape), "model_flops": float(fpt * rows * length)}
+    t0 = time.perf_counter()
+    return {**fig, **report.compiled(lambda: s.jit_train_step().lower(st, batch).compile(), fixed)}, \
+        time.perf_counter() - t0
+
+
+def finish(fig: dict, seconds: float, t: targets.Target, n_devices: int) -> dict:
+    """The figures of one compiled program set against the target's chip: fits, the roofline estimate."""
+    chip = t.chip
+    hbm = chip.hbm_bytes * t.chips / n_devices  # a v4 device is one of a chip's two TensorCores
+    est = None
+    if fig["flops_per_device"] is not None:  # compiled (XLA refuses a program whose temporaries exceed HBM)
+        est = report.roofline(fig["flops_per_device"], fig["bytes_accessed_per_device"],
+                              sum(fig["collective_bytes"].values()), chip)
+        est["mfu"] = fig["model_flops"] / (est["step_s"] * chip.bf16_flops * t.chips) if est["step_s"] else 0.0
+    return {"target": t.name, "topology": t.topology, "slices": t.slices, "chips": t.chips, "devices": n_devices,
+            "chip": dataclasses.asdict(chip), "hbm_per_device": hbm, **fig, "compile_seconds": seconds,
+            "fits": est is not None and fig["bytes_per_device"]["total"] <= hbm, "estimate": est}
+
+
+def compile_for(config=None, target: str = "v5e:2x2", *, overrides=(), init_from: str | None = None,
+                largest_batch: bool = False, program: str = "train", **generate) -> dict:
+    """The report of a run's train step compiled for `target` ("v5e:2x2", "v5p-16", "v5e-8/2": see
+    zoo.aot.target), the run given as zoo.train takes it (a config file or name, a Config, overrides, init_from;
+    resolved as a dry run: nothing converted or written). The report: bytes per device (params, optimizer
+    state, temporaries, total) beside the chip's HBM and `fits`; FLOPs per step from XLA beside zoo's model
+    count; bytes of each kind of collective; the custom-call kernels; compile seconds; a roofline estimate of
+    the step time and MFU. `largest_batch`: also the largest train.batch_size that fits (each size compiled).
+
+    program="generate": instead, the program `zoo.load(config).generate` runs (config: a preset name or a zoo
+    run), for `rows`, `prompt_len`, `max_new_tokens` and `dtype` given as keywords (zoo.aot.decode)."""
+    if program == "generate":
+        from zoo.aot import decode
+        return decode.compile_generate(config, target, **generate)
+    if program != "train" or generate:
+        raise ConfigError(f"program={program!r}{' with ' + ', '.join(generate) if generate else ''}: compile_for "
+                          f"compiles program='train' (a run's step) or 'generate' (rows, prompt_len, "
+                          f"max_new_tokens, dtype)")
+    if not isinstance(config, Config) or overrides or init_from:
+        from zoo.api import training
+        config = training.resolve(config, workdir=training.default_workdir(config, init_from), overrides=overrides,
+                                  init_from=init_from, dry=True)
+    return _compile_for(config, target, largest_batch)
+
+
+def _compile_for(cfg: Config, target: str, largest_batch: bool) -> dict:
+    t = targets.parse(target)
+    devices = targets.devices(t)
+    fig, seconds = compile_step(cfg, devices)
+    out = finish(fig, seconds, t, len(devices))
+    if largest_batch:
+        out["largest_batch"] = _largest_batch(cfg, devices, out)
+    return out
+
+
+def _largest_batch(cfg: Config, devices, first: dict) -> int | None:
+    """Doubling from the smallest batch the mesh takes until one does not fit, then halving back between."""
+    dp = first["mesh"]["data"] * first["mesh"]["fsdp"] * first["mesh"]["expert"]
+    unit = dp * cfg.train.grad_accum
+
+    def fits(b: int) -> bool:
+        c = apply_overrides(cfg, [f"train.batch_size={b}"])
+        fig, _ = compile_step(c, devices)
+        return fig["bytes_per_device"]["total"] <= first["hbm_per_device"]
+    lo, hi = 0, unit
+    while fits(hi):
+        lo, hi = hi, hi * 2
+        if hi > 1 << 16:
+            return lo
+    while hi - lo > unit:
+        mid = (lo + hi) // 2 // unit * unit
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo or None
