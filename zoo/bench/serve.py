@@ -142,8 +142,8 @@ uvicorn.run(app, host="127.0.0.1", port={port}, log_level="warning")
 
 def start_zoo(source: str, port: int, slots: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "zoo.cli.serve", source, "--port", str(port), "--slots", str(slots),
-                             "--max-len", "256", "--max-queue", "256"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             "--max-len", "256", "--max-queue", "256", "--model-id", "m"],  # the name requests send
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def start_peer(hf_dir: str, port: int) -> subprocess.Popen:

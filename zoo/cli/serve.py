@@ -6,15 +6,19 @@
         print(c.chat.completions.create(model='chat', messages=[{'role': 'user', 'content': 'Hi'}]))"
 
 SOURCE is a zoo run, a Hugging Face directory, a GGUF file or a PEFT adapter directory (whatever zoo.load reads);
-a decoder only (a BERT or encoder-decoder is refused in one line). Every program is compiled before the server
-answers (the prefill of each prompt-length bucket and the decode chunk: zoo.serve.engine), said in one line with
-how long it took. Needs the serve extra: pip install -e '.[serve]' (FastAPI and uvicorn).
+a decoder only (a BERT or encoder-decoder is refused in one line). The address is taken first, so a port in use
+is one `error:` line before anything loads; the chat template is rendered once on a tiny conversation before the
+server answers (a template that fails is one line, not a 500 for each chat request). Every program is compiled
+before the server answers (the prefill of each prompt-length bucket and the decode chunk: zoo.serve.engine), said in
+one line with how long it took. Needs the serve extra: pip install -e '.[serve]' (FastAPI and uvicorn).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 
 from zoo import runtime
@@ -34,11 +38,17 @@ def main(argv=None) -> int:
                                                 "context, at most 2048)")
     ap.add_argument("--chunk", type=int, default=8, help="decode steps between two admissions of waiting requests "
                                                           "(default: %(default)s)")
-    ap.add_argument("--max-queue", type=int, default=64, help="sequences that may wait; more are answered 429 "
-                                                               "(default: %(default)s)")
+    ap.add_argument("--max-queue", type=int, default=64, help="sequences that may wait; more are answered 429, and "
+                                                               "a request for more than this 400 (default: %(default)s)")
+    ap.add_argument("--max-request-bytes", type=int, default=8 << 20, help="the largest request body; larger ones are "
+                                                                            "answered 413 (default: %(default)s, 8 MiB)")
+    ap.add_argument("--max-prompts", type=int, default=256, help="prompts one /v1/completions request may hold; more "
+                                                                  "are answered 413 (default: %(default)s)")
     a = ap.parse_args(argv)
+    sock = None
     try:
         for flag, v in (("--slots", a.slots), ("--chunk", a.chunk), ("--max-queue", a.max_queue),
+                        ("--max-request-bytes", a.max_request_bytes), ("--max-prompts", a.max_prompts),
                         ("--max-len", a.max_len if a.max_len is not None else 2)):
             if v < 1 or (flag == "--max-len" and v < 2):
                 raise ValueError(f"{flag} {v} must be >= {2 if flag == '--max-len' else 1}")
@@ -49,31 +59,56 @@ def main(argv=None) -> int:
             import uvicorn
         except ImportError:
             raise ValueError("zoo-serve needs FastAPI and uvicorn: pip install -e '.[serve]'") from None
+        sock = bind(a.host, a.port)  # before loading: a port in use costs no load and no compile
         import zoo
         from zoo.api import decoder
         from zoo.serve.app import create_app
         from zoo.serve.engine import Engine
         lm = zoo.load(a.source)
         decoder.require_decoder(lm, "serve")
+        decoder.prompt_tokens(lm, conversations=[[{"role": "user", "content": "Hi"}]])  # the chat template renders
         engine = Engine(lm, slots=a.slots, max_len=a.max_len or min(lm.config.window, 2048), chunk=a.chunk,
                         max_queue=a.max_queue)
     except BAD_INPUT as e:
+        if sock is not None:
+            sock.close()
         return error(e)
     seconds = engine.warm()
     model_id = a.model_id or os.path.basename(os.path.normpath(a.source))
     print(f"serving {model_id} on http://{a.host}:{a.port}/v1 ({a.slots} slots, context {engine.max_len}; "
           f"{engine.programs()} programs compiled in {seconds:.1f} s); Ctrl-C stops", flush=True)
     engine.start()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, model_id=model_id, api_key=a.api_key), host=a.host,
-                                           port=a.port, log_level="warning", timeout_graceful_shutdown=1))
+    app = create_app(engine, model_id=model_id, api_key=a.api_key, max_request_bytes=a.max_request_bytes,
+                     max_prompts=a.max_prompts)
+    server = uvicorn.Server(uvicorn.Config(app, host=a.host, port=a.port, log_level="warning",
+                                           timeout_graceful_shutdown=1))
     try:
-        server.run()
+        server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn shut down, then raised the Ctrl-C it caught again: stopped, as asked
         pass
     finally:
         engine.stop()
     print("stopped", flush=True)
     return 0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port) as uvicorn binds one (SO_REUSEADDR), handed to it later; a ValueError naming
+    the address if it is taken or cannot be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except (socket.gaierror, UnicodeError) as e:
+        sock.close()
+        raise ValueError(f"--host {host!r} is not an address of this machine ({e})") from None
+    except OSError as e:
+        sock.close()
+        why = "is in use (another server?); give another --port" if e.errno == errno.EADDRINUSE else \
+            f"cannot be bound ({e.strerror or e})"
+        raise ValueError(f"{host}:{port} {why}") from None
+    return sock
 
 
 if __name__ == "__main__":

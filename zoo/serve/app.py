@@ -5,14 +5,22 @@ one engine (zoo.serve.engine) and stream or gather what comes back; nothing here
     GET  /v1/models              the one model served
     POST /v1/chat/completions    messages (rendered with the checkpoint's chat template), max_tokens (or
                                  max_completion_tokens), temperature (default 1), top_p, top_k, seed, stop, n, stream
-    POST /v1/completions         prompt (a string or a list of them), the same settings, logprobs (with echo: the
-                                 prompt's tokens scored too, as zoo-eval scores them) and echo
+    POST /v1/completions         prompt (a string or a list of them), the same settings, logprobs (k: each token's
+                                 log-probability and the k likeliest at its position; with echo the prompt's tokens
+                                 scored too, as zoo-eval scores them) and echo
 
 Every response carries `usage` (prompt, completion and total tokens; a stream in its last chunk). Errors are
-OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 for a malformed body, a bad value or a
-max_tokens the context cannot hold, 401 for a missing or wrong key, 413 for a prompt longer than the context, 429
-when the queue is full, 503 while the server stops. Token log-probabilities follow zoo-eval's convention: the first
-token is conditioned on the tokenizer's BOS (else its end-of-text), not left empty.
+OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 for a malformed body, a bad value, a field zoo
+does not implement (NOT_IMPLEMENTED) or a request for more sequences than the queue holds, 401 for a missing or
+wrong key, 404 for another model's name or an unknown route, 413 for a body over `max_request_bytes`, more prompts
+than `max_prompts` or a prompt longer than the context, 429 when the queue is full, 503 while the server stops, 500
+for a fault of the server (its message names no file of the server's; the console has the traceback). Token
+log-probabilities follow zoo-eval's convention: the first token is conditioned on the tokenizer's BOS (else its
+end-of-text), not left empty.
+
+Nothing slow runs on the event loop, so /health and the other clients keep their answers coming: a body is read
+up to its cap and parsed, a chat template rendered, prompts tokenized and a scored response built in worker
+threads, and scoring runs on the engine's thread a batch at a time between decode chunks.
 """
 
 from __future__ import annotations
@@ -20,16 +28,27 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import time
 import uuid
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from zoo.errors import ZooError
 
 MAX_N = 8  # completions a request may ask for
+MAX_DEPTH = 32  # how deeply a request's JSON may nest (OpenAI's own requests nest a few levels)
+# OpenAI's fields that zoo does not implement, each with the values that ask for nothing (some clients send them as
+# defaults); any other value is refused, naming the field, rather than silently ignored.
+NOT_IMPLEMENTED = {"tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+                   "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+                   "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0)}
+CHAT_NOT_IMPLEMENTED = {**NOT_IMPLEMENTED, "logprobs": (None, False), "top_logprobs": (None, 0)}
+COMPLETION_NOT_IMPLEMENTED = {**NOT_IMPLEMENTED, "suffix": (None, "")}
+_PATH = re.compile(r"(?<![\w.~])/(?:[^\s/'\"()]+/)+([^\s/'\"()]+)")  # an absolute path; group 1 its last part
 
 
 class ApiError(Exception):
@@ -75,6 +94,42 @@ def sampling(body: dict, default_max: int | None) -> dict:
     }
 
 
+def refuse_not_implemented(body: dict, fields: dict) -> None:
+    for name, nothing in fields.items():
+        value = body.get(name)
+        if value not in nothing:
+            raise ApiError(400, f"'{name}' is not implemented by zoo-serve (got {json.dumps(value)[:80]}); leave it "
+                                f"out", param=name, code="unsupported_parameter")
+
+
+def parse_json(raw: bytes) -> dict:
+    """The request body as a JSON object nested at most MAX_DEPTH deep (a worker thread's job: a large body would
+    hold the event loop); else a 400."""
+    deep = ApiError(400, f"the request body nests more than {MAX_DEPTH} levels deep")
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise deep from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not JSON ({e})") from None
+    stack = [(body, 1)]
+    while stack:  # without recursion: a deep body is what it looks for
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise deep
+        if isinstance(value, (dict, list)):
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value)
+                         if isinstance(v, (dict, list)))
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def without_paths(text: str) -> str:
+    """text with each absolute path cut to its file's name: a client learns nothing of the server's files."""
+    return _PATH.sub(r"\1", text)
+
+
 class Choice:
     """One completion: the ids the engine hands out, the text so far (cut at a stop string) and how it ended."""
 
@@ -107,8 +162,11 @@ class Choice:
         return piece
 
 
-def create_app(engine, *, model_id: str, api_key: str | None = None):
-    """The FastAPI app serving `engine` (started by zoo.cli.serve)."""
+def create_app(engine, *, model_id: str, api_key: str | None = None, max_request_bytes: int = 8 << 20,
+               max_prompts: int = 256):
+    """The FastAPI app serving `engine` (started by zoo.cli.serve): bodies over `max_request_bytes` and completion
+    requests of more than `max_prompts` prompts are refused with a 413."""
+    from zoo.api import decoder
     app = FastAPI(title="zoo-serve", docs_url=None, redoc_url=None)
     lm, tok = engine.lm, engine.lm.tokenizer
 
@@ -116,9 +174,16 @@ def create_app(engine, *, model_id: str, api_key: str | None = None):
     async def api_error(request, e: ApiError):
         return JSONResponse(e.body(), status_code=e.status)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request, e: HTTPException):  # routing's 404 and 405, in OpenAI's shape (its words)
+        what = "Invalid URL" if e.status_code == 404 else "Method not allowed"
+        body = ApiError(e.status_code, f"{what} ({request.method} {request.url.path})").body()
+        return JSONResponse(body, status_code=e.status_code, headers=getattr(e, "headers", None))
+
     @app.exception_handler(Exception)
-    async def any_error(request, e: Exception):  # a bug, not the client's: said in the OpenAI shape too
-        return JSONResponse(ApiError(500, f"{type(e).__name__}: {e}", "server_error").body(), status_code=500)
+    async def any_error(request, e: Exception):  # a bug, not the client's: the traceback goes to the console only
+        return JSONResponse(ApiError(500, f"the server failed ({type(e).__name__}); its console has the details",
+                                     "server_error").body(), status_code=500)
 
     @app.middleware("http")
     async def authorise(request: Request, call_next):
@@ -134,20 +199,35 @@ def create_app(engine, *, model_id: str, api_key: str | None = None):
     async def health():
         return {"status": "ok" if not engine.stopping.is_set() else "stopping", "model": model_id,
                 "slots": engine.slots, "active": engine.active(), "waiting": engine.waiting.qsize(),
-                "chunks": engine.batches, "sequences": engine.admitted}
+                "chunks": engine.batches, "sequences": engine.admitted, "scored": engine.scored}
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": int(time.time()),
                                             "owned_by": "zoo"}]}
 
-    async def body_of(request: Request) -> dict:
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"the request body is not JSON ({e})") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
+    def too_large(size: int, at_least: bool = False) -> ApiError:
+        return ApiError(413, f"the request body is {'over ' if at_least else ''}{size:,} bytes; this server takes at "
+                             f"most {max_request_bytes:,} (--max-request-bytes)", code="request_too_large")
+
+    async def body_of(request: Request, refused: dict) -> dict:
+        """The body as a JSON object: its size checked before and while it is read, parsed in a worker thread; the
+        fields zoo does not implement and another model's name refused."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_request_bytes:
+            raise too_large(int(declared))
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > max_request_bytes:
+                raise too_large(max_request_bytes, at_least=True)
+            parts.append(part)
+        body = await asyncio.to_thread(parse_json, b"".join(parts))
+        model = body.get("model")
+        if model is not None and model != model_id:
+            raise ApiError(404, f"the model {json.dumps(model)[:80]} does not exist; this server serves '{model_id}'",
+                           param="model", code="model_not_found")
+        refuse_not_implemented(body, refused)
         return body
 
     def room(prompt: list[int], max_tokens: int | None, default_max: int) -> int:
@@ -166,6 +246,10 @@ def create_app(engine, *, model_id: str, api_key: str | None = None):
         from zoo.serve.engine import Sequence, key_data
         if engine.stopping.is_set():
             raise ApiError(503, "the server is stopping", "server_error")
+        if len(prompts) * s["n"] > engine.max_queue:  # no retry could ever make room: not a 429
+            raise ApiError(400, f"this request asks for {len(prompts) * s['n']} sequences (prompts times n); the "
+                                f"server queues at most {engine.max_queue} (--max-queue)",
+                           param="n" if s["n"] > 1 else "prompt")
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         choices, seqs = [], []
         for prompt in prompts:
@@ -224,19 +308,25 @@ def create_app(engine, *, model_id: str, api_key: str | None = None):
                     c.gone = c.finish is None
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    def render(messages: list) -> list[list[int]]:
+        """The conversation's prompt ids (a worker thread's job); a template that fails is a 400 naming no path."""
+        try:
+            convs, _ = decoder.conversations_of(messages, None)
+        except ZooError as e:
+            raise ApiError(400, str(e), param="messages") from None
+        try:
+            return decoder.prompt_tokens(lm, conversations=convs)
+        except ZooError as e:
+            raise ApiError(400, without_paths(str(e)), param="messages") from None
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        from zoo.api import decoder
-        body = await body_of(request)
+        body = await body_of(request, CHAT_NOT_IMPLEMENTED)
         s = sampling(body, None)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "'messages' must be a non-empty list of {role, content} messages", param="messages")
-        try:
-            convs, _ = decoder.conversations_of(list(messages), None)
-        except ZooError as e:
-            raise ApiError(400, str(e), param="messages") from None
-        prompts = decoder.prompt_tokens(lm, conversations=convs)
+        prompts = await asyncio.to_thread(render, list(messages))
         choices, queue, _ = start(prompts, s, 256)
         rid = "chatcmpl-" + uuid.uuid4().hex[:24]
         if s["stream"]:
@@ -247,65 +337,92 @@ def create_app(engine, *, model_id: str, api_key: str | None = None):
                              "finish_reason": c.finish, "logprobs": None} for i, c in enumerate(choices)],
                 "usage": usage(prompts, choices, s["n"])}
 
+    def encode(texts: list[str]) -> list[list[int]]:  # a worker thread's job
+        prompts = decoder.prompt_tokens(lm, texts)  # as transformers tokenizes them (the checkpoint's BOS first)
+        return prompts
+
+    async def score(seqs: list[list[int]], top: bool) -> list:
+        """Each sequence scored a batch at a time, each batch one job between the engine's decode chunks."""
+        out = [None] * len(seqs)
+        for idx in engine.score_groups([len(x) for x in seqs]):
+            job = await asyncio.to_thread(engine.score_program, [seqs[i] for i in idx], top)
+            try:
+                done = await asyncio.wrap_future(engine.job(job))
+            except RuntimeError as e:
+                raise ApiError(503, str(e), "server_error") from None
+            for i, r in zip(idx, done):
+                out[i] = r
+        return out
+
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await body_of(request)
+        body = await body_of(request, COMPLETION_NOT_IMPLEMENTED)
         prompt = body.get("prompt")
         texts = [prompt] if isinstance(prompt, str) else prompt
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
             raise ApiError(400, "'prompt' must be a non-empty string or a list of them", param="prompt")
+        if len(texts) > max_prompts:
+            raise ApiError(413, f"'prompt' holds {len(texts)} prompts; this server takes at most {max_prompts} a "
+                                f"request (--max-prompts)", param="prompt", code="too_many_prompts")
         echo = _field(body, "echo", bool, False, what="true or false")
         logprobs = _field(body, "logprobs", int, None, lambda v: 0 <= v <= 5, "a whole number from 0 to 5")
         asked = body.get("max_tokens", 16)
         if echo and asked == 0:  # scoring the prompt alone, as a harness does
             body = {**body, "max_tokens": None}
         s = sampling(body, 16)
-        prompts = decoder.prompt_tokens(lm, texts)  # as transformers tokenizes them (the checkpoint's BOS first)
+        if body.get("best_of") not in (None, s["n"]):
+            raise ApiError(400, f"'best_of' is not implemented by zoo-serve beyond n (got "
+                                f"{json.dumps(body['best_of'])[:80]}); leave it out", param="best_of",
+                           code="unsupported_parameter")
+        if s["stream"] and (echo or logprobs is not None):
+            raise ApiError(400, "'echo' and 'logprobs' need stream false", param="stream")
+        prompts = await asyncio.to_thread(encode, texts)
         rid = "cmpl-" + uuid.uuid4().hex[:24]
         if echo and asked == 0:
-            if s["stream"]:
-                raise ApiError(400, "'stream' with max_tokens 0 has nothing to stream", param="stream")
             for p in prompts:
                 room(p, 1, 1)
             choices = []
         else:
             choices, queue, _ = start(prompts, s, 16)
             if s["stream"]:
-                if echo or logprobs is not None:
-                    raise ApiError(400, "'echo' and 'logprobs' need stream false", param="stream")
                 return stream("text_completion", rid, prompts, choices, queue, s["n"], request)
             await gather(choices, queue)
         rows = [(p, choices[k * s["n"] + j] if choices else None) for k, p in enumerate(prompts)
                 for j in range(s["n"] if choices else 1)]
         scored = None
-        if logprobs is not None:  # scored between decode chunks, on the engine's thread
-            seqs = [p + (c.ids if c else []) for p, c in rows]
-            scored = await asyncio.get_running_loop().run_in_executor(None, engine.run_job, lambda: _score(lm, seqs))
-        out = []
-        for i, (p, c) in enumerate(rows):
-            ids = (p if echo else []) + (c.ids if c else [])
-            entry = {"index": i, "text": (tok.decode(p) if echo else "") + (c.text if c else ""),
-                     "finish_reason": c.finish if c else "length", "logprobs": None}
-            if scored is not None:
-                lp = scored[i][0 if echo else len(p):]
-                pieces = [tok.decode([t]) for t in ids]
-                offsets = np.cumsum([0] + [len(x) for x in pieces])[:-1]
-                entry["logprobs"] = {"tokens": pieces, "token_logprobs": [float(x) for x in lp], "top_logprobs": None,
-                                     "text_offset": [int(x) for x in offsets]}
-            out.append(entry)
-        usage_ = {"prompt_tokens": sum(map(len, prompts)), "completion_tokens": sum(len(c.ids) for c in choices)}
-        usage_["total_tokens"] = usage_["prompt_tokens"] + usage_["completion_tokens"]
-        return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model_id,
-                "choices": out, "usage": usage_}
+        if logprobs is not None:
+            scored = await score([p + (c.ids if c else []) for p, c in rows], top=logprobs > 0)
+        usage_ = usage(prompts, choices, s["n"])
+        return await asyncio.to_thread(completion_response, tok, rid, model_id, rows, scored, echo, logprobs, usage_)
 
     return app
 
 
-def _score(lm, seqs: list[list[int]]) -> list[np.ndarray]:
-    """Each token's log-probability of each id sequence (zoo-eval's convention), on the engine's thread."""
-    from zoo.eval.loglik import prefix_token
-    from zoo.eval.perplexity import document_token_logprobs
-    model, params = lm.decoding()
-    window = lm.config.window
-    return document_token_logprobs(model, params, seqs, prefix=prefix_token(lm.tokenizer), context=window,
-                                   stride=max(1, window // 2))
+def completion_response(tok, rid: str, model_id: str, rows: list, scored, echo: bool, k: int | None,
+                        usage: dict) -> JSONResponse:
+    """/v1/completions' answer, rendered to JSON (a worker thread's job: a long scored answer is much Python).
+    `rows` are (prompt ids, its Choice or None), `scored` their (log-probabilities, top values, top ids) or None.
+    logprobs are OpenAI's legacy shape: tokens, token_logprobs, top_logprobs (per position the k likeliest tokens'
+    texts and log-probabilities, and the chosen one's: up to k + 1) and text_offset."""
+    out = []
+    for i, (p, c) in enumerate(rows):
+        ids = (p if echo else []) + (c.ids if c else [])
+        entry = {"index": i, "text": (tok.decode(p) if echo else "") + (c.text if c else ""),
+                 "finish_reason": c.finish if c else "length", "logprobs": None}
+        if scored is not None:
+            lp, vals, top_ids = scored[i]
+            skip = 0 if echo else len(p)
+            pieces = [tok.decode([t]) for t in ids]
+            tops = []
+            for j, piece in enumerate(pieces):
+                best = {}
+                for v, t in zip(vals[skip + j, :k], top_ids[skip + j, :k]) if k else ():  # likeliest first
+                    best.setdefault(tok.decode([int(t)]), float(v))
+                best[piece] = float(lp[skip + j])  # the chosen token's number is token_logprobs' own
+                tops.append(best)
+            offsets = np.cumsum([0] + [len(x) for x in pieces])[:-1]
+            entry["logprobs"] = {"tokens": pieces, "token_logprobs": [float(x) for x in lp[skip:]],
+                                 "top_logprobs": tops, "text_offset": [int(x) for x in offsets]}
+        out.append(entry)
+    return JSONResponse({"id": rid, "object": "text_completion", "created": int(time.time()), "model": model_id,
+                         "choices": out, "usage": usage})

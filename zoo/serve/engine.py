@@ -13,12 +13,19 @@ freed rows. A request arriving while others decode waits at most one chunk, neve
 Compiled programs: a prefill per prompt-length bucket (powers of two from 16 to the cache length), and a decode for
 each number of rows (powers of two up to the slots: the smallest holding every active row runs, so one client
 pays for one row) and length (one step, right after an admission, so a new row's first token streams at once;
-else a chunk), all compiled by `warm()` before the first request, so no request waits on a compile. Scoring (`/v1/completions` with echo and logprobs) runs between chunks on the same device.
+else a chunk), all compiled by `warm()` before the first request, so no request waits on a compile.
+
+Scoring (`/v1/completions` with logprobs) is cut into batches of at most `max_len` padded tokens (no more work than
+one full prefill), each compiled in the request's thread (not this loop's) and run as one job between two decode
+chunks: a long scoring request makes the rows decoding beside it wait one batch at a time, never for its whole
+length, and two scoring requests take turns.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import math
 import queue
 import threading
 import time
@@ -29,7 +36,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from zoo.eval.loglik import Row, pad_batch, prefix_token
+from zoo.infer.encoder import bucket
 from zoo.infer.sample import stop_ids
+from zoo.models.gpt import output_embedding
+from zoo.nn.layers import einsum_f32, softcap
+from zoo.nn.losses import token_logprobs
+
+MAX_TOP = 5  # the most alternatives per position a scoring request may ask for (OpenAI's legacy limit)
 
 
 @dataclasses.dataclass
@@ -90,7 +104,11 @@ class Engine:
         self.vocab = lm.tokenizer.n_vocab
         self.eos = np.asarray(stop_ids(lm.tokenizer), np.int32)
         self.waiting: queue.Queue = queue.Queue()
-        self.jobs: queue.Queue = queue.Queue()  # other work for the device (scoring), run between chunks
+        self.jobs: queue.Queue = queue.Queue()  # (fn, future): other work for the device (scoring), one per chunk
+        self.scored = 0  # scoring batches run
+        self._wake = threading.Event()  # set when a sequence or a job arrives: the idle loop waits on it
+        self._scorers: dict = {}  # (B, T, top) -> a compiled scoring program
+        self._compiling = threading.Lock()
         self.rows: list[Sequence | None] = [None] * slots
         self.batches = 0  # decode chunks run (each one program call over every active row)
         self.admitted = 0  # sequences prefilled into a row
@@ -104,6 +122,7 @@ class Engine:
         self.positions_B = np.full(slots, -1, np.int32)  # the next token's position; -1: the row is free
         self._prefill = jax.jit(self._prefill_fn, static_argnames=("P",), donate_argnums=(1, 2))
         self._decode = jax.jit(self._decode_fn, static_argnames=("B", "K"), donate_argnums=(1, 2))
+        self._score = jax.jit(self._score_fn, static_argnames=("top",))
 
     # ---- programs --------------------------------------------------------------------------------------------
     def buckets(self) -> list[int]:
@@ -185,25 +204,18 @@ class Engine:
             return False
         for s in seqs:
             self.waiting.put(s)
+        self._wake.set()
         return True
 
-    def run_job(self, fn):
-        """fn() on the engine's thread between chunks (scoring); blocks until done and returns its result."""
-        done, box = threading.Event(), {}
-
-        def job():
-            try:
-                box["out"] = fn()
-            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-                box["err"] = e
-            done.set()
-        self.jobs.put(job)
-        while not done.wait(0.05):
-            if self.stopping.is_set():
-                raise RuntimeError("the server is stopping")
-        if "err" in box:
-            raise box["err"]
-        return box["out"]
+    def job(self, fn) -> concurrent.futures.Future:
+        """fn() on the engine's thread, between two decode chunks (one job per chunk); its future's result."""
+        future = concurrent.futures.Future()
+        if self.stopping.is_set():
+            future.set_exception(RuntimeError("the server is stopping"))
+            return future
+        self.jobs.put((fn, future))
+        self._wake.set()
+        return future
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="zoo-engine", daemon=True)
@@ -211,22 +223,29 @@ class Engine:
 
     def stop(self) -> None:
         self.stopping.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=1.5)
+        while not self.jobs.empty():  # their requests answer 503 rather than wait forever
+            self.jobs.get()[1].set_exception(RuntimeError("the server is stopping"))
 
     def active(self) -> int:
         return sum(r is not None for r in self.rows)
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
-            while not self.jobs.empty():
-                self.jobs.get()()
+            self._wake.clear()  # before looking: work that arrives after this wakes the wait below
+            if not self.jobs.empty():  # one job, then a chunk: decoding rows wait one job at most
+                fn, future = self.jobs.get()
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as e:  # noqa: BLE001 - handed to the request that asked
+                        future.set_exception(e)
             self._admit()
             if not self.active():
-                try:  # idle: wait for work, without spinning
-                    self.waiting.put(self.waiting.get(timeout=0.02))
-                except queue.Empty:
-                    pass
+                if self.jobs.empty():
+                    self._wake.wait(0.05)  # idle: wait for work, without spinning
                 continue
             toks_BK = self._run_chunk()
             self._hand_out(toks_BK)
@@ -294,3 +313,62 @@ class Engine:
 
     def _free(self, row: int) -> None:
         self.rows[row], self.positions_B[row] = None, -1
+
+    # ---- scoring ---------------------------------------------------------------------------------------------
+    def _score_fn(self, params, inputs_BT, targets_BT, *, top: bool):
+        """log p of each target (zoo-eval's fused computation, so its numbers) and, with `top`, each position's
+        MAX_TOP most likely tokens of the tokenizer's vocabulary (their log-probabilities and ids)."""
+        cfg = self.model.cfg
+        h_BTD = self.model.apply({"params": params}, inputs_BT, hidden=True)
+        w_VD = output_embedding(cfg, params)
+        lp_BT = token_logprobs(h_BTD, w_VD, targets_BT, logit_cap=cfg.final_softcap)
+        if not top:
+            return lp_BT, None, None
+        B, T, D = h_BTD.shape
+        C = math.gcd(B * T, 128)  # positions per step: [C, V] logits at a time, never [B, T, V]
+
+        def chunk(h_CD):
+            logits_CV = einsum_f32("CD,VD->CV", h_CD, w_VD.astype(h_CD.dtype))
+            if cfg.final_softcap:
+                logits_CV = softcap(logits_CV, cfg.final_softcap)
+            lp_CV = jax.nn.log_softmax(logits_CV, -1)  # over every column, as token_logprobs normalises
+            lp_CV = jnp.where(jnp.arange(lp_CV.shape[-1]) < self.vocab, lp_CV, -jnp.inf)  # padding is no token
+            return jax.lax.top_k(lp_CV, MAX_TOP)
+        vals, ids = jax.lax.map(chunk, h_BTD.reshape(B * T // C, C, D))
+        return lp_BT, vals.reshape(B, T, MAX_TOP), ids.reshape(B, T, MAX_TOP)
+
+    def score_groups(self, lengths: list[int]) -> list[np.ndarray]:
+        """Indices of sequences of these lengths in scoring batches, longest first: each batch's rows times its
+        padded length at most the cache's length (one row at least), so a batch costs no more than a prefill."""
+        order = np.argsort(-np.asarray(lengths, np.int64), kind="stable")
+        groups, i = [], 0
+        while i < len(order):
+            T = bucket(lengths[order[i]], self.max_len, least=8)
+            rows = 1 << (max(1, self.max_len // T).bit_length() - 1)  # a power of two: few shapes to compile
+            groups.append(order[i:i + rows])
+            i += rows
+        return groups
+
+    def score_program(self, seqs: list[list[int]], top: bool):
+        """A job (for `job`) scoring one batch of `score_groups`: padded and compiled here, in the caller's thread,
+        so the engine's loop only runs it. Each sequence's tokens are scored as zoo-eval scores them (the first
+        conditioned on the tokenizer's BOS, else its end-of-text); the job returns, per sequence, (float32[n]
+        log-probabilities, and with `top` float32[n, MAX_TOP] and int[n, MAX_TOP] of the likeliest tokens)."""
+        prefix = prefix_token(self.lm.tokenizer)
+        rows = [Row((prefix, *s), len(s)) for s in seqs]
+        inputs_BT, targets_BT, _ = pad_batch(rows, 1 << (len(rows) - 1).bit_length(), self.max_len)
+        key = (*inputs_BT.shape, top)
+        with self._compiling:
+            if key not in self._scorers:
+                shape = jax.ShapeDtypeStruct(inputs_BT.shape, jnp.int32)
+                self._scorers[key] = self._score.lower(self.params, shape, shape, top=top).compile()
+        program = self._scorers[key]
+
+        def run():
+            lp_BT, vals_BTK, ids_BTK = program(self.params, inputs_BT, targets_BT)
+            self.scored += 1
+            lp_BT = np.asarray(lp_BT)
+            vals_BTK, ids_BTK = (np.asarray(vals_BTK), np.asarray(ids_BTK)) if top else (None, None)
+            return [(lp_BT[b, :len(s)], *((vals_BTK[b, :len(s)], ids_BTK[b, :len(s)]) if top else (None, None)))
+                    for b, s in enumerate(seqs)]
+        return run
