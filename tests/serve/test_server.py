@@ -1,36 +1,56 @@
-"""zoo-serve, tested with real clients against a live server this test starts (a tiny run, 4 slots, an API key):
-the openai client's greedy chat completion equals zoo-sample --chat token for token; streamed chunks join into the
-non-streamed answer; n=2 with a seed is reproducible; 16 concurrent requests all answer as they do alone, decoded in
-fewer batches than requests; /v1/completions' log-probabilities equal zoo-eval's per token; bad requests and
-faults get OpenAI's error shape and the right status, and the server goes on serving; Ctrl-C stops it in 2 s."""
+"""zoo-serve, tested with real clients against a live server this test starts (a tiny run, 4 slots, an API key,
+small caps on bodies and prompts): the openai client's greedy chat completion equals zoo-sample --chat token for
+token; streamed chunks join into the non-streamed answer; n=2 with a seed is reproducible; 16 concurrent requests
+all answer as they do alone, decoded in fewer batches than requests; /v1/completions' log-probabilities equal
+zoo-eval's per token, its top_logprobs are the likeliest tokens, and many prompts are scored a batch at a time;
+bad, hostile and unimplemented requests get OpenAI's error shape, the right status and no server path, and the
+server goes on serving; a port in use and a failing chat template are one `error:` line at start-up; Ctrl-C stops
+it in 2 s."""
 
 import concurrent.futures as cf
 import json
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 
+import httpx
+import openai
 import pytest
 
-openai = pytest.importorskip("openai", reason="the openai client is a test extra")
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi", reason="zoo-serve needs the serve extra")
-
-from tests.helpers import processes  # noqa: E402
-from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: E402,F401
-from zoo.cli import sample  # noqa: E402
+import zoo
+from tests.helpers import processes
+from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401
+from zoo.cli import sample
+from zoo.cli import serve as serve_cli
+from zoo.data.chat import DEFAULT_TEMPLATE
 
 KEY = "sk-test"
 QUESTION = [{"role": "user", "content": "Hi?"}]  # the run's window is 32 tokens: room for the answer
+MAX_BYTES, MAX_PROMPTS = 16384, 8  # the live server's caps: small, so a test's body stays small
+# zoo's default template (what zoo-sample renders for the run), failing on one message as a checkpoint's may
+FAILING = "{% if messages[-1]['content'] == 'boom' %}{{ raise_exception('no boom here') }}{% endif %}"
+
+
+def copy_run(finished_gpt, parent, template: str) -> str:
+    """A copy of the run named `run`, with `template` as its chat template."""
+    run = parent / "run"
+    shutil.copytree(finished_gpt, run, ignore=shutil.ignore_patterns(".lock"))
+    (run / "chat_template.jinja").write_text(template)
+    return str(run)
 
 
 @pytest.fixture(scope="module")
-def server(finished_gpt):
-    """(base URL, the process) of `zoo-serve RUN` on a free port, once it answers /health."""
+def server(finished_gpt, tmp_path_factory):
+    """(base URL, the process, its run directory) of `zoo-serve RUN` on a free port, once it answers /health: a copy
+    of the finished run whose chat template renders as zoo's default but fails on the message 'boom'."""
+    run = copy_run(finished_gpt, tmp_path_factory.mktemp("serve"), FAILING + DEFAULT_TEMPLATE)
     port = processes.free_port()
-    p = subprocess.Popen([sys.executable, "-m", "zoo.cli.serve", finished_gpt, "--port", str(port), "--slots", "4",
-                          "--api-key", KEY, "--max-queue", "32"], cwd=processes.ROOT, env=processes.environment(1),
+    p = subprocess.Popen([sys.executable, "-m", "zoo.cli.serve", run, "--port", str(port), "--slots", "4",
+                          "--api-key", KEY, "--max-queue", "32", "--max-request-bytes", str(MAX_BYTES),
+                          "--max-prompts", str(MAX_PROMPTS)], cwd=processes.ROOT, env=processes.environment(1),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -40,7 +60,7 @@ def server(finished_gpt):
         except httpx.HTTPError:
             assert p.poll() is None, p.communicate()[1][-2000:]
             time.sleep(0.2)
-    yield url, p
+    yield url, p, run
     if p.poll() is None:
         p.kill()
 
@@ -54,7 +74,7 @@ def health(url):
 
 
 def test_greedy_chat_equals_zoo_sample_and_streams_into_the_same_answer(server, finished_gpt, capsys):
-    url, _ = server
+    url = server[0]
     c = client(url)
     r = c.chat.completions.create(model="run", messages=QUESTION, max_tokens=4, temperature=0)
     assert sample.main([finished_gpt, "--chat", "--prompt", QUESTION[0]["content"], "--temperature", "0",
@@ -81,7 +101,7 @@ def test_n_samples_with_a_seed_are_reproducible(server):
 
 
 def test_concurrent_requests_answer_as_alone_in_fewer_batches(server):
-    url, _ = server
+    url = server[0]
     c = client(url)
     prompts = [f"Hello {i}" for i in range(16)]
     alone = {p: c.completions.create(model="run", prompt=p, max_tokens=8, temperature=0).choices[0].text
@@ -96,14 +116,51 @@ def test_concurrent_requests_answer_as_alone_in_fewer_batches(server):
     assert after["chunks"] - before["chunks"] < 16  # 4 slots: about 16 / 4 chunks of 8 tokens, not one per request
 
 
-def test_completion_logprobs_equal_zoo_evals(server, finished_gpt):
-    import zoo
+@pytest.fixture(scope="module")
+def lm(finished_gpt):
+    return zoo.load(finished_gpt)
+
+
+def test_completion_logprobs_equal_zoo_evals(server, lm):
     text = "The for statement iterates"
     r = client(server[0]).completions.create(model="run", prompt=text, max_tokens=0, echo=True, logprobs=1)
     lp = r.choices[0].logprobs
-    want = zoo.load(finished_gpt).logprobs(text)
+    want = lm.logprobs(text)
     assert "".join(lp.tokens) == text and r.choices[0].text == text
     assert lp.token_logprobs == pytest.approx(want.tolist(), abs=1e-5) and all(x < 0 for x in lp.token_logprobs)
+
+
+def test_top_logprobs_are_the_likeliest_tokens_as_zoo_eval_scores_them(server, lm):
+    """logprobs=k gives, per position, the k likeliest tokens and the chosen one (OpenAI's legacy shape, which
+    lm-evaluation-harness reads to tell a greedy continuation); an alternative's number is zoo-eval's for the text
+    ending in it there."""
+    text = "The for statement"
+    r = client(server[0]).completions.create(model="run", prompt=text, max_tokens=1, temperature=0, echo=True,
+                                             logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.top_logprobs) == len(lp.tokens) == len(text) + 1 and "".join(lp.tokens) == r.choices[0].text
+    for token, own, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert top[token] == own and len(top) in (3, 4) and max(top.values()) >= own
+    probes = [(j, alt) for j in (4, len(text)) for alt in list(lp.top_logprobs[j])[:3] if alt.isascii()]
+    want = lm.logprobs([r.choices[0].text[:j] + alt for j, alt in probes])
+    assert [lp.top_logprobs[j][alt] for j, alt in probes] == pytest.approx([float(w[-1]) for w in want], abs=1e-5)
+    assert len(probes) >= 4
+
+
+def test_many_prompts_are_scored_a_batch_at_a_time(server, lm):
+    """Scoring is cut into batches of at most a prefill's tokens (the context, 32 here), each one engine job
+    between decode chunks: 4 prompts padded to 8 tokens share one, 4 of 32 take one each; results in order."""
+    url = server[0]
+    texts = ["Hi a", "The for statement", "Ok b", "The while loop runs", "No c", "Yes d", "The with block ends",
+             "The try clause 4 a"]  # 4 to 5 tokens, and 17 to 19
+    before = health(url)["scored"]
+    r = client(url).completions.create(model="run", prompt=texts, max_tokens=0, echo=True, logprobs=1)
+    assert health(url)["scored"] - before == 5
+    for text, choice, want in zip(texts, r.choices, lm.logprobs(texts)):
+        lp = choice.logprobs
+        assert "".join(lp.tokens) == text and lp.token_logprobs == pytest.approx(want.tolist(), abs=1e-5)
+        assert all(top[t] == v and len(top) in (1, 2) for t, v, top in zip(lp.tokens, lp.token_logprobs,
+                                                                             lp.top_logprobs))
 
 
 BAD = [  # (what, the request (method, path, body or raw bytes, headers), status, a piece of the message)
@@ -124,7 +181,7 @@ BAD = [  # (what, the request (method, path, body or raw bytes, headers), status
 
 @pytest.mark.parametrize("what, request_, status, piece", BAD, ids=[b[0] for b in BAD])
 def test_bad_requests_get_openais_error_shape_and_the_server_goes_on(server, what, request_, status, piece):
-    url, _ = server
+    url = server[0]
     path, body, headers = request_
     headers = {"Authorization": f"Bearer {KEY}", **headers}
     if body is None:
@@ -138,8 +195,84 @@ def test_bad_requests_get_openais_error_shape_and_the_server_goes_on(server, wha
     assert client(url).completions.create(model="run", prompt="ok", max_tokens=2).usage.completion_tokens == 2
 
 
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+HOSTILE = [  # (what, path, body: a dict, raw bytes or an iterator of bytes (sent chunked), status, piece, param, code)
+    ("a body over --max-request-bytes", COMPLETIONS, {"prompt": "x" * MAX_BYTES}, 413, "--max-request-bytes", None,
+     "request_too_large"),
+    ("a chunked body over --max-request-bytes", COMPLETIONS, iter([b'{"prompt": "' + b"x" * 8192] * 3), 413,
+     "--max-request-bytes", None, "request_too_large"),
+    ("JSON nested 5,000 deep", COMPLETIONS, b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "nests more than",
+     None, None),
+    ("more prompts than --max-prompts", COMPLETIONS, {"prompt": ["x"] * (MAX_PROMPTS + 1), "max_tokens": 1}, 413,
+     "--max-prompts", "prompt", "too_many_prompts"),
+    ("more sequences than --max-queue ever holds", COMPLETIONS, {"prompt": ["x"] * 8, "n": 5, "max_tokens": 1}, 400,
+     "at most 32 (--max-queue)", "n", None),
+    ("another model", COMPLETIONS, {"model": "gpt-4", "prompt": "x"}, 404, "does not exist", "model",
+     "model_not_found"),
+    ("a chat template that fails", CHAT, {"messages": [{"role": "user", "content": "boom"}]}, 400,
+     "the chat template (chat_template.jinja) failed: TemplateError: no boom here", "messages", None),
+    ("an unknown route", "/v1/embeddings", {"input": "x"}, 404, "Invalid URL (POST /v1/embeddings)", None, None),
+    *[(f"'{name}', not implemented", path, {**base, name: value}, 400, f"'{name}' is not implemented", name,
+       "unsupported_parameter")
+      for name, value, path, base in [("tools", [{"type": "function", "function": {"name": "f"}}], CHAT, {}),
+                                      ("tool_choice", "auto", CHAT, {}), ("functions", [{"name": "f"}], CHAT, {}),
+                                      ("response_format", {"type": "json_object"}, CHAT, {}),
+                                      ("logprobs", True, CHAT, {}), ("best_of", 3, COMPLETIONS, {"prompt": "x"}),
+                                      ("suffix", " end", COMPLETIONS, {"prompt": "x"})]],
+]
+
+
+@pytest.mark.parametrize("what, path, body, status, piece, param, code", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_and_unimplemented_requests_are_refused_in_openais_shape(server, what, path, body, status, piece,
+                                                                         param, code):
+    url, _, run = server
+    if path == CHAT and isinstance(body, dict) and "messages" not in body:
+        body = {**body, "messages": QUESTION}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    if isinstance(body, dict):
+        r = httpx.post(url + path, json=body, headers=headers)
+    else:
+        r = httpx.post(url + path, content=body, headers=headers)
+    error = r.json()["error"]
+    assert (r.status_code, error["param"], error["code"]) == (status, param, code) and piece in error["message"]
+    assert error["type"] == "invalid_request_error" and run not in r.text and "Traceback" not in r.text
+    assert client(url).completions.create(model="run", prompt="ok", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_fields_that_ask_for_nothing_are_accepted(server):
+    url, headers = server[0], {"Authorization": f"Bearer {KEY}"}
+    nothing = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {},
+               "presence_penalty": 0, "frequency_penalty": 0.0, "model": "run"}
+    r = httpx.post(url + CHAT, json={"messages": QUESTION, "max_tokens": 2, "logprobs": False, **nothing},
+                   headers=headers)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    r = httpx.post(url + COMPLETIONS, json={"prompt": "x", "max_tokens": 2, "best_of": 1, "suffix": None, **nothing},
+                   headers=headers)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_port_in_use_is_one_error_line_before_loading(finished_gpt, capsys, monkeypatch):
+    monkeypatch.setattr(zoo, "load", lambda *a, **k: pytest.fail("zoo-serve loaded the model before taking its port"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert serve_cli.main([finished_gpt, "--port", str(port)]) == 2
+    assert capsys.readouterr().err == f"error: 127.0.0.1:{port} is in use (another server?); give another --port\n"
+
+
+def test_a_failing_chat_template_is_one_error_line_at_start_up(finished_gpt, tmp_path, capsys, monkeypatch):
+    from zoo.serve.engine import Engine
+    monkeypatch.setattr(Engine, "__init__", lambda *a, **k: pytest.fail("zoo-serve went on to build its engine"))
+    run = copy_run(finished_gpt, tmp_path, "{{ raise_exception('this template is broken') }}")
+    assert serve_cli.main([run, "--port", str(processes.free_port())]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: the chat template ({run}/chat_template.jinja) failed: TemplateError: this template is " \
+                  f"broken\n"
+
+
 def test_a_client_gone_mid_stream_frees_its_row_and_a_flood_is_turned_away_with_429(server):
-    url, _ = server
+    url = server[0]
     with httpx.stream("POST", url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
                       json={"prompt": "The", "max_tokens": 40, "stream": True, "temperature": 0}) as r:
         next(r.iter_lines())  # one chunk, then gone
@@ -161,7 +294,7 @@ def test_a_client_gone_mid_stream_frees_its_row_and_a_flood_is_turned_away_with_
 
 
 def test_ctrl_c_stops_the_server_within_two_seconds(server):
-    url, p = server
+    url, p, _ = server
     t = time.perf_counter()
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=10)
