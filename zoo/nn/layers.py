@@ -24,10 +24,17 @@ from zoo.nn import quant
 Dtype = jnp.dtype
 
 
+def target_platform() -> str:
+    """The platform the program being traced is for: the devices of the mesh it is traced under (jax.set_mesh),
+    which may differ from jax's default backend (a TPU topology compiled from a CPU host); else the default."""
+    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    return device.platform if device is not None else jax.default_backend()
+
+
 def einsum_f32(eq: str, *xs):
     """einsum with a float32 result whatever the operands' dtype (logits, scores, loss gradients). XLA:CPU
     has no bfloat16 x bfloat16 -> float32 dot, so on CPU the operands are upcast first (the same numbers)."""
-    if jax.default_backend() == "cpu":
+    if target_platform() == "cpu":
         xs = tuple(x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x for x in xs)
     return jnp.einsum(eq, *xs, preferred_element_type=jnp.float32)
 
