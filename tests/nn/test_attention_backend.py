@@ -33,7 +33,7 @@ def fresh_fallbacks():
 
 
 @pytest.mark.parametrize("impl,platform,backend", [
-    ("auto", "cpu", "einsum"), (None, "cpu", "einsum"), ("auto", "gpu", "cudnn"), ("auto", "tpu", "xla"),
+    ("auto", "cpu", "einsum"), (None, "cpu", "einsum"), ("auto", "gpu", "cudnn"), ("auto", "tpu", "splash"), ("auto", "METAL", "xla"),
     ("xla", "gpu", "xla"), ("cudnn", "cpu", "cudnn"), ("einsum", "gpu", "einsum")])
 def test_resolve_attention_takes_the_platform(impl, platform, backend):
     assert attn.resolve_attention(impl, platform) == backend

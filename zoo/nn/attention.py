@@ -3,8 +3,10 @@
 `attention()` is the one entry point: zoo's einsum softmax (`einsum_attention`) on CPU, or
 `jax.nn.dot_product_attention` with the backend `model.attention_impl` names (see
 `resolve_attention`). On an NVIDIA GPU `auto` is cuDNN flash attention wherever
-`cudnn_unsupported_reason` finds nothing against the shapes and dtype, else XLA, with the reason
-logged once (`FALLBACKS` keeps them). Masks are boolean, True = may attend, shaped [B, 1, T, S]
+`cudnn_unsupported_reason` finds nothing against the shapes and dtype, and on TPU splash attention (Pallas,
+zoo.nn.tpu_kernels) wherever `splash_unsupported_reason` finds nothing, else XLA, with the reason
+logged once (`FALLBACKS` keeps them). The platform is the one the program is traced for (the mesh's devices
+under jax.set_mesh, else jax's default backend), so a TPU program compiled on a CPU host gets TPU kernels. Masks are boolean, True = may attend, shaped [B, 1, T, S]
 (broadcastable). Packed examples (several per row, chat fine-tuning) come as segment ids, which the same
 entry point turns into a segment mask, or into cuDNN's packed layout (each example's length and offset).
 """
@@ -18,16 +20,19 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from zoo.nn.layers import Dtype, Einsum, einsum_f32, rms_norm, rms_norm_plus1, softcap as soft_cap
+from zoo.nn import tpu_kernels
+from zoo.nn.layers import Dtype, Einsum, einsum_f32, rms_norm, rms_norm_plus1, softcap as soft_cap, target_platform
 from zoo.nn.positions import Rope
+from zoo.nn.tpu_kernels import splash_unsupported_reason
 
 # model.attention_impl: einsum is zoo's own softmax attention, what `auto` runs on CPU; xla and cudnn are
-# jax.nn.dot_product_attention's backends (cudnn: flash attention on NVIDIA GPUs, what `auto` runs there).
-IMPLEMENTATIONS = ("auto", "xla", "cudnn", "einsum")
+# jax.nn.dot_product_attention's backends (cudnn: flash attention on NVIDIA GPUs, what `auto` runs there);
+# splash is Pallas's splash attention, what `auto` runs on TPU (elsewhere, named, in Pallas interpret mode).
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "einsum", "splash")
 CUDNN_DTYPES = ("bfloat16", "float16")
 
 log = logging.getLogger(__name__)
-FALLBACKS: set[str] = set()  # why `auto` ran XLA instead of cuDNN in this process, each logged once
+FALLBACKS: set[str] = set()  # why `auto` ran XLA instead of cuDNN or splash in this process, each logged once
 
 
 def causal_mask(positions_T, length: int):
@@ -79,13 +84,14 @@ def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None
 
 
 def resolve_attention(implementation: str | None, platform: str | None = None) -> str:
-    """The backend `attention` runs for model.attention_impl on `platform` (default: jax's default backend),
-    before looking at shapes: the named one for einsum | xla | cudnn; for auto (or None) einsum on CPU,
-    cudnn on GPU (XLA where `cudnn_unsupported_reason` objects, see `select_backend`), xla elsewhere."""
+    """The backend `attention` runs for model.attention_impl on `platform` (default: `target_platform()`, the
+    devices of the mesh being traced for, else jax's default backend), before looking at shapes: the named one
+    for einsum | xla | cudnn | splash; for auto (or None) einsum on CPU, cudnn on GPU, splash on TPU (XLA
+    where `cudnn_unsupported_reason` or `splash_unsupported_reason` objects, see `select_backend`), xla elsewhere."""
     if implementation not in (None, "auto"):
         return implementation
-    platform = platform or jax.default_backend()
-    return {"cpu": "einsum", "gpu": "cudnn", "cuda": "cudnn"}.get(platform, "xla")
+    platform = platform or target_platform()
+    return {"cpu": "einsum", "gpu": "cudnn", "cuda": "cudnn", "tpu": "splash"}.get(platform, "xla")
 
 
 def _capability(cc) -> tuple[int, int] | None:
@@ -180,18 +186,27 @@ def gpu_compute_capability() -> str | None:
     return getattr(device, "compute_capability", None) if "cuda" in version else "not CUDA"
 
 
-def note_fallback(reason: str) -> None:
-    """Log, once per reason, that `auto` attention runs XLA instead of cuDNN."""
+def note_fallback(reason: str, kernel: str = "cuDNN flash attention") -> None:
+    """Log, once per reason, that `auto` attention runs XLA instead of `kernel`."""
     if reason not in FALLBACKS:
         FALLBACKS.add(reason)
-        log.warning("attention: model.attention_impl=auto runs XLA here, not cuDNN flash attention: %s", reason)
+        log.warning("attention: model.attention_impl=auto runs XLA here, not %s: %s", kernel, reason)
 
 
 def select_backend(implementation, q, k, v, bias=None, mask=None, *, is_causal=False, training=True,
                    platform: str | None = None) -> str:
     """`resolve_attention`, then for auto on a GPU: cuDNN if `cudnn_unsupported_reason` finds nothing, else xla
-    (the reason logged once). A backend named explicitly is returned as is (cuDNN then raises if it must)."""
+    (the reason logged once); on TPU the same with splash and `splash_unsupported_reason` (splash named
+    explicitly raises with the reason). A backend named explicitly is returned as is (cuDNN then raises if it
+    must)."""
     backend = resolve_attention(implementation, platform)
+    if backend == "splash":
+        reason = splash_unsupported_reason(q, k, v, bias, mask)
+        if reason and implementation == "splash":
+            raise ValueError(f"model.attention_impl=splash cannot run this attention: {reason}")
+        if reason:
+            note_fallback(reason, "splash attention (Pallas)")
+        return "xla" if reason else "splash"
     if backend != "cudnn" or implementation not in (None, "auto"):
         return backend
     if platform is None and jax.default_backend() == "gpu":
@@ -204,6 +219,15 @@ def select_backend(implementation, q, k, v, bias=None, mask=None, *, is_causal=F
         note_fallback(reason)
         return "xla"
     return "cudnn"
+
+
+def window_mask(T: int, S: int, window: int, local=None):
+    """mask_11TS of a sliding window over index distances: query i sees keys j with i - j < window; where
+    `local` is a traced bool (a scanned stack's per-layer flag), only when it is True (else every key)."""
+    window_TS = jnp.arange(T)[:, None] - jnp.arange(S)[None, :] < window
+    if local is not None and local is not True:
+        window_TS = window_TS | jnp.logical_not(local)
+    return window_TS[None, None]
 
 
 def segment_mask(segment_ids_BT):
@@ -228,13 +252,26 @@ def packed_layout(segment_ids_BT, max_segments: int):
 
 
 def attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None, is_causal=False, implementation=None,
-              training=True, segment_ids_BT=None, softcap: float = 0.0):
-    """einsum_attention or jax.nn.dot_product_attention, as `select_backend` says. `training` False (decoding:
-    no gradient) lets `auto` take cuDNN at odd lengths. `segment_ids_BT` (packed examples, self-attention)
-    keeps each query within its own example: cuDNN's packed layout on cuDNN, else a segment mask.
-    `softcap` > 0 (logit soft-capping), which neither of jax.nn.dot_product_attention's backends computes,
-    always runs einsum_attention (plain XLA ops on every platform): auto and xla say so once in the log,
-    cudnn is refused."""
+              training=True, segment_ids_BT=None, softcap: float = 0.0, window: int = 0, local=None):
+    """einsum_attention, jax.nn.dot_product_attention or splash attention, as `select_backend` says. `training`
+    False (decoding: no gradient) lets `auto` take cuDNN at odd lengths. `segment_ids_BT` (packed examples,
+    self-attention) keeps each query within its own example: cuDNN's packed layout on cuDNN, splash's segment
+    ids on splash, else a segment mask. `window` > 0 (self-attention; unless `local` is False, see
+    `window_mask`): a query sees only keys less than `window` positions back. `softcap` > 0 (logit
+    soft-capping) runs in splash; neither of jax.nn.dot_product_attention's backends computes it, so elsewhere
+    it runs einsum_attention (plain XLA ops on every platform): auto and xla say so once in the log, cudnn is
+    refused."""
+    if resolve_attention(implementation) == "splash":
+        backend = select_backend(implementation, q_BTNH, k_BSKH, v_BSKH, bias, mask, is_causal=is_causal,
+                                 training=training)
+        if backend == "splash":
+            return tpu_kernels.splash_attention(q_BTNH, k_BSKH, v_BSKH, scale=scale, is_causal=is_causal,
+                                                segment_ids_BT=segment_ids_BT, window=window, local=local,
+                                                softcap=softcap)
+        implementation = backend  # xla, the reason logged once
+    if window and local is not False:
+        window_11TS = window_mask(q_BTNH.shape[1], k_BSKH.shape[1], window, local)
+        mask = window_11TS if mask is None else mask & window_11TS
     if softcap:
         if implementation == "cudnn":
             raise ValueError("model.attention_impl=cudnn cannot soft-cap attention logits (model.attn_softcap); "
@@ -313,7 +350,7 @@ def _cudnn_packed(q_BTNH, k_BTKH, v_BTKH, bias, mask, segment_ids_BT, *, scale, 
 
 class Attention(nn.Module):
     """Multi-head attention: zoo's einsum softmax on CPU, jax.nn.dot_product_attention elsewhere
-    (cuDNN flash attention on GPU where the shapes allow), see `attention`.
+    (cuDNN flash attention on GPU, splash attention on TPU, where the shapes allow), see `attention`.
 
     Self-attention when `kv_BSD` is None, cross-attention otherwise. With `decode=True` keys and
     values are written into a cache (collection "cache", length fixed when the cache is created)
@@ -342,11 +379,11 @@ class Attention(nn.Module):
     # Gemma: (1 + w) q/k norms (Gemma 3), logit soft-capping (Gemma 2), and local layers (called with
     # `local`) whose rotary base differs (Gemma 3's rope_local_base_freq).
     qk_norm_plus1: bool = False  # the q/k norms scale by (1 + w), w initialised to zeros
-    softcap: float = 0.0  # > 0: logits cap * tanh(logits / cap) (always zoo's einsum attention); 0: off
+    softcap: float = 0.0  # > 0: logits cap * tanh(logits / cap) (splash on TPU, else zoo's einsum attention); 0: off
     rope_local: Rope | None = None  # rotary positions of local (sliding-window) calls; None: `rope`
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
-    implementation: str | None = None  # model.attention_impl: auto (or None) | xla | cudnn | einsum
+    implementation: str | None = None  # model.attention_impl: auto (or None) | xla | cudnn | einsum | splash
 
     def _proj(self, name, features, heads, x):
         return Einsum((features, heads, self.head_dim), ("embed", "heads", "kv"), "BTD,DNH->BTNH",
@@ -379,9 +416,11 @@ class Attention(nn.Module):
         if decode and kv_BSD is None:
             k_BSKH, v_BSKH, mask_B1TS = self._update_cache(k_BSKH, v_BSKH, positions_T, mask_B1TS)
             is_causal = False
-        # A window (not on a global layer, local False): per-row positions (packed) restart per example: within
-        # one, index distances; decoding caches each row at its own positions (slots), so those are the distances
-        if self.sliding_window and local is not False:
+        # A window (not on a global layer, local False): without a cache, index distances (packed rows' positions
+        # restart per example, but within one they are index distances), applied by `attention` (splash takes it
+        # as such); decoding caches each row at its own positions (slots), so those are the distances
+        window = self.sliding_window if not decode and kv_BSD is None and local is not False else 0
+        if self.sliding_window and local is not False and not window:
             q_xT = positions_T if positions_T is not None and (positions_T.ndim == 1 or decode) else \
                 jnp.arange(x_BTD.shape[1])
             q_x1T1 = q_xT[None, None, :, None] if q_xT.ndim == 1 else q_xT[:, None, :, None]
@@ -393,13 +432,16 @@ class Attention(nn.Module):
             if segment_ids_BT is not None:
                 same_B1TT = segment_mask(segment_ids_BT)
                 mask_B1TS = same_B1TT if mask_B1TS is None else mask_B1TS & same_B1TT
+            if window:
+                window_11TS = window_mask(x_BTD.shape[1], k_BSKH.shape[1], window, local)
+                mask_B1TS = window_11TS if mask_B1TS is None else mask_B1TS & window_11TS
             out_BTNH, w_BNTS = einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias_BNTS, mask_B1TS, scale=self.scale,
                                                 is_causal=is_causal, weights=True, softcap=self.softcap)
             self.sow("intermediates", "attention_weights", w_BNTS)
         else:
             out_BTNH = attention(q_BTNH, k_BSKH, v_BSKH, bias=bias_BNTS, mask=mask_B1TS, scale=self.scale,
                                  is_causal=is_causal, implementation=self.implementation, training=not decode,
-                                 segment_ids_BT=segment_ids_BT, softcap=self.softcap)
+                                 segment_ids_BT=segment_ids_BT, softcap=self.softcap, window=window, local=local)
         return Einsum((self.num_heads, self.head_dim, D), ("heads", "kv", "embed"), "BTNH,NHD->BTD",
                       std=self.out_std,
                       bias_axes=("embed",) if (self.use_bias if self.out_bias is None else self.out_bias) else None,
