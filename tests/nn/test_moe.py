@@ -37,7 +37,7 @@ def reference(params, x_MD, norm_topk):
     return out
 
 
-@pytest.mark.parametrize("implementation", moe.IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", ("sorted", "dense"))  # gmm (Pallas, interpret): test_tpu_kernels.py
 @pytest.mark.parametrize("norm_topk", [True, False])
 def test_both_dispatches_equal_a_per_token_reference(norm_topk, implementation):
     layer = MoeMlp(E, R, F, norm_topk=norm_topk, implementation=implementation)

@@ -6,10 +6,15 @@ batch flattened (B * T), A token-expert assignments (M * R).
 `MoeMlp` routes each token to its R most probable experts (softmax over E router logits in float32, top-R,
 renormalised to sum to 1 unless `norm_topk` is off: transformers' MixtralSparseMoeBlock and Qwen3-MoE's
 norm_topk_prob) and returns the routing-weighted sum of those experts' SwiGLU outputs, capacity-free: no
-token is dropped, and the result does not depend on how the batch is split. Two dispatches, the same
-numbers (to float rounding), picked per platform as attention's backend is:
+token is dropped, and the result does not depend on how the batch is split. Three dispatches, the same
+numbers (to float rounding), picked per platform (the one traced for, zoo.nn.layers.target_platform) as
+attention's backend is:
 
-- "sorted" (GPU, TPU): the A assignments are sorted by expert, each expert's contiguous group goes through
+- "gmm" (TPU): the sorted assignments through megablox's grouped matmul, a Pallas kernel, and its transpose
+  (tgmm) for the kernels' gradient, per shard of the batch under a mesh (zoo.nn.tpu_kernels.gmm_experts).
+  Not "sorted" there: XLA:TPU runs ragged_dot itself as a grouped kernel but its kernel gradient (a ragged
+  contraction) as a dense masked product over all E experts.
+- "sorted" (GPU): the A assignments are sorted by expert, each expert's contiguous group goes through
   its own kernels with `jax.lax.ragged_dot`, and the results are put back in token order (the inverse
   permutation, no scatter) and summed with their weights: R/E of the FLOPs of every expert on every token.
 - "dense" (CPU): every expert on every token ([M, E, F]), the unchosen ones weighted 0: E/R times the
@@ -34,15 +39,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from zoo.nn.layers import Dtype, constrain, einsum_f32, normal
+from zoo.nn import tpu_kernels
+from zoo.nn.layers import Dtype, constrain, einsum_f32, normal, target_platform
 
 COLLECTION = "moe"  # the variable collection the router's statistics are sown into
-IMPLEMENTATIONS = ("sorted", "dense")
+IMPLEMENTATIONS = ("sorted", "dense", "gmm")  # gmm off TPU: Pallas interpret mode (checks, not speed)
 
 
 def default_implementation() -> str:
-    """sorted on accelerators; dense on CPU, where ragged_dot is a masked product over all experts."""
-    return "dense" if jax.default_backend() == "cpu" else "sorted"
+    """gmm on TPU; sorted on GPUs; dense on CPU, where ragged_dot is a masked product over all experts."""
+    return {"cpu": "dense", "tpu": "gmm"}.get(target_platform(), "sorted")
 
 
 class MoeMlp(nn.Module):
@@ -57,7 +63,7 @@ class MoeMlp(nn.Module):
     out_std: float = 0.02
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
-    implementation: str | None = None  # sorted | dense; None: default_implementation() (per platform)
+    implementation: str | None = None  # sorted | dense | gmm; None: default_implementation() (per platform)
 
     @nn.compact
     def __call__(self, x_BTD):
@@ -76,8 +82,11 @@ class MoeMlp(nn.Module):
         count_E = jnp.zeros((E,), jnp.float32).at[expert_MR.reshape(-1)].add(1.0)
         self.sow(COLLECTION, "router", jnp.stack([count_E, jnp.sum(probs_ME, axis=0)]))  # [2, E]
         kernels = tuple(w.astype(self.dtype) for w in (gate_EDF, fc_EDF, proj_EFD))
-        if (self.implementation or default_implementation()) == "dense":
+        implementation = self.implementation or default_implementation()
+        if implementation == "dense":
             y_MD = self.dispatch_dense(x_MD, top_MR, expert_MR, *kernels)
+        elif implementation == "gmm":
+            y_MD = tpu_kernels.gmm_experts(x_MD, top_MR, expert_MR, *kernels, self.activation)
         else:
             y_MD = self.dispatch_sorted(x_MD, top_MR, expert_MR, count_E.astype(jnp.int32), *kernels)
         return constrain(y_MD.reshape(B, T, D), ("batch", "length", "embed"))
