@@ -16,14 +16,16 @@ shard_map, as MaxText wraps them: the batch (tokens) split over the data axes an
 over `tensor`, as zoo.train.sharding.RULES splits `batch`, `heads` and `mlp`; a dim an axis does not divide is
 left whole. Without a mesh the kernel sees the whole arrays (one device).
 
-Block sizes. Splash: 512 queries x 512 keys per block (forward, dq and dkv alike; fewer when the length is
-shorter, always a multiple of 128 dividing it), MaxText's default `sa_block_*` for v5e/v5p/v6e: a block is
-512 x H of q, k and v plus a 512 x 512 float32 logit tile (1 MiB), well inside the scoped VMEM, and it keeps the
-128-wide (v5e) and 256-wide (v6e) MXUs fed with few grid steps (each costs ~0.35 us of pipeline overhead);
-128 is the kernel's floor (a block spans whole lanes), so lengths must be multiples of 128. gmm: tiles
-(512 rows, 1024 contracted, 1024 out), MaxText's `tile_batch_seq`/`tile_embed_dim`/`tile_mlp_dim`, clipped to
-the problem (rows to a multiple of 128, padded): big tiles amortise the per-tile overhead and the weight tile
-(1024 x 1024 bf16, 2 MiB, double-buffered) still fits VMEM.
+Block sizes. Splash: 512 queries x 512 keys per block in the forward kernel and in the fused backward one
+(dq, dk and dv in one pass: one kernel fewer, as MaxText's tuned recipes set sa_use_fused_bwd_kernel); fewer
+when a length is shorter, always a multiple of 128 dividing it. 512 is MaxText's default `sa_block_*` for
+v5e/v5p/v6e: a block's q, k and v (512 x H each) and its 512 x 512 float32 logit tile (1 MiB) sit well inside
+the scoped VMEM, and few grid steps (each costs ~0.35 us of pipeline overhead) keep the 128-wide (v5e) and
+256-wide (v6e) MXUs fed; 128 is the kernel's floor (a block spans whole lanes), so lengths must be multiples
+of 128. gmm: tiles of (512 rows, 1024 contracted, 1024 out), MaxText's megablox default (tile_batch_seq,
+tile_embed_dim, tile_mlp_dim), clipped to the problem in whole 128-lane tiles (rows padded to the row tile):
+big tiles amortise the per-tile overhead, and a 1024 x 1024 bf16 weight tile (2 MiB, double-buffered) still
+fits VMEM. Neither is tuned on hardware here: no TPU was measured.
 """
 
 from __future__ import annotations
