@@ -19,8 +19,9 @@ log-probabilities follow zoo-eval's convention: the first token is conditioned o
 end-of-text), not left empty.
 
 Nothing slow runs on the event loop, so /health and the other clients keep their answers coming: a body is read
-up to its cap and parsed, a chat template rendered, prompts tokenized and a scored response built in worker
-threads, and scoring runs on the engine's thread a batch at a time between decode chunks.
+up to its cap, and a large one parsed, a chat template rendered, long prompts tokenized and a scored response built
+in worker threads (small ones stay on the loop, where a thread's hop would cost more than the work), and scoring
+runs on the engine's thread a batch at a time between decode chunks.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from starlette.exceptions import HTTPException
 from zoo.errors import ZooError
 
 MAX_N = 8  # completions a request may ask for
+INLINE = 64 << 10  # bytes of body or prompt text handled on the event loop; more go to a worker thread
 MAX_DEPTH = 32  # how deeply a request's JSON may nest (OpenAI's own requests nest a few levels)
 # OpenAI's fields that zoo does not implement, each with the values that ask for nothing (some clients send them as
 # defaults); any other value is refused, naming the field, rather than silently ignored.
@@ -222,7 +224,8 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
             if size > max_request_bytes:
                 raise too_large(max_request_bytes, at_least=True)
             parts.append(part)
-        body = await asyncio.to_thread(parse_json, b"".join(parts))
+        raw = b"".join(parts)
+        body = parse_json(raw) if size <= INLINE else await asyncio.to_thread(parse_json, raw)
         model = body.get("model")
         if model is not None and model != model_id:
             raise ApiError(404, f"the model {json.dumps(model)[:80]} does not exist; this server serves '{model_id}'",
@@ -344,8 +347,9 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
     async def score(seqs: list[list[int]], top: bool) -> list:
         """Each sequence scored a batch at a time, each batch one job between the engine's decode chunks."""
         out = [None] * len(seqs)
-        for idx in engine.score_groups([len(x) for x in seqs]):
-            job = await asyncio.to_thread(engine.score_program, [seqs[i] for i in idx], top)
+        jobs = await asyncio.to_thread(lambda: [(idx, engine.score_program([seqs[i] for i in idx], top))
+                                                for idx in engine.score_groups([len(x) for x in seqs])])
+        for idx, job in jobs:  # the next only once this one is done: two scoring requests take turns
             try:
                 done = await asyncio.wrap_future(engine.job(job))
             except RuntimeError as e:
@@ -376,7 +380,8 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                            code="unsupported_parameter")
         if s["stream"] and (echo or logprobs is not None):
             raise ApiError(400, "'echo' and 'logprobs' need stream false", param="stream")
-        prompts = await asyncio.to_thread(encode, texts)
+        small = sum(map(len, texts)) <= INLINE  # a thread's hop costs more than a short prompt's encoding
+        prompts = encode(texts) if small else await asyncio.to_thread(encode, texts)
         rid = "cmpl-" + uuid.uuid4().hex[:24]
         if echo and asked == 0:
             for p in prompts:
@@ -393,7 +398,8 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
         if logprobs is not None:
             scored = await score([p + (c.ids if c else []) for p, c in rows], top=logprobs > 0)
         usage_ = usage(prompts, choices, s["n"])
-        return await asyncio.to_thread(completion_response, tok, rid, model_id, rows, scored, echo, logprobs, usage_)
+        answer = (completion_response, tok, rid, model_id, rows, scored, echo, logprobs, usage_)
+        return answer[0](*answer[1:]) if small and scored is None else await asyncio.to_thread(*answer)
 
     return app
 
