@@ -421,13 +421,17 @@ def completion_response(tok, rid: str, model_id: str, rows: list, scored, echo: 
             pieces = [tok.decode([t]) for t in ids]
             tops = []
             for j, piece in enumerate(pieces):
+                if np.isnan(lp[skip + j]):  # the tokenizer's own BOS, conditioned on nothing: no number, as vLLM
+                    tops.append(None)
+                    continue
                 best = {}
                 for v, t in zip(vals[skip + j, :k], top_ids[skip + j, :k]) if k else ():  # likeliest first
                     best.setdefault(tok.decode([int(t)]), float(v))
                 best[piece] = float(lp[skip + j])  # the chosen token's number is token_logprobs' own
                 tops.append(best)
             offsets = np.cumsum([0] + [len(x) for x in pieces])[:-1]
-            entry["logprobs"] = {"tokens": pieces, "token_logprobs": [float(x) for x in lp[skip:]],
+            entry["logprobs"] = {"tokens": pieces,
+                                 "token_logprobs": [None if np.isnan(x) else float(x) for x in lp[skip:]],
                                  "top_logprobs": tops, "text_offset": [int(x) for x in offsets]}
         out.append(entry)
     return JSONResponse({"id": rid, "object": "text_completion", "created": int(time.time()), "model": model_id,

@@ -355,7 +355,12 @@ class Engine:
         conditioned on the tokenizer's BOS, else its end-of-text); the job returns, per sequence, (float32[n]
         log-probabilities, and with `top` float32[n, MAX_TOP] and int[n, MAX_TOP] of the likeliest tokens)."""
         prefix = prefix_token(self.lm.tokenizer)
-        rows = [Row((prefix, *s), len(s)) for s in seqs]
+        # A prompt the tokenizer began with its own BOS (zoo.data.tokenizers.encode_text) is conditioned on that BOS,
+        # which itself gets no log-probability (None in the answer, as vLLM gives the first token); any other
+        # sequence is conditioned on the prefix token, as zoo-eval scores it.
+        own = tuple(getattr(self.lm.tokenizer, "special_prefix", ()))
+        lead = [len(own) if own and len(s) > len(own) and tuple(s[:len(own)]) == own else 0 for s in seqs]
+        rows = [Row(tuple(s), len(s) - n) if n else Row((prefix, *s), len(s)) for s, n in zip(seqs, lead)]
         inputs_BT, targets_BT, _ = pad_batch(rows, 1 << (len(rows) - 1).bit_length(), self.max_len)
         key = (*inputs_BT.shape, top)
         with self._compiling:
@@ -369,6 +374,11 @@ class Engine:
             self.scored += 1
             lp_BT = np.asarray(lp_BT)
             vals_BTK, ids_BTK = (np.asarray(vals_BTK), np.asarray(ids_BTK)) if top else (None, None)
-            return [(lp_BT[b, :len(s)], *((vals_BTK[b, :len(s)], ids_BTK[b, :len(s)]) if top else (None, None)))
-                    for b, s in enumerate(seqs)]
+
+            def led(x, n, fill):  # the scored positions of a row, after n unscored leading ones
+                return np.concatenate([np.full((n, *x.shape[1:]), fill, x.dtype), x]) if n else x
+            return [(led(lp_BT[b, :len(s) - n], n, np.nan),
+                     *((led(vals_BTK[b, :len(s) - n], n, np.nan), led(ids_BTK[b, :len(s) - n], n, -1)) if top
+                       else (None, None)))
+                    for b, (s, n) in enumerate(zip(seqs, lead))]
         return run
