@@ -24,7 +24,7 @@ BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 0.5, "u4
 _SHAPE = re.compile(r"\b(" + "|".join(BYTES) + r")\[([\d,]*)\]")
 _OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.*?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(")
 _KERNEL = re.compile(r'custom_call_target="([^"]+)"')
-_PALLAS_NAME = re.compile(r'"custom_call_config".*?"name"\s*:\s*"([^"]+)"|kernel_name\s*=\s*\\?"([^"\\]+)')
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w\-]+?)(?:\.\d+)*\s*=")  # a Pallas call is named for its kernel
 
 
 def _shape_bytes(text: str) -> int:
@@ -77,9 +77,8 @@ def kernels(hlo: str) -> list[str]:
     for line in hlo.splitlines():
         for target in _KERNEL.findall(line):
             if target == "tpu_custom_call":
-                m = _PALLAS_NAME.search(line)
-                name = (m.group(1) or m.group(2)) if m else None
-                names.add(f"tpu_custom_call:{name}" if name else target)
+                m = _INSTRUCTION.match(line)
+                names.add(f"tpu_custom_call:{m.group(1)}" if m else target)
             else:
                 names.add(target)
     return sorted(names)
@@ -153,8 +152,11 @@ def text(r: dict) -> str:
         return "\n".join(lines + [f"compiler        {r['refused']}: the step does not fit, nothing more to report"])
     if r.get("largest_batch") is not None:
         lines.append(f"largest batch   {r['largest_batch']} (train.batch_size that fits, found by compiling)")
-    lines += [f"FLOPs/step      {r['flops_per_device']:.4g} per device from XLA x {r['devices']} = "
-              f"{r['flops_per_device'] * r['devices']:.4g}; zoo's model count {r['model_flops']:.4g}"
+    trips = r.get("loop_trips", 1)
+    lines += [f"FLOPs/step      {r['flops_per_device']:.4g} per device from XLA"
+              + (f" x {trips} microbatches (XLA counts the loop's body once)" if trips > 1 else "")
+              + f" x {r['devices']} = {r['flops_per_device'] * trips * r['devices']:.4g}; zoo's model count "
+              f"{r['model_flops']:.4g}"
               + (" (XLA counts the decode loop's body once)" if "kv_cache" in mem else ""),
               "collectives     " + (", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in r["collective_bytes"].items() if v)
                                     or "none") + " per device",
