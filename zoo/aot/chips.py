@@ -1,6 +1,14 @@
 """The TPU chips zoo compiles for, with the figures the report sets a program against. Each figure is the
 chip's published one (Cloud TPU's system-architecture pages, named per chip); bandwidths are bytes per second.
 
+GPUs (measured 2026-11-28 with jax 0.10.2): the CUDA plugin (`jax-cuda12-plugin` + `jax-cuda12-pjrt`, 182 MB) does
+create compile-only devices on a host with no GPU when given a `target_config` (XLA's GpuTargetConfigProto as text:
+the device's SM count, memory, compute capability) and a `topology` ("1x1x8"), and compiles a plain sharded matmul
+there (memory_analysis answers; cost_analysis returns None). What blocks `--compile-for h100:8` today: cuDNN's
+fused attention checks the cuDNN library's version while tracing (`RuntimeError: cuDNN not found` without
+nvidia-cudnn, a ~700 MB wheel), and zoo would have to ship H100/H200 target descriptions of its own; jax's
+`jax_mock_gpu_topology` only mocks other hosts around real local GPUs.
+
 `ici_bytes_per_s` is the chip's inter-chip interconnect bandwidth as published (bidirectional, all ports
 together): the roofline charges collectives against it, which is optimistic for rings that use fewer ports.
 """
