@@ -10,6 +10,7 @@ import pytest
 
 from conftest import replace
 from tests.helpers.runs import run
+from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fixture finished_gpt)
 from zoo.errors import CheckpointError, ConfigError, TrainError
 from zoo.train import runs, trainer
 
@@ -65,6 +66,17 @@ def test_fresh_run_refuses_a_workdir_with_checkpoints(tiny_cfg, tmp_path):
     run(replace(tiny_cfg, train=dict(steps=1)), tmp_path)
     with pytest.raises(TrainError, match="already holds checkpoints; continue it with"):
         run(replace(tiny_cfg, train=dict(steps=1)), tmp_path)
+
+
+def test_a_workdir_linked_to_another_run_is_refused_before_its_lock_is_written(finished_gpt, tmp_path):
+    """A fresh run whose workdir is a link to a finished run is refused, and that run's .lock keeps its holder's
+    pid (and its time): nothing is written before the refusal."""
+    link, lock = tmp_path / "link", os.path.join(finished_gpt, ".lock")
+    os.symlink(finished_gpt, link)
+    before = open(lock).read(), os.stat(lock).st_mtime_ns
+    with pytest.raises(TrainError, match="already holds checkpoints; continue it with"):
+        run(runs.load_config(finished_gpt), link)
+    assert (open(lock).read(), os.stat(lock).st_mtime_ns) == before
 
 
 def test_resume_without_checkpoint(tiny_cfg, tmp_path):

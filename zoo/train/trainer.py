@@ -315,9 +315,8 @@ def disk_failure(e: OSError, path: str) -> TrainError:
 def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_step, config_of) -> dict:
     main, asked = jax.process_index() == 0, cfg
     built = peers.key("data")
-    with _claimed(path, main) as created:
+    with _claimed(path, main, lambda: _check_workdir(path, resume)) as created:
         try:
-            _check_workdir(path, resume)
             cfg = tasks.check_data(cfg)  # the source, columns and labels, before any model is built
             if resume and freeze.partial(cfg) and cfg.init_from:  # the base gone or changed: said first, once
                 runs.check_base(path, cfg)
@@ -395,12 +394,13 @@ def steps_of_epochs(cfg: Config, rows: int, main: bool = True) -> Config:
 
 
 @contextlib.contextmanager
-def _claimed(path: str, main: bool):
-    """The workdir lock, taken by process 0 alone; the other processes wait for its verdict (zoo.train.peers)."""
+def _claimed(path: str, main: bool, check):
+    """The workdir lock, taken by process 0 alone after `check()` (zoo.train.workdir.claim); the other processes
+    wait for its verdict (zoo.train.peers)."""
     k, told = peers.key("workdir"), False
     peers.wait(k, f"the workdir {path!r}")
     try:
-        with claim(path, enabled=main) as created:
+        with claim(path, enabled=main, check=check) as created:
             peers.tell(k, None)
             told = True
             yield created

@@ -1,7 +1,9 @@
 """One run per workdir: `claim(workdir)` creates the directory if needed, proves it writable and takes an
 exclusive lock (`fcntl.flock` on WORKDIR/.lock) held until the run ends. A second run on the same workdir
 is refused at once, naming the holder's pid; the kernel drops the lock when its holder dies, so a run
-killed with kill -9 leaves nothing that blocks the next one. Checked before any expensive work. `own_tokenizer` copies the tokenizer files a run reads into it."""
+killed with kill -9 leaves nothing that blocks the next one. Checked before any expensive work; a workdir the
+run may not use (another run's checkpoints, through a link or not) is refused before its .lock is written.
+`own_tokenizer` copies the tokenizer files a run reads into it."""
 
 from __future__ import annotations
 
@@ -17,25 +19,34 @@ LOCK = ".lock"
 
 
 @contextlib.contextmanager
-def claim(workdir: str, enabled: bool = True):
+def claim(workdir: str, enabled: bool = True, check=None):
     """Hold `workdir` for one run; yields whether it was created here (the caller may remove it if the run
-    fails before it made anything worth keeping). `enabled=False` (processes other than 0) does nothing."""
+    fails before it made anything worth keeping). `check()`, given, refuses a workdir (one that holds another
+    run's checkpoints, through a link or not) once the lock is held and before anything is written in it: the
+    other run's .lock keeps its holder's pid. `enabled=False` (processes other than 0) only checks."""
     if not enabled:
+        if check is not None:
+            check()
         yield False
         return
     created = not os.path.exists(workdir)
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise TrainError(f"workdir {workdir!r} is a file, not a directory; pick another --workdir")
+    path = os.path.join(workdir, LOCK)
+    fd = _open(workdir, path, create=False)  # a lock there already: taken before the check, its content kept
     try:
-        os.makedirs(workdir, exist_ok=True)
-        fd = os.open(os.path.join(workdir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise TrainError(f"workdir {workdir!r} is not writable ({e.strerror}); pick another --workdir") from None
+        if fd is not None:
+            _lock(workdir, fd)
+        if check is not None:
+            check()
+        if fd is None:
+            fd = _open(workdir, path, create=True)
+            _lock(workdir, fd)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _in_use(workdir, fd) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         ckpts = os.path.join(workdir, "checkpoints")
@@ -45,6 +56,25 @@ def claim(workdir: str, enabled: bool = True):
         yield created
     finally:
         os.close(fd)  # releases the lock
+
+
+def _open(workdir: str, path: str, create: bool) -> int | None:
+    """The lock file's descriptor (None: there is none and `create` is False)."""
+    try:
+        if create:
+            os.makedirs(workdir, exist_ok=True)
+        return os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    except OSError as e:
+        if not create and isinstance(e, FileNotFoundError):
+            return None
+        raise TrainError(f"workdir {workdir!r} is not writable ({e.strerror}); pick another --workdir") from None
+
+
+def _lock(workdir: str, fd: int) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _in_use(workdir, fd) from None
 
 
 def _in_use(workdir: str, fd: int) -> TrainError:
