@@ -1,5 +1,7 @@
-"""train.py --init-from: fine-tuning a zoo run or a Hugging Face directory with no config file of its own."""
+"""train.py --init-from: fine-tuning a zoo run or a Hugging Face directory with no config file of its own; the
+early check sees the config the run trains (GRPO's settings)."""
 
+import dataclasses
 import json
 import os
 
@@ -7,8 +9,15 @@ import jax
 import numpy as np
 import pytest
 
+from tests.helpers import tiny_configs
+from tests.helpers.processes import config_file
+from tests.helpers.runs import write_jsonl
+from tests.helpers.shared_runs import SMOLLM2_GGUF, smollm2_dir
 from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fixture finished_gpt)
+from zoo import tasks
+from zoo.api import fine_tune
 from zoo.cli.train import parse, resolve, train_main
+from zoo.errors import ConfigError
 from zoo.train import checkpoint, runs
 
 LR = "optim.lr=1e-12"  # one step at this rate leaves the weights where init_from put them
@@ -104,3 +113,34 @@ def test_a_config_file_may_init_from_a_hugging_face_directory(tmp_path, cache_di
     theirs, ours = params_of(os.path.join(work, "base")), params_of(work)
     np.testing.assert_allclose(ours["bert"]["embed"]["word"]["embedding"], theirs["bert"]["embed"]["word"]["embedding"],
                                atol=1e-3)  # one step at lr 1e-4 (linear warmup from 0: the first step's lr is 0)
+
+
+GRPO = ["task=grpo", "model.lora_rank=4", "grpo.rewards=tests.helpers.tiny_rewards:digits",
+        "grpo.max_completion_tokens=8"]
+
+
+@pytest.mark.parametrize("kind", ["hf", "gguf", "zoo"])
+def test_grpo_from_a_checkpoint_is_checked_on_the_config_it_trains(kind, hf_gpt2, finished_gpt, tmp_path, cache_dir):
+    """--init-from SRC --set task=grpo --set model.lora_rank=4 (or --set grpo.beta=0 without adapters, or a
+    config file of task grpo with adapters) passes the check made before SRC is converted; without adapters and
+    with grpo.beta=0.04 it is refused there. A zoo run is not converted: its fine-tune's config is checked whole."""
+    src = {"hf": hf_gpt2, "gguf": os.path.join(smollm2_dir(), SMOLLM2_GGUF), "zoo": finished_gpt}[kind]
+    data = write_jsonl(tmp_path / "sums.jsonl", tiny_configs.sums(16))
+    cfg = tiny_configs.grpo(cache_dir)
+    file = config_file(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_rank=4),
+                                           grpo=dataclasses.replace(cfg.grpo, beta=0.04)), tmp_path)
+
+    def check(config, sets):
+        if kind != "zoo":
+            return fine_tune.precheck(src, config, sets)
+        tasks.check_data(fine_tune.fine_tune_config(src, str(tmp_path / "w"), config=config, overrides=sets), vocab=False)
+
+    sets = GRPO + [f"data.source={data}"]
+    for config, extra in ((None, []), (None, ["model.lora_rank=0", "grpo.beta=0"]), (file, [])):
+        check(config, sets + extra if config is None else extra)
+    with pytest.raises(ConfigError, match=r"^grpo.beta=0.04 penalises the distance to a reference"):
+        check(None, sets + ["model.lora_rank=0"])
+    if kind != "gguf":  # the config file's task and adapters are what the run trains (a tiny model: converted in memory)
+        cfg = fine_tune.fine_tune_config(src, str(tmp_path / "w"), config=file, dry=True)
+        assert (cfg.task, cfg.model.lora_rank, cfg.grpo.beta) == ("grpo", 4, 0.04)
+

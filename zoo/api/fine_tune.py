@@ -6,8 +6,9 @@ documented fine-tuning defaults (printed once), not from SRC's own run: a conver
 training settings of its own, and a pretraining run's batch, length, steps and peak learning rate are not a
 fine-tune's. The data stays SRC's (the built-in corpus for a converted checkpoint) unless --set names it.
 
-Before anything is converted, the data a fine-tune names is checked against the task it will train
-(`precheck`): a wrong column or file type is reported in seconds, not after minutes of conversion.
+Before anything is converted, the data and settings a fine-tune names are checked against the config it will
+train (`precheck`): a wrong column, file type or task setting is reported in seconds, not after minutes of
+conversion.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ FINE_TUNE = {"optim.lr": "1e-4", "optim.schedule": "linear", "optim.warmup": "0.
              "train.save_every": "100", "train.log_every": "10"}
 FINE_TUNE_SEQ_LEN = 256  # data.seq_len, or the source run's if shorter
 LORA_LR = "2e-4"  # optim.lr when the model carries LoRA adapters (model.lora_rank > 0)
+# A CONFIG's model fields a fine-tune takes (the rest is SRC's): the adapters it trains, when it trains some.
+LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "quantize_base")
 
 
 def is_hf_dir(path: str) -> bool:
@@ -106,36 +109,59 @@ def _source_task(src: str) -> str | None:
     return conv.task_for(hf_cfg, io.Keys({}, conv.PREFIXES))
 
 
-def _task(theirs_task: str, sets) -> str:
+def _task(theirs_task: str, sets, file_task: str | None = None) -> str:
+    """The task a fine-tune of a `theirs_task` source trains before --set task=: a config file's own task when
+    it is one of the source's family (its sections are written for it), else the source's (a bare BERT encoder:
+    bert_mlm, or bert_cls when --set names a label field)."""
+    from zoo.models import TASK_FAMILY
+    if file_task and file_task != "bert_encoder" and TASK_FAMILY.get(file_task) == TASK_FAMILY.get(theirs_task):
+        return file_task
     task = "bert_mlm" if theirs_task == "bert_encoder" else theirs_task
     if theirs_task.startswith("bert_") and theirs_task != "bert_tokens" and _set_keys(sets) & set(CLS_FIELDS):
         task = "bert_cls"
     return task
 
 
-def precheck(src: str, config: str | None, overrides) -> None:
-    """The data of `--init-from SRC` checked against the task it will train, before SRC is converted: the
-    file opens, the columns exist and hold text, the labels are labels (the tokenizer waits for the
-    conversion). Unknown tasks (an adapter on a hub base) are left to the trainer's own check."""
-    from zoo import tasks
-    from zoo.config import Config, apply_overrides, load_config_file
+def _stand_in(src: str, task: str):
+    """The config of a source not yet converted, as far as the data checks read it: its task and family, a
+    model of that family's default shapes with the source's LoRA rank (an adapter's), room for any data.seq_len
+    (the positions are checked after conversion) and a head that counts the labels."""
+    from zoo.config import Config
+    from zoo.hf import peft
     from zoo.models import FAMILIES, TASK_FAMILY
+    model = FAMILIES[TASK_FAMILY[task]].config()
+    if hasattr(model, "max_len"):
+        model = dataclasses.replace(model, max_len=1 << 20)
+    if hasattr(model, "num_classes"):
+        model = dataclasses.replace(model, num_classes=0)
+    if peft.is_adapter_dir(src):
+        model = dataclasses.replace(model, lora_rank=int(peft.read_config(src)["r"]))
+    return Config(task=task, model=model)
+
+
+def precheck(src: str, config: str | None, overrides) -> None:
+    """The data of `--init-from SRC [CONFIG]` checked against the task it will train, before SRC is converted,
+    on the config the run will train (`assemble`: CONFIG's task and sections, the fine-tuning defaults and every
+    --set) with a stand-in for the model the conversion will give (`_stand_in`): the file opens, the columns
+    exist and hold text, the labels are labels, the task's settings fit (grpo.beta and model.lora_rank). The
+    tokenizer and the model's shapes wait for the conversion. Unknown tasks (an adapter on a hub base), and --set
+    model fields the stand-in cannot take, are left to the trainer's own check."""
+    from zoo import tasks
+    from zoo.errors import ConfigError
     theirs_task = _source_task(src)
     if theirs_task is None:
         return
-    task = _task(theirs_task, overrides)
-    sets = [s for s in overrides if s.split("=", 1)[0].strip() == "task" or s.startswith("data.")]
-    base = load_config_file(configs.find(config)) if config else Config()
-    family = FAMILIES[TASK_FAMILY[task]]
-    model = family.config()
-    if hasattr(model, "max_len"):  # any data.seq_len: the checkpoint's positions are checked after conversion
-        model = dataclasses.replace(model, max_len=1 << 20)
-    if hasattr(model, "num_classes"):  # count the labels unless the user fixed the head's size
-        num = [s.split("=", 1)[1] for s in overrides if s.split("=", 1)[0].strip() == "model.num_classes"]
-        model = dataclasses.replace(model, num_classes=int(num[-1]) if num else 0)
-    light = apply_overrides(dataclasses.replace(base, task=task, model=model), sets)
+    theirs = _stand_in(src, theirs_task)
+    try:
+        cfg = assemble(theirs, src, config, overrides)[0]
+    except ConfigError:
+        plain = [s for s in overrides if not s.strip().startswith("model.")]
+        if len(plain) == len(overrides):
+            raise
+        assemble(theirs, src, config, plain)  # a setting of another section is said now
+        return  # the stand-in's shapes refused a model setting: the trainer checks it on the converted model
     with contextlib.redirect_stdout(io.StringIO()):  # what it counts is said once, by the trainer's own check
-        tasks.check_data(light, vocab=False)
+        tasks.check_data(cfg, vocab=False)
 
 
 def defaults(theirs, sets) -> list[str]:
@@ -147,18 +173,17 @@ def defaults(theirs, sets) -> list[str]:
     return given
 
 
-def fine_tune_config(src: str, workdir: str, *, config: str | None = None, overrides=(), dry: bool = False):
-    """The config of `--init-from SRC [CONFIG]` (zoo.train(init_from=SRC)): model, tokenizer and task from SRC's
-    run (a Hugging Face directory is converted into WORKDIR/base first; `dry`: nothing written); data from CONFIG
-    or that run; optim and train from CONFIG, else FINE_TUNE (said on the console)."""
+def assemble(theirs, base: str, config: str | None, overrides):
+    """(the config of a fine-tune of the run `base` whose config is `theirs`, the FINE_TUNE defaults it took):
+    model and tokenizer from `theirs`; task, data, optim and train from CONFIG (its task when it is one of the
+    model's family, its LoRA adapters when it has some: LORA_FIELDS), else FINE_TUNE and `theirs`' data; every
+    --set last."""
     from zoo.config import apply_overrides, load_config_file
-    overrides = list(overrides)
-    if not dry and needs_conversion(src):
-        precheck(src, config, overrides)
-    theirs, base = base_run(src, workdir, dry)
     ours = load_config_file(configs.find(config)) if config else theirs
-    task = _task(theirs.task, overrides)
+    task = _task(theirs.task, overrides, ours.task if config else None)
     model = theirs.model
+    if config and ours.model.family == model.family and ours.model.lora_rank:  # the file's adapters, on SRC's model
+        model = dataclasses.replace(model, **{f: getattr(ours.model, f) for f in LORA_FIELDS})
     if task == "bert_cls" and theirs.task != "bert_cls" and "model.num_classes" not in _set_keys(overrides):
         model = dataclasses.replace(model, num_classes=0)  # a fresh head: as many classes as the labels have
     data = dataclasses.replace(ours.data, tokenizer=theirs.data.tokenizer, label_names=theirs.data.label_names
@@ -169,7 +194,18 @@ def fine_tune_config(src: str, workdir: str, *, config: str | None = None, overr
     if given and cfg.model.lora_rank and "optim.lr" not in _set_keys(overrides):
         cfg = apply_overrides(cfg, [f"optim.lr={LORA_LR}"])
         given = [g if not g.startswith("optim.lr=") else f"optim.lr={LORA_LR}" for g in given]
-    cfg = dataclasses.replace(cfg, context_len=max(theirs.window, cfg.data.seq_len))
+    return dataclasses.replace(cfg, context_len=max(theirs.window, cfg.data.seq_len)), given
+
+
+def fine_tune_config(src: str, workdir: str, *, config: str | None = None, overrides=(), dry: bool = False):
+    """The config of `--init-from SRC [CONFIG]` (zoo.train(init_from=SRC)): `assemble` on SRC's run (a Hugging Face
+    directory, GGUF file or adapter converted into WORKDIR/base first, its data checked before; `dry`: nothing
+    written), the fine-tuning defaults it took said on the console."""
+    overrides = list(overrides)
+    if not dry and needs_conversion(src):
+        precheck(src, config, overrides)
+    theirs, base = base_run(src, workdir, dry)
+    cfg, given = assemble(theirs, base, config, overrides)
     if given:
         mine = _set_keys(overrides)
         shown = ", ".join(g for g in given if g.split("=", 1)[0] not in mine)
