@@ -36,3 +36,13 @@ class FamilyError(ZooError):
 
 class TrainError(RuntimeError):
     """Training cannot go on (non-finite loss, bad workdir); the message says what to do."""
+
+
+class Interrupted(TrainError):
+    """A SIGTERM or Ctrl-C stopped a run outside its training loop (converting its base, building its data,
+    compiling): the message says what was kept and what to run next; `signal` is the signal's number (a command
+    exits with 128 + it, as a shell reports a process the signal ended)."""
+
+    def __init__(self, message: str, signal: int):
+        super().__init__(message)
+        self.signal = signal

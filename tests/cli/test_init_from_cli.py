@@ -1,16 +1,20 @@
 """train.py --init-from: fine-tuning a zoo run or a Hugging Face directory with no config file of its own; the
-early check sees the config the run trains (GRPO's settings)."""
+early check sees the config the run trains (GRPO's settings); a start stopped before its first step (SIGTERM, kill
+-9) goes on when run again."""
 
 import dataclasses
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
 
 from tests.helpers import tiny_configs
-from tests.helpers.processes import config_file
+from tests.helpers.processes import ROOT, config_file, environment
 from tests.helpers.runs import write_jsonl
 from tests.helpers.shared_runs import SMOLLM2_GGUF, smollm2_dir
 from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fixture finished_gpt)
@@ -18,7 +22,7 @@ from zoo import tasks
 from zoo.api import fine_tune
 from zoo.cli.train import parse, resolve, train_main
 from zoo.errors import ConfigError
-from zoo.train import checkpoint, runs
+from zoo.train import checkpoint, runs, trainer
 
 LR = "optim.lr=1e-12"  # one step at this rate leaves the weights where init_from put them
 
@@ -144,3 +148,55 @@ def test_grpo_from_a_checkpoint_is_checked_on_the_config_it_trains(kind, hf_gpt2
         cfg = fine_tune.fine_tune_config(src, str(tmp_path / "w"), config=file, dry=True)
         assert (cfg.task, cfg.model.lora_rank, cfg.grpo.beta) == ("grpo", 4, 0.04)
 
+
+def fine_tune_argv(src, work, cache_dir):
+    return ["--init-from", src, "--workdir", str(work), "--set", "train.steps=1", "--set", LR, "--set",
+            "data.seq_len=32", "--set", "train.batch_size=8", "--set", f"data.cache_dir={cache_dir}", "--set",
+            "train.eval_every=0"]
+
+
+def sigterm(*args, **kw):
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+KILLED_AT_THE_FIRST_STEP = """
+import os, signal, sys
+from zoo.cli.train import train_main
+from zoo.train import trainer
+trainer.Setup.jit_train_step = lambda setup: lambda state, batch: os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(train_main(sys.argv[1:]))
+"""
+
+
+def test_a_fine_tune_stopped_before_its_first_step_goes_on(hf_gpt2, tmp_path, capsys, cache_dir):
+    """SIGTERM while the base is converted, or after (the state's init compiling): one line, exit 143, and the
+    same command run again goes on: a complete base is reused, an incomplete one (no CONVERTED: a conversion
+    killed) converted again; --resume of a workdir with a base alone names that command. Then kill -9 at the
+    first step (a process of its own; config.json written, no checkpoint): --resume starts it from step 0."""
+    work = tmp_path / "ft"
+    argv = fine_tune_argv(hf_gpt2, work, cache_dir)
+    last_err = lambda: capsys.readouterr().err.strip().splitlines()[-1]  # noqa: E731
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checkpoint, "save_weights", sigterm)  # the conversion writing the base
+        assert train_main(argv) == 143
+        assert last_err() == ("stopped by SIGTERM (signal 15) before the first step: nothing was trained; run the "
+                              "same command again to start") and not work.exists()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trainer.Setup, "init_state", sigterm)
+        assert train_main(argv) == 143
+        assert last_err() == (f"stopped by SIGTERM (signal 15) before the first step: nothing was trained; the base "
+                              f"converted into {work}/base is kept and reused; run the same command again to start")
+        assert fine_tune.converted(str(work)) == hf_gpt2 and checkpoint.all_steps(str(work)) == []
+        assert train_main(["--resume", str(work)]) == 2
+        assert "its converted base/ alone; run the command that started it again" in last_err()
+        os.remove(work / "base" / fine_tune.CONVERTED)  # a conversion killed before its end
+        assert train_main(argv) == 143
+        out = capsys.readouterr().out
+        assert "reusing" not in out and f"wrote {work}/base" in out and fine_tune.converted(str(work)) == hf_gpt2
+    p = subprocess.run([sys.executable, "-c", KILLED_AT_THE_FIRST_STEP, *argv], cwd=ROOT, env=environment(1),
+                       capture_output=True, text=True)
+    assert p.returncode == -signal.SIGKILL and f"reusing {work}/base" in p.stdout, p.stderr[-2000:]
+    assert checkpoint.all_steps(str(work)) == [] and (work / "config.json").exists()
+    assert train_main(["--resume", str(work)]) == 0
+    assert f"{work} holds no checkpoint yet (its run stopped before its first save): starting it again from step 0 " \
+           f"with its config.json" in capsys.readouterr().out and checkpoint.all_steps(str(work)) == [1]

@@ -8,7 +8,8 @@ fine-tune's. The data stays SRC's (the built-in corpus for a converted checkpoin
 
 Before anything is converted, the data and settings a fine-tune names are checked against the config it will
 train (`precheck`): a wrong column, file type or task setting is reported in seconds, not after minutes of
-conversion.
+conversion. A start stopped during or after the conversion (a signal, kill -9) leaves a workdir the same command
+goes on in: a complete base (base/CONVERTED) is reused, an incomplete one converted again.
 """
 
 from __future__ import annotations
@@ -54,8 +55,12 @@ def base_run(src: str, workdir: str, dry: bool = False):
     """(config, run directory) of an init_from source: a zoo run as it is; a Hugging Face directory, a GGUF
     file or a PEFT LoRA adapter directory (adapter_config.json, no config.json: a zoo LoRA run whose merged
     weights fine-tuning starts from) converted into WORKDIR/base (dry: nothing written, for --print-config;
-    a GGUF file is converted into a temporary directory)."""
-    from zoo.errors import ConfigError
+    a GGUF file is converted into a temporary directory).
+
+    The conversion holds the workdir's lock and ends by writing base/CONVERTED (`converted`): a start that was
+    killed leaves a workdir the same command goes on in, reusing a complete base and redoing an incomplete
+    one. A workdir that holds checkpoints, or a base converted from another source, is refused before anything
+    is written in it."""
     from zoo.hf import peft
     from zoo.train import runs
     if not needs_conversion(src):
@@ -73,20 +78,61 @@ def base_run(src: str, workdir: str, dry: bool = False):
             return runs.load_config(os.path.join(tmp, "base")), base
     if dry:
         return hf.from_pretrained(src)[3], base
-    if os.path.exists(workdir):
-        raise ConfigError(f"init_from={src!r} is converted into the workdir's base/, so --workdir must be new; "
-                          f"{workdir!r} exists")
-    try:
-        if gguf:
-            from_gguf(src, base)
-        elif adapter:
-            peft.from_peft(src, base)
-        else:
-            hf.from_hf(src, base)
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)  # nothing half-converted stays behind
-        raise
+    import jax
+    from zoo.train.workdir import claim
+    created = not os.path.exists(workdir)
+    with claim(workdir, enabled=jax.process_count() == 1, check=lambda: _check_reusable(workdir, src)):
+        if converted(workdir) is not None:
+            print(f"reusing {base}: {src} was converted into it by an earlier start of this run", flush=True)
+            return runs.load_config(base), base
+        shutil.rmtree(base, ignore_errors=True)  # what a start killed while converting left
+        try:
+            if gguf:
+                from_gguf(src, base)
+            elif adapter:
+                peft.from_peft(src, base)
+            else:
+                hf.from_hf(src, base)
+            _mark_converted(base, src)
+        except BaseException:
+            shutil.rmtree(workdir if created else base, ignore_errors=True)  # nothing half-converted stays behind
+            raise
     return runs.load_config(base), base
+
+
+CONVERTED = "converted.json"  # in WORKDIR/base, written last: {"source": what was converted into it}
+
+
+def converted(workdir: str) -> str | None:
+    """The source WORKDIR/base was converted from, None when there is no complete conversion there."""
+    import json
+    try:
+        with open(os.path.join(workdir, "base", CONVERTED)) as f:
+            source = json.load(f)["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return source if isinstance(source, str) else None
+
+
+def _mark_converted(base: str, src: str) -> None:
+    import json
+    tmp = os.path.join(base, CONVERTED + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"source": os.path.abspath(src)}, f)
+    os.replace(tmp, os.path.join(base, CONVERTED))
+
+
+def _check_reusable(workdir: str, src: str) -> None:
+    """Refuse a workdir a conversion may not go on in: one with checkpoints, or whose base is another source's."""
+    from zoo.errors import ConfigError, TrainError
+    from zoo.train import checkpoint
+    if checkpoint.all_steps(workdir):
+        raise TrainError(f"workdir {workdir!r} already holds checkpoints; continue it with "
+                         f"`python train.py --resume {workdir}` or pick another --workdir")
+    had = converted(workdir)
+    if had is not None and had != os.path.abspath(src):
+        raise ConfigError(f"{os.path.join(workdir, 'base')!r} was converted from {had}, not init_from={src!r}; "
+                          f"pick another --workdir (or remove that base)")
 
 
 def _set_keys(sets) -> set[str]:

@@ -250,20 +250,31 @@ def train(config=None, *, workdir: str | None = None, overrides=None, resume: bo
         check_free(workdir)  # a run in progress is named first, before anything is loaded
     fresh = not os.path.exists(workdir) and main
     try:
-        cfg = resolve(config, workdir=workdir, overrides=sets, resume=resume, init_from=init_from, step=step,
-                      new_batch=new_batch)
-        if main:
-            print(f"{'resuming' if resume else 'training'} {cfg.task} in {workdir}", flush=True)
-        if quiet or not sys.stderr.isatty():
-            import datasets
-            datasets.disable_progress_bars()  # the one-time tokenization's bars are noise in a log
-        out = trainer.train(cfg, workdir, resume=resume, quiet=quiet, resume_step=step, devices=devices,
-                            config_of=_config_of(workdir, sets) if resume else None)
+        with trainer.stops_at_once():  # a signal before the loop's own handler: one line, the workdir re-runnable
+            if resume and step is None and (unsaved := _never_saved(workdir)) is not None:
+                config, resume = unsaved, False
+                if main:
+                    print(f"{workdir} holds no checkpoint yet (its run stopped before its first save): starting it "
+                          f"again from step 0 with its config.json", flush=True)
+            cfg = resolve(config, workdir=workdir, overrides=sets, resume=resume, init_from=init_from, step=step,
+                          new_batch=new_batch)
+            if main:
+                print(f"{'resuming' if resume else 'training'} {cfg.task} in {workdir}", flush=True)
+            if quiet or not sys.stderr.isatty():
+                import datasets
+                datasets.disable_progress_bars()  # the one-time tokenization's bars are noise in a log
+            out = trainer.train(cfg, workdir, resume=resume, quiet=quiet, resume_step=step, devices=devices,
+                                config_of=_config_of(workdir, sets) if resume else None)
     except BaseException as e:
-        if fresh:  # a run that failed before its first step leaves nothing: the corrected retry starts clean
+        stopped = isinstance(e, trainer.Stopped)
+        # A run that failed before its first step leaves nothing: the corrected retry starts clean. One stopped by
+        # a signal keeps a converted base, which the same command reuses.
+        if fresh and not (stopped and fine_tune.converted(workdir) is not None):
             _remove_unstarted(workdir)
         if isinstance(e, OSError) and e.errno in trainer.DISK_ERRNOS:  # e.g. converting the base on a full disk
             raise trainer.disk_failure(e, workdir) from None
+        if stopped:
+            raise _interrupted(e.signum, workdir) from None
         raise
     records = out["records"]
     return Run(workdir, out["setup"].cfg, int(jax.device_get(out["state"].step)), records[-1] if records else {},
@@ -280,6 +291,46 @@ def _config_of(workdir: str, overrides):
         from zoo.train import runs
         return apply_overrides(runs.load_config(workdir, step), overrides)
     return config_of
+
+
+def _never_saved(workdir: str) -> Config | None:
+    """The config a --resume of a run stopped before its first save starts again from step 0 with (its config.json,
+    written once its data was built); None for a workdir that is not such a run. One that holds a converted base
+    alone (stopped earlier) is refused, naming the command that goes on from it."""
+    import json
+    from zoo.config import from_dict
+    from zoo.errors import TrainError
+    from zoo.train import checkpoint
+    if not os.path.isdir(workdir) or checkpoint.all_steps(workdir):
+        return None
+    path = os.path.join(workdir, "config.json")
+    if os.path.isfile(path):
+        try:
+            with open(path) as f:
+                return from_dict(checkpoint.located(json.load(f), workdir))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"{path} does not read ({type(e).__name__}: {e}); {workdir!r} holds no checkpoint to "
+                              f"resume: run the command that started it again") from None
+    if os.path.isdir(os.path.join(workdir, "base")):
+        raise TrainError(f"{workdir!r} holds no checkpoint yet: its run stopped before its first step, with its "
+                         f"converted base/ alone; run the command that started it again, which goes on from there")
+    return None
+
+
+def _interrupted(signum: int, workdir: str):
+    """The one line of a run a signal stopped outside its loop: what it kept and what to run next."""
+    import signal
+    from zoo.errors import Interrupted
+    from zoo.train import checkpoint
+    name = signal.Signals(signum).name
+    steps = checkpoint.all_steps(workdir) if os.path.isdir(workdir) else []
+    if steps:
+        return Interrupted(f"stopped by {name} (signal {signum}); the run's checkpoints are kept (newest: step "
+                           f"{max(steps)}): continue with python train.py --resume {workdir}", signum)
+    kept = (f"; the base converted into {os.path.join(workdir, 'base')} is kept and reused"
+            if fine_tune.converted(workdir) is not None else "")
+    return Interrupted(f"stopped by {name} (signal {signum}) before the first step: nothing was trained{kept}; "
+                       f"run the same command again to start", signum)
 
 
 def _remove_unstarted(workdir: str) -> None:

@@ -13,8 +13,11 @@ becomes a zoo LoRA run on its base (zoo.hf.peft; a Hugging Face base is converte
 fresh adapters of the adapter's rank and targets (--set model.lora_rank=0: every weight). A
 bare BERT encoder trains as bert_mlm, or as bert_cls when --set names data.label_column,
 data.text_pair_column or data.label_names (model.num_classes: the labels' count unless set); --set
-task=... picks any task of the model's family. The data is checked before anything is converted or built,
-and a run that fails before its first step leaves no workdir behind, so the corrected command can run again.
+task=... picks any task of the model's family (a CONFIG's own task, when it is one). The data is checked before
+anything is converted or built, and a run that fails before its first step leaves no workdir behind, so the
+corrected command can run again. A SIGTERM or Ctrl-C before the first step ends in one line (exit 128 + the
+signal) and keeps a converted base; the same command, run again, goes on from it (so does one killed with
+kill -9), and --resume of a run that never saved starts it again from step 0.
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ def train_main(argv=None) -> int:
     if a.list:
         print(configs.listing())
         return 0
-    from zoo.errors import TrainError
+    from zoo.errors import Interrupted, TrainError
     from zoo.train.workdir import check_free
     try:
         several = distributed.wanted(a)
@@ -119,7 +122,7 @@ def train_main(argv=None) -> int:
                              init_from=a.init_from, step=a.step, new_batch=a.new_batch, quiet=a.quiet)
     except BaseException as e:
         if isinstance(e, (TrainError, distributed.DistributedError, *BAD_INPUT)):
-            code = error(e)
+            code = error(e) if not isinstance(e, Interrupted) else stopped(e)
             if several and main:  # its peers end on the same refusal: they need its coordination service meanwhile
                 distributed.linger()
             return code
@@ -143,6 +146,13 @@ def train_main(argv=None) -> int:
             text = lm.chat(prompt, **kw) if cfg.task == "sft" else lm.generate(prompt, **kw)
             print(f"sample (temperature 0.8, top-k 40):\n{prompt}{text}")
     return 0
+
+
+def stopped(e) -> int:
+    """A run a signal stopped before its loop (zoo.errors.Interrupted): its one line, and the exit code a shell
+    gives a process that signal ended (143 for SIGTERM, 130 for Ctrl-C)."""
+    print(e, file=sys.stderr, flush=True)
+    return 128 + e.signal
 
 
 def settings(a) -> dict:

@@ -186,6 +186,35 @@ class _Stopper:
 
 def _check_workdir(workdir: str, resume: bool) -> None:
     ck, root = checkpoint.ckpt_dir(workdir), os.path.realpath(workdir)
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or Ctrl-C outside the loop (`stops_at_once`: converting a base, building the data, compiling the
+    state's init): raised where the program is, so every cleanup on the way out runs. A KeyboardInterrupt, so
+    code that lets Ctrl-C through lets it through; `signum` is the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stops_at_once():
+    """While this holds, SIGTERM and SIGINT raise Stopped (at once, where the program is) instead of ending the
+    process with no word (SIGTERM's default); inside it the loop's _Stopper saves first instead."""
+    def handle(signum, frame):
+        raise Stopped(signum)
+    old = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, handle)
+    except ValueError:  # not the main thread: no handlers
+        pass
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
     if os.path.exists(ck) and os.path.commonpath([os.path.realpath(ck), root]) != root:
         raise TrainError(f"{ck} is a link to {os.path.realpath(ck)}, outside the run {workdir!r}: a run writes only "
                          f"into its own directory (copy the checkpoints in instead of linking them)")
