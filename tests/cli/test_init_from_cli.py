@@ -168,7 +168,15 @@ sys.exit(train_main(sys.argv[1:]))
 """
 
 
-def test_a_fine_tune_stopped_before_its_first_step_goes_on(hf_gpt2, tmp_path, capsys, cache_dir):
+@pytest.fixture
+def sigterm_fails():
+    """A SIGTERM that no handler of zoo's catches fails the test (the default handler would end pytest's process)."""
+    old = signal.signal(signal.SIGTERM, lambda *a: pytest.fail("a SIGTERM reached no handler of zoo's"))
+    yield
+    signal.signal(signal.SIGTERM, old)
+
+
+def test_a_fine_tune_stopped_before_its_first_step_goes_on(hf_gpt2, tmp_path, capsys, cache_dir, sigterm_fails):
     """SIGTERM while the base is converted, or after (the state's init compiling): one line, exit 143, and the
     same command run again goes on: a complete base is reused, an incomplete one (no CONVERTED: a conversion
     killed) converted again; --resume of a workdir with a base alone names that command. Then kill -9 at the

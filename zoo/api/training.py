@@ -235,7 +235,9 @@ def train(config=None, *, workdir: str | None = None, overrides=None, resume: bo
     devices: the jax devices to train on (default: all). A run that fails before its first step leaves no
     workdir behind. Raises zoo.errors.ConfigError / ZooDataError for bad settings or data and TrainError when
     training cannot go on (non-finite loss, a workdir in use); a SIGTERM or Ctrl-C saves and returns the Run
-    with interrupted=True.
+    with interrupted=True, or, before the first step (converting a base, building the data), raises
+    zoo.errors.Interrupted: a converted base is kept, and the same call goes on from it. resume=True on a run
+    stopped before its first save starts it again from step 0 (said in one line).
     """
     import jax
     from zoo.train import trainer
