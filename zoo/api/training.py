@@ -314,8 +314,10 @@ def _never_saved(workdir: str) -> Config | None:
             raise ConfigError(f"{path} does not read ({type(e).__name__}: {e}); {workdir!r} holds no checkpoint to "
                               f"resume: run the command that started it again") from None
     if os.path.isdir(os.path.join(workdir, "base")):
+        done = fine_tune.converted(workdir) is not None
         raise TrainError(f"{workdir!r} holds no checkpoint yet: its run stopped before its first step, with its "
-                         f"converted base/ alone; run the command that started it again, which goes on from there")
+                         f"{'converted' if done else 'half-converted'} base/ alone; run the command that started it "
+                         f"again, which {'goes on from that base' if done else 'converts it again'}")
     return None
 
 
