@@ -11,7 +11,9 @@
 The step time is a roofline **estimate**: max(FLOPs / peak, bytes accessed / HBM bandwidth) + collective bytes /
 ICI bandwidth, per device, with no overlap of communication and compute assumed; MFU is the model's FLOPs (zoo's
 own count) over that time at the chips' peak. A real step is slower where kernels fall short of peak, faster where
-communication overlaps compute.
+communication overlaps compute. XLA's cost analysis counts a loop's body once: the microbatch loop
+(train.grad_accum) is multiplied back, and the FLOPs are at least zoo's own count (a scanned layer stack is such a
+loop too), but the bytes accessed of a scanned stack are one layer's, so its HBM bound is low.
 """
 
 from __future__ import annotations
