@@ -49,6 +49,13 @@ def parse(argv):
                     help="override a config field, e.g. --set optim.lr=1e-3 (repeatable)")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     ap.add_argument("--list", action="store_true", help="list the shipped configs and model presets and exit")
+    ap.add_argument("--compile-for", metavar="TARGET",
+                    help="compile this run's train step for a TPU topology (v5e:2x2, v5p-16, v5e-8/2 for 2 slices) "
+                         "with libtpu's compile-only client and print its memory, FLOPs, collectives, kernels and an "
+                         "estimated step time instead of training (pip install 'zoo[tpu]')")
+    ap.add_argument("--json", action="store_true", help="with --compile-for: the report as one JSON object")
+    ap.add_argument("--largest-batch", action="store_true",
+                    help="with --compile-for: also find the largest train.batch_size that fits (one compile each)")
     ap.add_argument("--quiet", action="store_true",
                     help="no progress bar and no line per evaluation; the final summary only (no bar anyway when "
                          "the output is not a terminal)")
@@ -64,6 +71,10 @@ def parse(argv):
         ap.error("--resume DIR trains in DIR; --workdir does not apply")
     if a.step is not None and not a.resume:
         ap.error("--step N picks the checkpoint --resume DIR continues from; give --resume DIR")
+    if (a.json or a.largest_batch) and not a.compile_for:
+        ap.error("--json and --largest-batch go with --compile-for TARGET")
+    if a.compile_for:
+        a.print_config = True  # resolved as a dry run: nothing converted, no workdir made
     if a.new_batch and not a.resume:
         ap.error("--new-batch lets --resume DIR go on with another train.batch_size; give --resume DIR")
     return a
@@ -112,6 +123,8 @@ def train_main(argv=None) -> int:
     distributed.hint = f"resume on every host: python train.py --resume {a.resume or a.workdir} (and the same flags)"
     from zoo.api import training
     try:
+        if a.compile_for:
+            return _compile_for(a)
         if a.print_config:
             sys.stdout.write(resolve(a)[0].to_json() + "\n")  # one write, as the plan's line: a launch script's
             sys.stdout.flush()                                # processes share the stream (and may be unbuffered)
@@ -145,6 +158,15 @@ def train_main(argv=None) -> int:
             lm, kw = run.load(), dict(max_new_tokens=cfg.train.sample_tokens, temperature=0.8, top_k=40, seed=0)
             text = lm.chat(prompt, **kw) if cfg.task == "sft" else lm.generate(prompt, **kw)
             print(f"sample (temperature 0.8, top-k 40):\n{prompt}{text}")
+    return 0
+
+
+def _compile_for(a) -> int:
+    """--compile-for TARGET: the report of the run's train step compiled for TARGET (zoo.aot), nothing trained."""
+    import json
+    from zoo.aot import report, train as aot
+    out = aot.compile_for(resolve(a)[0], a.compile_for, largest_batch=a.largest_batch)
+    print(json.dumps(out) if a.json else report.text(out))
     return 0
 
 

@@ -74,7 +74,9 @@ class Setup:
                        out_shardings=(self.state_shardings, sharding.replicated(self.mesh)), donate_argnums=0)
 
 
-def setup(cfg: Config, devices=None) -> Setup:
+def setup(cfg: Config, devices=None, *, abstract_base: bool = False) -> Setup:
+    """`abstract_base`: a LoRA or partial run without init_from takes its own model's shapes as the base's (a
+    step compiled for another machine and never run, zoo.aot)."""
     task = tasks.build(cfg)
     mesh = sharding.make_mesh(cfg.mesh, devices)
     platform = mesh.devices.flat[0].platform
@@ -89,7 +91,7 @@ def setup(cfg: Config, devices=None) -> Setup:
                           f"={dp}")
     rng = jax.random.PRNGKey(cfg.train.seed)
     abstract_params = jax.eval_shape(task.init, rng)
-    trainable = runs.trainable_of(cfg, abstract_params, getattr(task, "seen", ()))
+    trainable = runs.trainable_of(cfg, abstract_params, getattr(task, "seen", ()), abstract_base)
     schedule = optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model)
     trains = freeze.split(abstract_params, trainable)[0]
     tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(trains), new_params(cfg, trains))
@@ -184,8 +186,6 @@ class _Stopper:
             signal.signal(sig, old)
 
 
-def _check_workdir(workdir: str, resume: bool) -> None:
-    ck, root = checkpoint.ckpt_dir(workdir), os.path.realpath(workdir)
 class Stopped(KeyboardInterrupt):
     """SIGTERM or Ctrl-C outside the loop (`stops_at_once`: converting a base, building the data, compiling the
     state's init): raised where the program is, so every cleanup on the way out runs. A KeyboardInterrupt, so
@@ -215,6 +215,8 @@ def stops_at_once():
             signal.signal(sig, h)
 
 
+def _check_workdir(workdir: str, resume: bool) -> None:
+    ck, root = checkpoint.ckpt_dir(workdir), os.path.realpath(workdir)
     if os.path.exists(ck) and os.path.commonpath([os.path.realpath(ck), root]) != root:
         raise TrainError(f"{ck} is a link to {os.path.realpath(ck)}, outside the run {workdir!r}: a run writes only "
                          f"into its own directory (copy the checkpoints in instead of linking them)")
