@@ -436,13 +436,18 @@ def steps_of_epochs(cfg: Config, rows: int, main: bool = True) -> Config:
 @contextlib.contextmanager
 def _claimed(path: str, main: bool, check):
     """The workdir lock, taken by process 0 alone after `check()` (zoo.train.workdir.claim); the other processes
-    wait for its verdict (zoo.train.peers)."""
+    wait for its verdict (zoo.train.peers). With several processes every one runs `check()` together once the lock
+    is held: Orbax's reads of the steps synchronise the processes, so process 0 checking alone, while the others
+    wait for its verdict, would wait for them forever."""
     k, told = peers.key("workdir"), False
+    several = peers.several()
     peers.wait(k, f"the workdir {path!r}")
     try:
-        with claim(path, enabled=main, check=check) as created:
+        with claim(path, enabled=main, check=None if several else check) as created:
             peers.tell(k, None)
             told = True
+            if several:
+                check()
             yield created
     except BaseException as e:
         if not told:
