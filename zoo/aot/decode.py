@@ -47,6 +47,7 @@ def compile_generate(source: str, target: str, *, rows: int = 8, prompt_len: int
     FLOPs, collectives, kernels, compile seconds, and the estimated prefill time and time per new token."""
     import jax
     import jax.numpy as jnp
+    import flax.linen as nn
     from zoo.infer import sample
     from zoo.models.gpt import Gpt
     from zoo.train import sharding
@@ -60,7 +61,6 @@ def compile_generate(source: str, target: str, *, rows: int = 8, prompt_len: int
     mesh_ = sharding.make_mesh(mesh or MeshConfig(data=1, fsdp=1, tensor=-1, expert=1), devices)
     boxed = jax.eval_shape(lambda r: model.init(r, jnp.zeros((1, 8), jnp.int32))["params"], jax.random.PRNGKey(0))
     sh = sharding.shardings(boxed, mesh_)
-    import flax.linen as nn
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(boxed), sh)
     rep = sharding.replicated(mesh_)
     prompt = jax.ShapeDtypeStruct((rows, prompt_len), jnp.int32, sharding=rep)
@@ -68,11 +68,11 @@ def compile_generate(source: str, target: str, *, rows: int = 8, prompt_len: int
     pad = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=rep)
     cache = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((rows, total), jnp.int32),
                                               decode=True))["cache"]
-    cache_bytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(nn.unbox(cache)))
-    fixed = {"params": sum(int(np.prod(s.shard_shape(a.shape))) * np.dtype(a.dtype).itemsize
-                           for a, s in zip(jax.tree.leaves(params), jax.tree.leaves(sh))),
-             "optimizer": 0}
-    kv_per_device = cache_bytes / len(devices) if mesh_.shape["tensor"] > 1 else cache_bytes
+    cache_bytes = report.bytes_per_device(nn.unbox(cache))
+    fixed = {"params": report.bytes_per_device(params), "optimizer": 0}
+    # The program makes its cache and XLA lays it out: counted whole on each device, an upper bound where its
+    # heads split over `tensor` (they do not where the KV heads do not divide it: SmolLM2's 3 over 4 chips).
+    kv_per_device = cache_bytes
     t0 = time.perf_counter()
     with jax.set_mesh(mesh_):  # traced under the target's mesh: zoo.nn picks the TPU kernels
         out = report.compiled(lambda: sample._generate.lower(

@@ -39,6 +39,17 @@ def _shape_bytes(text: str) -> int:
     return int(total)
 
 
+def bytes_per_device(tree) -> int:
+    """Bytes one device holds of a tree of (sharded) abstract arrays: each leaf's shard, or the whole leaf."""
+    import jax
+    import numpy as np
+    total = 0
+    for a in jax.tree.leaves(tree):
+        shape = a.sharding.shard_shape(a.shape) if getattr(a, "sharding", None) is not None else a.shape
+        total += int(np.prod(shape)) * np.dtype(a.dtype).itemsize
+    return total
+
+
 def collectives(hlo: str) -> dict[str, int]:
     """kind -> bytes produced per device by that kind of collective in the optimized HLO text."""
     out = {k: 0 for k in COLLECTIVES}

@@ -26,15 +26,6 @@ from zoo.errors import ConfigError
 SHAPE_ONLY = ("gpt_lm", "bert_mlm")
 
 
-def _bytes_per_device(tree) -> int:
-    import jax
-    total = 0
-    for a in jax.tree.leaves(tree):
-        shape = a.sharding.shard_shape(a.shape) if getattr(a, "sharding", None) is not None else a.shape
-        total += int(np.prod(shape)) * np.dtype(a.dtype).itemsize
-    return total
-
-
 def _abstract_batch(s, cfg: Config) -> dict:
     """One global batch as ShapeDtypeStructs laid out over the data axes, shaped by the task's own pipeline."""
     import jax
@@ -56,7 +47,7 @@ def compile_step(cfg: Config, devices) -> tuple[dict, float]:
     s = trainer.setup(cfg, devices, abstract_base=True)
     batch = _abstract_batch(s, cfg)
     st = s.abstract_state
-    fixed = {"params": _bytes_per_device((st.params, st.frozen)), "optimizer": _bytes_per_device(st.opt_state)}
+    fixed = {"params": report.bytes_per_device((st.params, st.frozen)), "optimizer": report.bytes_per_device(st.opt_state)}
     rows, length = next(iter(batch.values())).shape[:2]
     fpt = freeze.flops_per_token(s.task, cfg.data.seq_len, s.abstract_params, s.trainable)
     if "target_len" in inspect.signature(s.task.flops_per_token).parameters:  # seq2seq: per source + target token
