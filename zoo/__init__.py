@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import importlib
 
-from zoo import errors
+from zoo import errors, runtime
+
+# libtpu (the `tpu` and test extras) prints its start-up lines on every jax start of a host without a TPU; set before
+# any jax import of a zoo process (a command, a bench worker, a library user's script), jax-free (zoo.runtime).
+runtime.quiet_libtpu()
 
 __all__ = ["load", "Pretrained", "train", "config", "Run", "from_pretrained", "compile_for", "errors"]
 

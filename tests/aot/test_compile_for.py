@@ -127,3 +127,16 @@ def test_generation_compiles_with_its_kv_cache_over_the_chips():
     assert r["bytes_per_device"]["total"] >= r["bytes_per_device"]["params"] + r["bytes_per_device"]["kv_cache"]
     e = r["estimate"]
     assert e["per_token_s"] > 0 and e["tokens_per_s"] == pytest.approx(4 / e["per_token_s"])
+
+
+def test_a_zoo_process_on_a_host_without_a_tpu_hears_nothing_from_libtpu():
+    """libtpu is installed (the tpu and test extras): jax starting in any zoo process (a bench worker, a user's
+    script) with no JAX_PLATFORMS set still prints none of libtpu's lines about worker hostnames."""
+    import os
+    import subprocess
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAX_PLATFORMS", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "ALLOW_MULTIPLE_LIBTPU_LOAD")}
+    p = subprocess.run([sys.executable, "-c", "import zoo, jax; print(jax.devices()[0].platform)"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "cpu", p.stderr[-2000:]
+    assert "TPU_WORKER_HOSTNAMES" not in p.stderr and "accelerator type" not in p.stderr, p.stderr[-2000:]
