@@ -84,11 +84,18 @@ def _explicit(a) -> dict | None:
     return {"coordinator_address": str(flags["coordinator_address"]), "num_processes": n, "process_id": i}
 
 
+def _clusters_found() -> list:
+    """The clusters jax's own detection would pick from, in its order: opt-in-only ones (mpi4py, present wherever
+    the package is installed, as on an NVIDIA image) are left out, as jax.distributed.initialize leaves them out."""
+    from jax._src import clusters
+    return [c for c in clusters.ClusterEnv._cluster_types
+            if not getattr(c, "opt_in_only_method", False) and c.is_env_present()]
+
+
 def _detected() -> bool:
     """Whether jax's own cluster detection finds a cluster of more than one process (SLURM, Open MPI, TPU, K8s)."""
     try:
-        from jax._src import clusters
-        found = [c for c in clusters.ClusterEnv._cluster_types if c.is_env_present()]
+        found = _clusters_found()
     except Exception:  # jax moved its detection: only flags and the environment start the runtime
         return False
     if not found:
@@ -130,8 +137,7 @@ def plan(a) -> str | None:
     if not _detected():
         return None
     try:
-        from jax._src import clusters
-        env = next(c for c in clusters.ClusterEnv._cluster_types if c.is_env_present())
+        env = _clusters_found()[0]
         where = env.get_coordinator_address(None, None) if env.name != "gketpu" else "the first TPU worker"
         return (f"jax.distributed: process {env.get_process_id()} of {env.get_process_count()}, coordinator {where} "
                 f"(detected by jax: {env.name})")

@@ -83,3 +83,19 @@ def test_the_tpu_recipe_runs_the_same_command_on_every_worker(tmp_path):
 def test_a_recipe_without_its_arguments_says_how_to_call_it(script):
     out = subprocess.run(["bash", os.path.join(LAUNCH, script)], capture_output=True, text=True)
     assert out.returncode != 0 and "usage:" in out.stderr
+
+
+def test_an_installed_mpi4py_is_no_cluster(monkeypatch):
+    """jax's mpi4py detection is opt-in (present wherever the package is installed, as on NVIDIA's images): a plain
+    run on such a machine is one process, not one waiting for a coordinator nobody named."""
+    from jax._src import clusters
+
+    from zoo import distributed
+    for name in ("SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "TPU_WORKER_HOSTNAMES", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    mpi = [c for c in clusters.ClusterEnv._cluster_types if c.opt_in_only_method]
+    assert mpi, "jax has no opt-in cluster detection any more: drop this test"
+    for c in mpi:
+        monkeypatch.setattr(c, "is_env_present", classmethod(lambda cls: True))
+    assert not distributed._detected()
+    assert distributed.plan(None) is None
