@@ -94,6 +94,24 @@ def test_the_readme_gpu_table_is_written_from_the_rows(tmp_path):
     assert readme_table.main([str(tmp_path / "rows.jsonl"), "--write", str(tmp_path / "rows.jsonl")]) == 2
 
 
+def test_a_later_lease_s_rows_replace_the_earlier_ones_of_the_same_shape(tmp_path):
+    base = {"card": "NVIDIA H200", "dtype": "bfloat16", "zoo": "jax", "xla_flags": "--xla_gpu_enable_x=true"}
+    old = [{**base, "workload": "gpt_train", "shape": "s", "date": "2026-11-27", "tokens_per_s": 1.0},
+           {**base, "workload": "bert_mlm", "shape": "b", "date": "2026-11-27", "tokens_per_s": 2.0}]
+    new = [{**base, "workload": "gpt_train", "shape": "s", "date": "2026-11-28", "tokens_per_s": 3.0},
+           {**base, "workload": "generate", "shape": "g", "date": "2026-11-28", "tokens_per_s": 4.0,
+            "decode_bound_frac": 0.0768}]
+    for i, rows in enumerate((old, new)):
+        (tmp_path / f"{i}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{readme_table.START}\n{readme_table.END}\n")
+    assert readme_table.main([str(tmp_path / "0.jsonl"), str(tmp_path / "1.jsonl"), "--write", str(readme)]) == 0
+    lines = [line for line in readme.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [(cells := line.split(" | "))[0][2:] + " " + cells[3] + " " + cells[-1] for line in lines] == [
+        "gpt_train 3 2026-11-28 |", "bert_mlm 2 2026-11-27 |", "generate 4 2026-11-28 |"]
+    assert "| 0.077 | 2026-11-28 |" in lines[-1] and "decode / HBM bound | date |" in readme.read_text()
+
+
 def test_an_unknown_peer_is_refused(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--peer", "hf-torch,jax-flax"])

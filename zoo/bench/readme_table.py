@@ -2,6 +2,10 @@
 
     python -m zoo.bench.readme_table docs/bench/h200-2026-11-27.jsonl            # print it
     python -m zoo.bench.readme_table docs/bench/h200-2026-11-27.jsonl --write README.md
+    python -m zoo.bench.readme_table OLD.jsonl NEW.jsonl --write README.md   # NEW's rows replace OLD's
+
+Several files merge: a later file's row replaces an earlier one's of the same workload, shape and flags, and a
+date column says which lease each row came from. Decode rows add the fraction of the memory-bandwidth bound.
 
 One line per row: zoo's tokens/s, MFU, step time and peak memory, each peer's tokens/s and zoo / peer, and
 the attention zoo ran; above it, the card, the date and the versions the rows name. `--write` replaces what
@@ -43,18 +47,40 @@ def table(rows: list[dict]) -> str:
     for _, label in PEERS:
         cols += [f"{label} tokens/s", f"zoo / {label}"]
     cols.append("attention")
+    bound = any(r.get("decode_bound_frac") is not None for r in rows)
+    if bound:
+        cols.append("decode / HBM bound")
+    if len(dates) > 1:
+        cols.append("date")
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     for r in rows:
-        flags = "off" if "xla_flags" in r and "xla_gpu_enable" not in r["xla_flags"] else "on"
-        cells = [r["workload"], r["shape"], flags, _num(r.get("tokens_per_s")), _num(r.get("mfu"), 3),
+        cells = [r["workload"], r["shape"], _flags(r), _num(r.get("tokens_per_s")), _num(r.get("mfu"), 3),
                  _num(1e3 * r["step_s_median"], 1) if r.get("step_s_median") else "",
                  _num(r["peak_memory_mb"] / 1024, 1) if r.get("peak_memory_mb") else ""]
         for name, _ in PEERS:
             p = r.get("peers", {}).get(name, {})
             cells += [_num(p.get("tokens_per_s")), _num(p.get("ratio_tokens_per_s"), 2)]
         cells.append(_attention(r))
+        if bound:
+            cells.append(_num(r.get("decode_bound_frac"), 3))
+        if len(dates) > 1:
+            cells.append(r.get("date") or "undated")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _flags(row: dict) -> str:
+    return "off" if "xla_flags" in row and "xla_gpu_enable" not in row["xla_flags"] else "on"
+
+
+def merged(files: list[list[dict]]) -> list[dict]:
+    """Rows of several runs, in first-seen order; a later run's row replaces an earlier one's of the same
+    workload, shape and XLA flags."""
+    out: dict = {}
+    for rows in files:
+        for r in rows:
+            out[(r.get("workload"), r.get("shape"), _flags(r))] = r
+    return list(out.values())
 
 
 def rewrite(readme: str, text: str) -> None:
@@ -70,13 +96,15 @@ def rewrite(readme: str, text: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m zoo.bench.readme_table", description=__doc__.split("\n")[0])
-    ap.add_argument("jsonl", help="rows of zoo-bench --out")
+    ap.add_argument("jsonl", nargs="+", help="rows of zoo-bench --out; a later file's row replaces an earlier one's")
     ap.add_argument("--write", metavar="README", help="replace the table block of this README (default: print)")
     a = ap.parse_args(argv)
     try:
-        with open(a.jsonl) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        text = table(rows)
+        runs = []
+        for path in a.jsonl:
+            with open(path) as f:
+                runs.append([json.loads(line) for line in f if line.strip()])
+        text = table(merged(runs))
         if a.write:
             rewrite(a.write, text)
         else:
