@@ -137,6 +137,10 @@ def test_decoding_is_measured_against_the_bandwidth_bound():
     b = bandwidth_bound(6000.0, 1, 250e6, "NVIDIA H200")  # GPT-2 124M in bf16: 250 MB a token
     assert b["decode_bound_tokens_per_s"] == pytest.approx(19200) and b["decode_bound_frac"] == pytest.approx(0.3125)
     assert bandwidth_bound(6000.0, 8, 250e6, "NVIDIA H200")["decode_bound_tokens_per_s"] == pytest.approx(8 * 19200)
+    # A CPU: the bandwidth zoo measured; the keys and values the rows hold are read each step beside the weights
+    c = bandwidth_bound(60.0, 2, 200e6, "cpu", kv_bytes=50e6, bandwidth=10e9)
+    assert c["decode_bound_tokens_per_s"] == pytest.approx(80) and c["decode_bound_frac"] == pytest.approx(0.75)
+    assert c["bandwidth_method"].startswith("measured")
 
 
 def _tiny_gpt(**kw):

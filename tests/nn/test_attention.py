@@ -14,13 +14,14 @@ def _qkv(B=2, T=6, S=6, N=4, K=4, H=8, seed=0):
             jax.random.normal(k[2], (B, S, K, H)), jax.random.normal(k[3], (1, N, T, S)))
 
 
-@pytest.mark.parametrize("case", ["causal", "padding", "bias", "grouped", "cross", "unscaled"])
+@pytest.mark.parametrize("case", ["causal", "padding", "bias", "grouped", "grouped_bias", "cross", "unscaled"])
 def test_einsum_attention_equals_jax_xla_with_gradients(case):
     S = 9 if case == "cross" else 6
-    q, k, v, bias = _qkv(S=S, K=2 if case == "grouped" else 4)
+    q, k, v, bias = _qkv(S=S, K=2 if case.startswith("grouped") else 4)
     valid_BS = jnp.arange(S)[None, :] < jnp.array([[S], [S - 2]])
     kw = {"causal": dict(is_causal=True), "padding": dict(mask=valid_BS[:, None, None, :]),
           "bias": dict(bias=bias, mask=valid_BS[:, None, None, :]), "grouped": dict(is_causal=True),
+          "grouped_bias": dict(bias=bias, mask=valid_BS[:, None, None, :], is_causal=True),
           "cross": dict(mask=valid_BS[:, None, None, :]), "unscaled": dict(is_causal=True, scale=1.0)}[case]
     # Both sides jitted: one compile each, not one per op.
     ours = jax.jit(lambda q, k, v: layers.attention(q, k, v, implementation="einsum", **kw))
@@ -31,6 +32,16 @@ def test_einsum_attention_equals_jax_xla_with_gradients(case):
     g0 = jax.jit(jax.grad(lambda *a: jnp.sum(ref(*a) * w), (0, 1, 2)))(q, k, v)
     for a, b in zip(g1, g0):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_keys_and_values_are_never_repeated_to_the_query_heads():
+    """Each key/value head is read by its query heads where it lies: no array of the program holds the keys or
+    values of all N query heads ([B, S, N, H]), which repeating them made (a decoding step's whole cache, G times)."""
+    q, k, v, _ = _qkv(B=2, T=1, S=64, N=6, K=2, H=8)
+    jaxpr = jax.make_jaxpr(lambda q, k, v: layers.attention(q, k, v, implementation="einsum"))(q, k, v)
+    shapes = {tuple(var.aval.shape) for eqn in jaxpr.eqns for var in eqn.outvars}
+    assert (2, 64, 6, 8) not in shapes and (2, 64, 2, 8) not in shapes - {k.shape}
+    assert (2, 2, 3, 1, 64) in shapes  # the scores: [B, K, G, T, S]
 
 
 def test_a_query_with_every_key_masked_stays_finite():

@@ -85,10 +85,13 @@ def test_greedy_chat_equals_zoo_sample_and_streams_into_the_same_answer(server, 
               c.chat.completions.create(model="run", messages=QUESTION, max_tokens=4, temperature=0, stream=True)
               if ch.choices]
     assert "".join(pieces) == r.choices[0].message.content
-    whole = c.completions.create(model="run", prompt="The", max_tokens=20, temperature=0).choices[0].text
+    answer = c.completions.create(model="run", prompt="The", max_tokens=20, temperature=0)
+    whole, n = answer.choices[0].text, answer.usage.completion_tokens
     parts = [ch.choices[0].text for ch in c.completions.create(model="run", prompt="The", max_tokens=20,
                                                                 temperature=0, stream=True) if ch.choices]
-    assert "".join(parts) == whole and len([p for p in parts if p]) >= 2  # a chunk of 8 tokens at a time
+    # Token by token, as sampled (a piece waits only for the rest of a half-decoded character): chunks of 8 steps
+    # sent these 20 tokens in 4 pieces.
+    assert "".join(parts) == whole and n >= 10 and len([p for p in parts if p]) >= n // 2
     assert [m.id for m in c.models.list().data] == ["run"]
 
 
@@ -113,7 +116,9 @@ def test_concurrent_requests_answer_as_alone_in_fewer_batches(server):
     after = health(url)
     assert all(got[i] == alone[p] for i, p in enumerate(prompts[:3])) and all(len(g) for g in got)
     assert after["sequences"] - before["sequences"] == 16
-    assert after["chunks"] - before["chunks"] < 16  # 4 slots: about 16 / 4 chunks of 8 tokens, not one per request
+    # Alone, each request takes 2 decode calls (its first token, then a chunk for the other 7): 32 for 16. Sharing
+    # 4 slots takes fewer however the requests arrive (each admission adds a one-step call for its new rows).
+    assert after["chunks"] - before["chunks"] < 32
 
 
 @pytest.fixture(scope="module")

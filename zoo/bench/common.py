@@ -39,6 +39,26 @@ def hbm_bandwidth(device_kind: str) -> float | None:
     return None
 
 
+def measured_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
+    """This machine's memory bandwidth as zoo measures it where no vendor figure applies (a CPU): the bytes a
+    jitted sum over a float32 array of `megabytes` (far beyond any cache) reads per second, best of `repeats`."""
+    import jax
+    import jax.numpy as jnp
+    x = jnp.ones((megabytes << 18,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    total(x).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        total(x).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return x.nbytes / best
+
+
+BANDWIDTH_METHOD = {"vendor": "the vendor's HBM figure for the card",
+                    "measured": "measured: a jitted float32 sum over 512 MB, best of 5 (zoo.bench.common)"}
+
+
 def grpo_final(times, rows: int, train_tokens: float, extra: dict) -> dict:
     """grpo_train's throughput from its rounds (zoo's and the peer's): per step `step_s`, `complete_s` (sampling),
     `score_s` (the reward), `completion_tokens` (sampled); zoo's also the two samplers timed alone."""

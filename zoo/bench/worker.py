@@ -17,7 +17,7 @@ import sys
 import time
 import types
 
-from zoo.bench.common import calibrate, hbm_bandwidth, median
+from zoo.bench.common import BANDWIDTH_METHOD, calibrate, hbm_bandwidth, measured_bandwidth, median
 from zoo.bench.eval_speed import ZooScore
 from zoo.bench.grpo_speed import ZooGrpo
 from zoo.bench.model_report import (apply_preset, compute_dtype, device_peak_memory_mb, frozen_base, settings,
@@ -202,6 +202,10 @@ class ZooGenerate:
         self.prefill = jax.jit(lambda p, c, x: self.model.apply({"params": p, "cache": c}, x, decode=True,
                                                                mutable=["cache"])[0][:, -1])
         self.cache = cache
+        # The keys and values a step reads on average: each row holds P + new/2 tokens midway through the decode.
+        per_token = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(cache) if a.ndim >= 3) / (B * (P + self.new))
+        self.kv_bytes = B * (P + self.new / 2) * per_token
+        self.bandwidth = measured_bandwidth() if jax.devices()[0].platform == "cpu" else None
         t = time.perf_counter()
         jax.block_until_ready(self.gen(self.new))
         self.compile_s = time.perf_counter() - t
@@ -242,18 +246,24 @@ class ZooGenerate:
         out = {"tokens_per_s": dtps, "decode_tokens_per_s": dtps, "prefill_tokens_per_s": self.B * self.P / prefill,
                "time_to_first_token_s": prefill + decode / self.new,
                "mfu": dtps * 2 * self.n_params / self.peak, "peak_memory_mb": device_peak_memory_mb(self.device)}
-        return {**out, **bandwidth_bound(dtps, self.B, self.param_bytes, self.device.device_kind)}
+        return {**out, **bandwidth_bound(dtps, self.B, self.param_bytes, self.device.device_kind, self.kv_bytes,
+                                         self.bandwidth)}
 
 
-def bandwidth_bound(decode_tokens_per_s, batch, param_bytes, device_kind) -> dict:
-    """Decoding against the memory-bandwidth bound on a GPU of known bandwidth: each step reads every
-    parameter once (param_bytes; the KV cache, small at these lengths, is left out), so at most
-    batch * bandwidth / param_bytes tokens/s; `decode_bound_frac` is the share of that reached."""
-    bw = hbm_bandwidth(device_kind)
+def bandwidth_bound(decode_tokens_per_s, batch, param_bytes, device_kind, kv_bytes: float = 0.0,
+                    bandwidth: float | None = None) -> dict:
+    """Decoding against the memory-bandwidth bound: each step reads every parameter once (param_bytes) and the
+    keys and values its rows hold (kv_bytes, all rows, on average over the decode), so at most
+    batch * bandwidth / (param_bytes + kv_bytes) tokens/s; `decode_bound_frac` is the share of that reached.
+    The bandwidth: the vendor's figure for a known GPU, else `bandwidth` (measured_bandwidth on a CPU), else none."""
+    bw, method = hbm_bandwidth(device_kind), "vendor"
+    if not bw:
+        bw, method = bandwidth, "measured"
     if not bw:
         return {}
-    bound = batch * bw / param_bytes
-    return {"param_bytes": param_bytes, "hbm_bandwidth": bw, "decode_bound_tokens_per_s": bound,
+    bound = batch * bw / (param_bytes + kv_bytes)
+    return {"param_bytes": param_bytes, "kv_bytes_per_step": kv_bytes, "hbm_bandwidth": bw,
+            "bandwidth_method": BANDWIDTH_METHOD[method], "decode_bound_tokens_per_s": bound,
             "decode_bound_frac": decode_tokens_per_s / bound}
 
 

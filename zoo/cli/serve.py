@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         if sock is not None:
             sock.close()
         return error(e)
-    seconds = engine.warm()
+    seconds = engine.warm(say=lambda line: print(line, flush=True))
     model_id = a.model_id or os.path.basename(os.path.normpath(a.source))
     print(f"serving {model_id} on http://{a.host}:{a.port}/v1 ({a.slots} slots, context {engine.max_len}; "
           f"{engine.programs()} programs compiled in {seconds:.1f} s); Ctrl-C stops", flush=True)

@@ -10,10 +10,14 @@ rows beside it). Between chunks the host hands each row's new tokens to its requ
 ended (end-of-text or end-of-turn, max_tokens, a stop string, a client gone) and admits waiting requests into the
 freed rows. A request arriving while others decode waits at most one chunk, never for their whole decode.
 
-Compiled programs: a prefill per prompt-length bucket (powers of two from 16 to the cache length), and a decode for
-each number of rows (powers of two up to the slots: the smallest holding every active row runs, so one client
-pays for one row) and length (one step, right after an admission, so a new row's first token streams at once;
-else a chunk), all compiled by `warm()` before the first request, so no request waits on a compile.
+Compiled programs: a prefill per prompt-length bucket (powers of two from 16 to the cache length; the prompt attends
+its own bucket's slots), and a decode for each number of rows (powers of two up to the slots: the smallest holding
+every active row runs, so one client pays for one row), steps (one, right after an admission or while a row's client
+streams, so each token goes out as it is sampled; else a chunk) and length (the rows' first L slots, L a power of two
+from 128 holding every position the steps write: a step reads the keys and values its rows hold, not the cache's
+whole length). `warm()` compiles the prefills and the decodes of the first two lengths before the first request,
+saying each; a longer length compiles when a row first reaches it (said on stderr; jax's persistent compilation
+cache, which zoo's commands turn on, keeps every program for the next start).
 
 Scoring (`/v1/completions` with logprobs) is cut into batches of at most `max_len` padded tokens (no more work than
 one full prefill), each compiled in the request's thread (not this loop's) and run as one job between two decode
@@ -27,6 +31,7 @@ import concurrent.futures
 import dataclasses
 import math
 import queue
+import sys
 import threading
 import time
 from typing import Callable
@@ -43,6 +48,7 @@ from zoo.models.gpt import output_embedding
 from zoo.nn.layers import einsum_f32, softcap
 from zoo.nn.losses import token_logprobs
 
+WARM_LENGTHS = 2  # length buckets compiled before the first request (128 and 256 slots)
 MAX_TOP = 5  # the most alternatives per position a scoring request may ask for (OpenAI's legacy limit)
 
 
@@ -59,8 +65,21 @@ class Sequence:
     key: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(2, np.uint32))  # its sampling key's data
     emit: Callable = lambda ids, finish: None
     cancelled: Callable = lambda: False  # true once its client is gone: the row is freed at the next chunk
+    stream: bool = False  # its client streams: while it decodes, chunks are one step (each token sent as sampled)
     generated: int = 0
     enqueued: float = dataclasses.field(default_factory=time.perf_counter)
+
+
+def _put(c, s, ax: int, row):
+    """The cache array c with s written at row `row` of axis ax and slot 0 of axis ax + 1 (s may be shorter in
+    both: a few rows, their first slots)."""
+    start = [0] * c.ndim
+    start[ax] = row
+    return jax.lax.dynamic_update_slice(c, s.astype(c.dtype), start)
+
+
+def _decode_name(B: int, K: int, L: int) -> str:
+    return f"decode of {B} row{'s' * (B > 1)} x {K} step{'s' * (K > 1)} over {L} slots"
 
 
 def key_data(seed: int, choice: int) -> np.ndarray:
@@ -121,7 +140,9 @@ class Engine:
         self.logits_BV = jnp.zeros((slots, self.model.cfg.vocab_size), jnp.float32)
         self.positions_B = np.full(slots, -1, np.int32)  # the next token's position; -1: the row is free
         self._prefill = jax.jit(self._prefill_fn, static_argnames=("P",), donate_argnums=(1, 2))
-        self._decode = jax.jit(self._decode_fn, static_argnames=("B", "K"), donate_argnums=(1, 2))
+        self._decode = jax.jit(self._decode_fn, static_argnames=("B", "K", "L"), donate_argnums=(1, 2))
+        self._compiled: set = set()  # (B, K, L) of the decode programs compiled
+        self.say: Callable = lambda line: print(line, file=sys.stderr, flush=True)  # a later compile, said
         self._score = jax.jit(self._score_fn, static_argnames=("top",))
 
     # ---- programs --------------------------------------------------------------------------------------------
@@ -138,27 +159,31 @@ class Engine:
 
     def _prefill_fn(self, params, cache, logits_BV, row, ids_1P, length, *, P: int):
         """Row `row`'s prompt (ids_1P, its first `length` real, right-padded) into its cache row; its last real
-        token's logits into logits_BV[row]."""
+        token's logits into logits_BV[row]. The prompt sees the row's first P slots only (its own): attention over
+        P keys, not the cache's whole length."""
         ax = self.batch_axis
         rowwise = lambda c: c.ndim > ax  # noqa: E731 - keys and values per row; the shared index is a scalar
-        sub = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, row, 1, axis=ax) if rowwise(c) else c, cache)
+        sub = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.dynamic_slice_in_dim(c, row, 1, axis=ax), 0, P,
+                                                          axis=ax + 1) if rowwise(c) else c, cache)
         pos_1P = jnp.where(jnp.arange(P) < length, jnp.arange(P), -1)[None]
         out, upd = self.model.apply({"params": params, "cache": sub}, ids_1P, decode=True, positions_BT=pos_1P,
                                     mutable=["cache"])
-        cache = jax.tree.map(lambda c, s: jax.lax.dynamic_update_slice_in_dim(c, s.astype(c.dtype), row, axis=ax)
-                             if rowwise(c) else c, cache, upd["cache"])
+        cache = jax.tree.map(lambda c, s: _put(c, s, ax, row) if rowwise(c) else c, cache, upd["cache"])
         last_V = out[0, length - 1, :].astype(jnp.float32)
         return cache, logits_BV.at[row].set(last_V)
 
     def _decode_fn(self, params, cache, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2, steps_B, *, B: int,
-                   K: int):
+                   K: int, L: int):
         """K steps of the first B rows (a bucket holding every active row): sample from each row's logits, feed the
-        token back at its position. Returns the whole cache and logits with those rows updated, and the tokens
-        [B, K] (rows free within B, position -1, compute nothing anyone reads)."""
+        token back at its position. The rows' first L slots (a length bucket holding every position the K steps
+        write) are all the steps read and write: attention over L keys, not the cache's whole length. Returns the
+        whole cache and logits with those rows updated, and the tokens [B, K] (rows free within B, position -1,
+        compute nothing anyone reads)."""
         vocab, ax = self.vocab, self.batch_axis
         rowwise = lambda c: c.ndim > ax  # noqa: E731
         full_cache, full_logits = cache, logits_BV
-        cache = jax.tree.map(lambda c: jax.lax.slice_in_dim(c, 0, B, axis=ax) if rowwise(c) else c, cache)
+        cache = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.slice_in_dim(c, 0, B, axis=ax), 0, L, axis=ax + 1)
+                             if rowwise(c) else c, cache)
         logits_BV = logits_BV[:B]
 
         def step(carry, i):
@@ -169,8 +194,7 @@ class Engine:
                                         positions_BT=pos_B[:, None], mutable=["cache"])
             return (upd["cache"], out[:, -1, :].astype(jnp.float32), jnp.where(pos_B >= 0, pos_B + 1, -1)), tok_B
         (cache, logits_BV, _), toks_KB = jax.lax.scan(step, (cache, logits_BV, positions_B), jnp.arange(K))
-        cache = jax.tree.map(lambda c, s: jax.lax.dynamic_update_slice_in_dim(c, s, 0, axis=ax) if rowwise(c) else s,
-                             full_cache, cache)
+        cache = jax.tree.map(lambda c, s: _put(c, s, ax, 0) if rowwise(c) else s, full_cache, cache)
         return cache, full_logits.at[:B].set(logits_BV), toks_KB.T
 
     def row_buckets(self) -> list[int]:
@@ -181,20 +205,42 @@ class Engine:
             b *= 2
         return out + [self.slots]
 
-    def programs(self) -> int:
-        """How many programs `warm` compiles: a prefill per prompt bucket, a decode per row bucket and length."""
-        return len(self.buckets()) + 2 * len(self.row_buckets())
+    def length_buckets(self) -> list[int]:
+        """The cache lengths a decode chunk compiles for: powers of two from 128 to the cache's length, and it."""
+        out, b = [], 128
+        while b < self.max_len:
+            out.append(b)
+            b *= 2
+        return out + [self.max_len]
 
-    def warm(self) -> float:
-        """Compile every program (each prefill bucket; a decode of 1 step, for a new row's first token, and of a
-        chunk, for each row bucket) now; returns the seconds it took."""
-        t = time.perf_counter()
-        for P in self.buckets():
-            self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, 0,
-                                                       jnp.zeros((1, P), jnp.int32), 1, P=P)
-        for B in self.row_buckets():
-            for K in (1, self.chunk):
-                self._run_chunk(B, K)
+    def warm_plan(self) -> list[tuple]:
+        """What `warm` compiles: ("prefill", P) per prompt bucket, then ("decode", B, K, L) for each row bucket, one
+        step (a new row's first token, a streaming row) and a chunk, at the first WARM_LENGTHS length buckets (the
+        lengths a chat's requests reach); a longer length compiles when a row first reaches it, said on the log."""
+        lengths = self.length_buckets()[:WARM_LENGTHS]
+        steps = sorted({1, self.chunk})
+        return ([("prefill", P) for P in self.buckets()]
+                + [("decode", B, K, L) for L in lengths for B in self.row_buckets() for K in steps])
+
+    def programs(self) -> int:
+        """How many programs `warm` compiles."""
+        return len(self.warm_plan())
+
+    def warm(self, say: Callable | None = None) -> float:
+        """Compile the programs of `warm_plan` now, saying each (`say(line)`, e.g. print) as it starts; returns
+        the seconds it took."""
+        t, plan = time.perf_counter(), self.warm_plan()
+        for i, (kind, *shape) in enumerate(plan):
+            if say is not None:
+                say(f"compiling {i + 1}/{len(plan)}: " + (f"prefill of a prompt of up to {shape[0]} tokens"
+                    if kind == "prefill" else _decode_name(*shape)))
+            if kind == "prefill":
+                self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, 0,
+                                                           jnp.zeros((1, shape[0]), jnp.int32), 1, P=shape[0])
+            else:
+                self._run_chunk(*shape)
+            if kind == "decode":
+                self._compiled.add(tuple(shape))
         return time.perf_counter() - t
 
     # ---- the loop --------------------------------------------------------------------------------------------
@@ -268,12 +314,19 @@ class Engine:
             self.rows[row], self.positions_B[row] = seq, len(seq.prompt)
             self.admitted += 1
 
-    def _run_chunk(self, B: int | None = None, K: int | None = None) -> np.ndarray:
+    def _run_chunk(self, B: int | None = None, K: int | None = None, L: int | None = None) -> np.ndarray:
         """One decode call. By default over the smallest row bucket holding every active row, one step when a row
-        has just been admitted (its first token streams at once), else a chunk."""
+        has just been admitted (its first token streams at once) or streams, else a chunk, over the smallest length
+        bucket holding every position the steps write."""
         last = max((i for i, r in enumerate(self.rows) if r is not None), default=0)
         B = B or next(b for b in self.row_buckets() if b > last)
-        K = K or (1 if any(r is not None and r.generated == 0 for r in self.rows) else self.chunk)
+        K = K or (1 if any(r is not None and (r.generated == 0 or r.stream) for r in self.rows) else self.chunk)
+        if L is None:
+            reach = max((int(self.positions_B[i]) + K for i, r in enumerate(self.rows[:B]) if r is not None), default=1)
+            L = next((b for b in self.length_buckets() if b >= reach), self.max_len)
+            if (B, K, L) not in self._compiled:
+                self.say(f"zoo-serve: compiling the {_decode_name(B, K, L)} (first use)")
+                self._compiled.add((B, K, L))
         rows = self.rows[:B]
         temp = np.asarray([r.temperature if r else 0.0 for r in rows], np.float32)
         topk = np.asarray([r.top_k if r else 0 for r in rows], np.int32)
@@ -282,7 +335,7 @@ class Engine:
         steps = np.asarray([r.generated if r else 0 for r in rows], np.int32)
         self.cache, self.logits_BV, toks_BK = self._decode(self.params, self.cache, self.logits_BV,
                                                            jnp.asarray(self.positions_B[:B]), temp, topk, topp,
-                                                           jnp.asarray(keys), steps, B=B, K=K)
+                                                           jnp.asarray(keys), steps, B=B, K=K, L=L)
         self.batches += 1
         return np.asarray(toks_BK)
 
