@@ -4,8 +4,8 @@
   donation, outputs aliased to arguments are counted once;
 - FLOPs and bytes accessed per device (`compiled.cost_analysis()`);
 - collectives: the bytes each all-gather, reduce-scatter, all-reduce, all-to-all and collective-permute of the
-  optimized HLO produces per device, summed by kind (a loop body's collectives counted once a trip where XLA
-  states the trip count, once otherwise);
+  optimized HLO produces per device, summed by kind (a loop body's collectives counted once a trip where the
+  loop counts from 0 to a constant, as jax's scans and microbatch loops do; once otherwise);
 - kernels: the custom calls the program runs (a Pallas kernel shows as tpu_custom_call with its name).
 
 The step time is a roofline **estimate**: max(FLOPs / peak, bytes accessed / HBM bandwidth) + collective bytes /
@@ -51,17 +51,72 @@ def bytes_per_device(tree) -> int:
 
 
 def collectives(hlo: str) -> dict[str, int]:
-    """kind -> bytes produced per device by that kind of collective in the optimized HLO text."""
+    """kind -> bytes produced per device by that kind of collective in the optimized HLO text, a loop body's
+    (a scanned layer stack, the microbatch loop) times the trips its loop makes."""
     out = {k: 0 for k in COLLECTIVES}
-    for line in hlo.splitlines():
-        m = _OP.match(line)
-        if m:
-            result = m.group(1)
-            if m.group(3):  # an async start's result is (operands, outputs[, scratch]): count the outputs
-                parts = _top_level(result)
-                result = parts[1] if len(parts) > 1 else result
-            out[m.group(2)] += _shape_bytes(result)
+    comps, entry = _computations(hlo)
+    runs = _runs(comps, entry)
+    for name, lines in comps.items():
+        for line in lines:
+            m = _OP.match(line)
+            if m:
+                result = m.group(1)
+                if m.group(3):  # an async start's result is (operands, outputs[, scratch]): count the outputs
+                    parts = _top_level(result)
+                    result = parts[1] if len(parts) > 1 else result
+                out[m.group(2)] += _shape_bytes(result) * runs.get(name, 1)
     return out
+
+
+_COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
+_WHILE = re.compile(r"\bcondition=%([\w.\-]+), body=%([\w.\-]+)")
+_CALLED = re.compile(r"\b(?:calls|to_apply|branch_computations)=\{?((?:%[\w.\-]+(?:,\s*)?)+)")
+_S32 = re.compile(r"^\s*%([\w.\-]+) = s32\[\](?:\{[^}]*\})? constant\((\d+)\)")
+_BOUND = re.compile(r"^\s*ROOT .*compare\(%[\w.\-]+, %([\w.\-]+)\), direction=LT")
+
+
+def _computations(hlo: str) -> tuple[dict[str, list[str]], str | None]:
+    """(name -> its instruction lines, the entry computation's name)."""
+    comps, name, entry = {}, None, None
+    for line in hlo.splitlines():
+        m = _COMPUTATION.match(line)
+        if m and not line.startswith(" "):
+            name = m.group(2)
+            comps[name] = []
+            entry = name if m.group(1) else entry
+        elif line.startswith("}"):
+            name = None
+        elif name is not None:
+            comps[name].append(line)
+    return comps, entry
+
+
+def _trips(condition: list[str]) -> int:
+    """A counted loop's trips, as jax writes one (a counter from 0 compared `< N`); 1 where that is not it."""
+    consts = dict(m.groups() for m in map(_S32.match, condition) if m)
+    for line in condition:
+        m = _BOUND.match(line)
+        if m and m.group(1) in consts:
+            return int(consts[m.group(1)])
+    return 1
+
+
+def _runs(comps: dict, entry: str | None) -> dict[str, int]:
+    """name -> how often one step runs the computation: a while body times its trips, through nested loops."""
+    runs = {}
+
+    def visit(name: str, times: int) -> None:
+        runs[name] = runs.get(name, 0) + times
+        for line in comps.get(name, ()):
+            w = _WHILE.search(line)
+            if w:
+                visit(w.group(2), times * _trips(comps.get(w.group(1), [])))
+            for called in _CALLED.findall(line):
+                for callee in re.findall(r"%([\w.\-]+)", called):
+                    visit(callee, times)
+    if entry is not None:
+        visit(entry, 1)
+    return runs
 
 
 def _top_level(tuple_text: str) -> list[str]:
