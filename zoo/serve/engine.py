@@ -78,6 +78,15 @@ def _put(c, s, ax: int, row):
     return jax.lax.dynamic_update_slice(c, s.astype(c.dtype), start)
 
 
+def _powers(start: int, limit: int) -> list[int]:
+    """Powers of two from `start` below `limit`, then `limit`: the buckets a program compiles for."""
+    out, b = [], start
+    while b < limit:
+        out.append(b)
+        b *= 2
+    return out + [limit]
+
+
 def _decode_name(B: int, K: int, L: int) -> str:
     return f"decode of {B} row{'s' * (B > 1)} x {K} step{'s' * (K > 1)} over {L} slots"
 
@@ -148,11 +157,7 @@ class Engine:
     # ---- programs --------------------------------------------------------------------------------------------
     def buckets(self) -> list[int]:
         """The prompt-length buckets a prefill compiles for: powers of two from 16 to the cache's length."""
-        out, b = [], 16
-        while b < self.max_len:
-            out.append(b)
-            b *= 2
-        return out + [self.max_len]
+        return _powers(16, self.max_len)
 
     def bucket(self, n: int) -> int:
         return next(b for b in self.buckets() if b >= n)
@@ -199,19 +204,11 @@ class Engine:
 
     def row_buckets(self) -> list[int]:
         """The numbers of rows a decode chunk compiles for: powers of two up to the slots, and the slots."""
-        out, b = [], 1
-        while b < self.slots:
-            out.append(b)
-            b *= 2
-        return out + [self.slots]
+        return _powers(1, self.slots)
 
     def length_buckets(self) -> list[int]:
         """The cache lengths a decode chunk compiles for: powers of two from 128 to the cache's length, and it."""
-        out, b = [], 128
-        while b < self.max_len:
-            out.append(b)
-            b *= 2
-        return out + [self.max_len]
+        return _powers(128, self.max_len)
 
     def warm_plan(self) -> list[tuple]:
         """What `warm` compiles: ("prefill", P) per prompt bucket, then ("decode", B, K, L) for each row bucket, one
