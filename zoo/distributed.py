@@ -452,9 +452,10 @@ def finished() -> None:
 
 
 def linger(timeout: float = 60.0) -> None:
-    """Process 0, ending early (a refused run): wait until every other process has ended too (its `finished`
-    mark), at most `timeout` seconds. Process 0 holds the coordination service; leaving first, a peer still
-    on its way out (its own one error line said) would be aborted by jax with a C++ stack trace."""
+    """Process 0, ending (a finished, stopped or refused run): wait until every other process has ended too (its
+    `finished` mark), at most `timeout` seconds. Process 0 holds the coordination service; leaving first, a peer
+    still on its way out (shutting jax down, or its own one error line said) may be aborted by jax with a C++ stack
+    trace, or crash."""
     try:
         import jax
         from jax._src import distributed

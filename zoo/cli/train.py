@@ -103,7 +103,7 @@ def train_main(argv=None) -> int:
     if a.list:
         print(configs.listing())
         return 0
-    from zoo.errors import Interrupted, TrainError
+    from zoo.errors import TrainError
     from zoo.train.workdir import check_free
     try:
         several = distributed.wanted(a)
@@ -121,6 +121,18 @@ def train_main(argv=None) -> int:
         return error(e)
     main = not several or _process_index() == 0
     distributed.hint = f"resume on every host: python train.py --resume {a.resume or a.workdir} (and the same flags)"
+    try:
+        return _run(a, several, main, timeout)
+    finally:
+        if several:  # process 0 holds the coordination service: it ends last, once every peer has said it ended
+            distributed.finished()  # (a peer still shutting jax down when the service goes may crash on its way out)
+            if main:
+                distributed.linger()
+
+
+def _run(a, several: bool, main: bool, timeout: int) -> int:
+    """The run proper (or its --compile-for / --print-config), once the processes have started."""
+    from zoo.errors import Interrupted, TrainError
     from zoo.api import training
     try:
         if a.compile_for:
@@ -135,10 +147,7 @@ def train_main(argv=None) -> int:
                              init_from=a.init_from, step=a.step, new_batch=a.new_batch, quiet=a.quiet)
     except BaseException as e:
         if isinstance(e, (TrainError, distributed.DistributedError, *BAD_INPUT)):
-            code = error(e) if not isinstance(e, Interrupted) else stopped(e)
-            if several and main:  # its peers end on the same refusal: they need its coordination service meanwhile
-                distributed.linger()
-            return code
+            return error(e) if not isinstance(e, Interrupted) else stopped(e)
         if several:  # a collective that failed because a peer is gone: the watchdog names it and exits
             distributed.settle()
         raise
