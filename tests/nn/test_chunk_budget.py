@@ -27,3 +27,20 @@ def test_the_memory_share_is_clamped():
     lo, hi = losses.ACCEL_CHUNK_RANGE
     assert losses.chunk_budget("gpu", memory_bytes=4 * GB) == lo  # a small card: still 256 MB chunks
     assert losses.chunk_budget("gpu", memory_bytes=10_000 * GB) == hi
+
+
+def test_a_step_traced_for_a_tpu_mesh_takes_the_tpu_budget_over_its_own_rows():
+    """Compiled for a TPU from this CPU host (zoo.aot), the budget is the TPU's, not the host's 64 MB, and it
+    holds the rows one chip holds: llama3_1b's loss on v5e-8 was cut in 512 chunks over the global batch."""
+    import jax
+
+    from zoo.aot import target
+    from zoo.config import MeshConfig
+    from zoo.train import sharding
+    mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=2, tensor=1, expert=1),
+                              target.devices(target.parse("v5e:2x2")))
+    with jax.set_mesh(mesh):
+        assert losses.chunk_budget() == losses.ACCEL_CHUNK_BYTES and losses.local_rows(32) == 8
+        assert losses.local_rows(6) == 6  # rows the data axes do not divide: counted whole
+        assert losses.num_chunks(32, 1024, 50257) == 2
+    assert losses.local_rows(32) == 32 and losses.num_chunks(32, 1024, 50257) == 128  # no mesh: the CPU's own

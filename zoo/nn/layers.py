@@ -24,6 +24,9 @@ from zoo.nn import quant
 Dtype = jnp.dtype
 
 
+DATA_AXES = ("data", "fsdp", "expert")  # the mesh axes a batch is split over (zoo.train.sharding's rules)
+
+
 def target_platform() -> str:
     """The platform the program being traced is for: the devices of the mesh it is traced under (jax.set_mesh),
     which may differ from jax's default backend (a TPU topology compiled from a CPU host); else the default."""

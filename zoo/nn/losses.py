@@ -27,18 +27,21 @@ tie-break toward the lower id; ties between float32 logits do not occur in pract
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
-from zoo.nn.layers import einsum_f32, softcap
+from zoo.nn.layers import DATA_AXES, einsum_f32, softcap, target_platform
 
 # Chunk the length axis so that one chunk's float32 logits stay at or below a budget: CHUNK_BYTES on CPU
 # (small chunks stay in cache and the scan costs nothing there); on GPU/TPU a few large chunks, since
 # every chunk is a sequential scan step with its own pair of backward matmuls and the [V, D] gradient
 # accumulation: 1/64 of the device's memory, between 256 MB and 2 GB (1 GB when the device does not say).
 # GPT-2 at B=16, T=1024, V=50257 (3.3 GB of logits) is then 4 chunks on an 80 GB H100 (jax's default 75%
-# memory limit), 2 to 4 on an H200; CPU: 64.
+# memory limit), 2 to 4 on an H200; CPU: 64. The platform is the one the program is traced for
+# (`target_platform`: a TPU topology compiled from a CPU host gets the TPU budget) and the rows are those one
+# device holds (a step traced under its mesh splits the batch over the data axes).
 CHUNK_BYTES = 64 * 2 ** 20
 ACCEL_CHUNK_BYTES = 2 ** 30
 ACCEL_CHUNK_RANGE = (256 * 2 ** 20, 2 * 2 ** 30)
@@ -46,10 +49,11 @@ ACCEL_MEMORY_FRACTION = 1 / 64
 
 
 def chunk_budget(platform: str | None = None, memory_bytes: int | None = None) -> int:
-    """Bytes of float32 logits one chunk may hold on `platform` (default: jax's default backend):
-    CHUNK_BYTES on CPU; on GPU/TPU ACCEL_MEMORY_FRACTION of `memory_bytes` (default: the first device's
-    memory limit, when it reports one) clamped to ACCEL_CHUNK_RANGE, else ACCEL_CHUNK_BYTES."""
-    platform = platform or jax.default_backend()
+    """Bytes of float32 logits one chunk may hold on `platform` (default: the platform the program is traced
+    for, `layers.target_platform`): CHUNK_BYTES on CPU; on GPU/TPU ACCEL_MEMORY_FRACTION of `memory_bytes`
+    (default: the first device's memory limit, when it reports one and is that platform's) clamped to
+    ACCEL_CHUNK_RANGE, else ACCEL_CHUNK_BYTES."""
+    platform = platform or target_platform()
     if platform == "cpu":
         return CHUNK_BYTES
     if memory_bytes is None and platform == jax.default_backend():
@@ -69,10 +73,20 @@ def _device_memory() -> int | None:
     return stats.get("bytes_limit")
 
 
+def local_rows(B: int) -> int:
+    """Of a global batch of B rows, those one device holds: B over the data axes of the mesh the program is
+    traced under (jax.set_mesh, as a TPU step is), where they divide it; else B."""
+    mesh = jax.sharding.get_abstract_mesh()
+    n = 1 if mesh.empty else math.prod(mesh.shape.get(a, 1) for a in DATA_AXES)
+    return B // n if B % n == 0 else B
+
+
 def num_chunks(B: int, T: int, V: int, chunk_bytes: int | None = None) -> int:
-    """The fewest chunks of the length axis T (a divisor of T) whose [B, T/n, V] float32 logits fit
-    chunk_bytes (default: `chunk_budget()` for the default backend)."""
+    """The fewest chunks of the length axis T (a divisor of T) whose [b, T/n, V] float32 logits fit
+    chunk_bytes (default: `chunk_budget()` for the platform traced for), b the rows of the global batch B one
+    device holds (`local_rows`)."""
     chunk_bytes = chunk_budget() if chunk_bytes is None else chunk_bytes
+    B = local_rows(B)
     for n in range(1, T + 1):
         if T % n == 0 and B * (T // n) * V * 4 <= chunk_bytes:
             return n

@@ -18,9 +18,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from zoo.config import MeshConfig
 from zoo.errors import ConfigError
+from zoo.nn import layers
 
 AXES = ("data", "fsdp", "tensor", "expert")
-DATA_AXES = ("data", "fsdp", "expert")  # the axes the batch is split over
+DATA_AXES = layers.DATA_AXES  # the axes the batch is split over
 RULES = (
     ("batch", DATA_AXES),
     ("expert", "expert"),
