@@ -118,8 +118,13 @@ def test_without_libtpu_the_line_says_how_to_install_it(monkeypatch):
         targets.devices(targets.parse("v5e:2x2"))
 
 
-def test_generation_compiles_with_its_kv_cache_over_the_chips():
-    r = zoo.compile_for("llama_tiny", "v5e:2x2", program="generate", rows=4, prompt_len=16, max_new_tokens=16)
+def test_generation_compiles_with_its_kv_cache_over_the_chips(capsys):
+    """zoo-sample SOURCE --compile-for (zoo.compile_for(..., program="generate")): 2 prompts x 2 samples = 4 rows."""
+    from zoo.cli import sample
+    assert sample.main(["llama_tiny", "--compile-for", "v5e:2x2", "--prompt", "a", "--prompt", "b", "--num-samples",
+                        "2", "--prompt-len", "16", "--max-new-tokens", "16", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["program"] == "generate of llama_tiny (bfloat16): 4 rows x 16 prompt + 16 new tokens"
     assert r["mesh"]["tensor"] == 4 and r["fits"]  # served tensor-parallel over the 4 chips
     # llama_tiny's cache: 4 layers x K and V x 4 rows x 32 positions x 2 kv heads x 32 dims, bfloat16 (and the
     # cache's int32 position counters).
@@ -127,6 +132,23 @@ def test_generation_compiles_with_its_kv_cache_over_the_chips():
     assert r["bytes_per_device"]["total"] >= r["bytes_per_device"]["params"] + r["bytes_per_device"]["kv_cache"]
     e = r["estimate"]
     assert e["per_token_s"] > 0 and e["tokens_per_s"] == pytest.approx(4 / e["per_token_s"])
+
+
+def test_zoo_serves_engine_compiles_its_decode_chunk_and_prefill(capsys):
+    """zoo-serve SOURCE --compile-for: the engine's own two programs (zoo.serve.engine.decode_chunk over every slot
+    and the whole cache, prefill_row of the longest prompt), with the cache the slots and --max-len make."""
+    from zoo.cli import serve
+    args = ["llama_tiny", "--compile-for", "v5e:2x2", "--slots", "4", "--max-len", "32", "--chunk", "2"]
+    assert serve.main(args + ["--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["engine"] == {"slots": 4, "max_len": 32, "chunk": 2} and r["fits"] and r["mesh"]["tensor"] == 4
+    # 4 slots x 32 positions, as the generation test's cache; its 2 KV heads do not divide the 4 chips: whole
+    assert 0 <= r["kv_cache_bytes"] - 4 * 2 * 4 * 32 * 2 * 32 * 2 < 64
+    assert r["bytes_per_device"]["kv_cache"] == r["prefill"]["bytes_per_device"]["kv_cache"] == r["kv_cache_bytes"]
+    assert r["prefill"]["flops_per_device"] > 0 and r["prefill"]["bytes_per_device"]["total"] > r["kv_cache_bytes"]
+    assert r["estimate"]["tokens_per_s"] == pytest.approx(4 / r["estimate"]["per_token_s"])
+    assert serve.main(args[:3] + ["--slots", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --slots 0 must be >= 1"
 
 
 def test_a_zoo_process_on_a_host_without_a_tpu_hears_nothing_from_libtpu():

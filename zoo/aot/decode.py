@@ -40,6 +40,23 @@ def _config(source: str, dtype: str):
     return dataclasses.replace(model, dtype=dtype, param_dtype=dtype, scan_layers=model.num_layers > 1)
 
 
+def abstract_model(source: str, devices, dtype: str, mesh: MeshConfig | None):
+    """(model config, model, mesh, params) of `source` on `devices`: the params abstract, laid out with the
+    trainer's rules on `mesh` (default: tensor-parallel over every device)."""
+    import jax
+    import jax.numpy as jnp
+    import flax.linen as nn
+    from zoo.models.gpt import Gpt
+    from zoo.train import sharding
+    model_cfg = _config(source, dtype)
+    model = Gpt(model_cfg)
+    mesh_ = sharding.make_mesh(mesh or MeshConfig(data=1, fsdp=1, tensor=-1, expert=1), devices)
+    boxed = jax.eval_shape(lambda r: model.init(r, jnp.zeros((1, 8), jnp.int32))["params"], jax.random.PRNGKey(0))
+    sh = sharding.shardings(boxed, mesh_)
+    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(boxed), sh)
+    return model_cfg, model, mesh_, params
+
+
 def compile_generate(source: str, target: str, *, rows: int = 8, prompt_len: int = 128, max_new_tokens: int = 128,
                      dtype: str = "bfloat16", mesh: MeshConfig | None = None) -> dict:
     """The report of `zoo.load(source).generate`'s program for `rows` prompts compiled for `target` (see the
@@ -49,19 +66,13 @@ def compile_generate(source: str, target: str, *, rows: int = 8, prompt_len: int
     import jax.numpy as jnp
     import flax.linen as nn
     from zoo.infer import sample
-    from zoo.models.gpt import Gpt
     from zoo.train import sharding
     t = targets.parse(target)
     devices = targets.devices(t)
-    model_cfg = _config(source, dtype)
+    model_cfg, model, mesh_, params = abstract_model(source, devices, dtype, mesh)
     total = prompt_len + max_new_tokens
     if total > model_cfg.max_len:
         raise ConfigError(f"prompt_len + max_new_tokens = {total} exceeds {source}'s {model_cfg.max_len} positions")
-    model = Gpt(model_cfg)
-    mesh_ = sharding.make_mesh(mesh or MeshConfig(data=1, fsdp=1, tensor=-1, expert=1), devices)
-    boxed = jax.eval_shape(lambda r: model.init(r, jnp.zeros((1, 8), jnp.int32))["params"], jax.random.PRNGKey(0))
-    sh = sharding.shardings(boxed, mesh_)
-    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(boxed), sh)
     rep = sharding.replicated(mesh_)
     prompt = jax.ShapeDtypeStruct((rows, prompt_len), jnp.int32, sharding=rep)
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep)

@@ -230,6 +230,10 @@ def text(r: dict) -> str:
                                     or "none") + " per device",
               "kernels         " + (", ".join(r["kernels"]) or "none"),
               _estimate(r["estimate"])]
+    if "prefill" in r:  # zoo-serve's engine: its second program
+        p = r["prefill"]
+        lines.append(f"prefill         {p['refused'] or 'total ' + gib(p['bytes_per_device']['total']) + ' per device'}"
+                     f"; compiled in {p['compile_seconds']:.1f} s; kernels " + (", ".join(p["kernels"]) or "none"))
     return "\n".join(lines)
 
 

@@ -90,14 +90,19 @@ def compile_for(config=None, target: str = "v5e:2x2", *, overrides=(), init_from
     the step time and MFU. `largest_batch`: also the largest train.batch_size that fits (each size compiled).
 
     program="generate": instead, the program `zoo.load(config).generate` runs (config: a preset name or a zoo
-    run), for `rows`, `prompt_len`, `max_new_tokens` and `dtype` given as keywords (zoo.aot.decode)."""
+    run), for `rows`, `prompt_len`, `max_new_tokens` and `dtype` given as keywords (zoo.aot.decode).
+    program="serve": zoo-serve's engine (its decode chunk and prefill) for `slots`, `max_len`, `chunk` and
+    `dtype` (zoo.aot.serve)."""
     if program == "generate":
         from zoo.aot import decode
         return decode.compile_generate(config, target, **generate)
+    if program == "serve":
+        from zoo.aot import serve
+        return serve.compile_serve(config, target, **generate)
     if program != "train" or generate:
         raise ConfigError(f"program={program!r}{' with ' + ', '.join(generate) if generate else ''}: compile_for "
-                          f"compiles program='train' (a run's step) or 'generate' (rows, prompt_len, "
-                          f"max_new_tokens, dtype)")
+                          f"compiles program='train' (a run's step), 'generate' (rows, prompt_len, "
+                          f"max_new_tokens, dtype) or 'serve' (slots, max_len, chunk, dtype)")
     if not isinstance(config, Config) or overrides or init_from:
         from zoo.api import training
         config = training.resolve(config, workdir=training.default_workdir(config, init_from), overrides=overrides,

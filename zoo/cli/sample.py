@@ -54,8 +54,19 @@ def main(argv=None) -> int:
                     help="a JSON list of {role, content} messages (system, user, assistant) to answer; implies --chat")
     ap.add_argument("--system", help="with --chat: a system message put before the user's (a --conversation's own "
                                      "system message stays)")
+    ap.add_argument("--compile-for", metavar="TARGET", help="compile the generation program for a TPU topology "
+                    "(v5e:2x2, v5e-8, ...) and print the report instead of sampling: rows = prompts x --num-samples, "
+                    "--prompt-len + --max-new-tokens positions; WORKDIR: a preset name or a zoo run; nothing loaded "
+                    "(needs libtpu: pip install -e '.[tpu]')")
+    ap.add_argument("--prompt-len", type=int, default=128, help="with --compile-for: the prompts' length in tokens "
+                                                                 "(default: %(default)s)")
+    ap.add_argument("--json", action="store_true", help="with --compile-for: the report as one JSON object")
     a = ap.parse_args(argv)
+    if a.json and not a.compile_for:
+        ap.error("--json goes with --compile-for TARGET")
     texts = ["The"] if a.prompt is None else a.prompt
+    if a.compile_for:
+        return _compile_for(a, len(texts) * a.num_samples)
     try:  # the arguments and the conversation are checked before jax is imported
         messages = _messages(a.conversation, a.prompt) if a.conversation else None
         chat = bool(messages) or a.chat
@@ -86,6 +97,22 @@ def main(argv=None) -> int:
         elif a.num_samples > 1:
             print(f"--- sample {i}")
         print(lm.detokenize(ids) if chat else texts[p] + lm.detokenize(ids))  # ids stop before the end-of-text
+    return 0
+
+
+def _compile_for(a, rows: int) -> int:
+    """--compile-for TARGET: zoo.load(WORKDIR).generate's program compiled for TARGET (zoo.aot.decode)."""
+    import json
+    try:
+        _check_flags(a)
+        if a.prompt_len < 1:
+            raise ArgumentError(f"--prompt-len={a.prompt_len} must be >= 1")
+        from zoo.aot import decode, report
+        out = decode.compile_generate(a.workdir, a.compile_for, rows=rows, prompt_len=a.prompt_len,
+                                      max_new_tokens=a.max_new_tokens)
+    except BAD_INPUT as e:
+        return error(e)
+    print(json.dumps(out) if a.json else report.text(out))
     return 0
 
 

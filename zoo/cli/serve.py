@@ -44,7 +44,15 @@ def main(argv=None) -> int:
                                                                             "answered 413 (default: %(default)s, 8 MiB)")
     ap.add_argument("--max-prompts", type=int, default=256, help="prompts one /v1/completions request may hold; more "
                                                                   "are answered 413 (default: %(default)s)")
+    ap.add_argument("--compile-for", metavar="TARGET", help="compile the engine's programs (decode chunk, prefill) for a "
+                    "TPU topology (v5e:2x2, v5e-8, ...) and print the report instead of serving: does it fit a chip? "
+                    "SOURCE: a preset name or a zoo run; nothing loaded (needs libtpu: pip install -e '.[tpu]')")
+    ap.add_argument("--dtype", default="bfloat16", help="with --compile-for: the params' and compute dtype "
+                                                        "(default: %(default)s)")
+    ap.add_argument("--json", action="store_true", help="with --compile-for: the report as one JSON object")
     a = ap.parse_args(argv)
+    if a.json and not a.compile_for:
+        ap.error("--json goes with --compile-for TARGET")
     sock = None
     try:
         for flag, v in (("--slots", a.slots), ("--chunk", a.chunk), ("--max-queue", a.max_queue),
@@ -54,6 +62,8 @@ def main(argv=None) -> int:
                 raise ValueError(f"{flag} {v} must be >= {2 if flag == '--max-len' else 1}")
         if not 0 < a.port < 65536:
             raise ValueError(f"--port {a.port} must be from 1 to 65535")
+        if a.compile_for:
+            return _compile_for(a)
         try:
             import fastapi  # noqa: F401
             import uvicorn
@@ -89,6 +99,16 @@ def main(argv=None) -> int:
     finally:
         engine.stop()
     print("stopped", flush=True)
+    return 0
+
+
+def _compile_for(a) -> int:
+    """--compile-for TARGET: the engine's programs compiled for TARGET (zoo.aot.serve), nothing loaded or served."""
+    import json
+    from zoo.aot import report, serve
+    out = serve.compile_serve(a.source, a.compile_for, slots=a.slots, max_len=a.max_len, chunk=a.chunk,
+                              dtype=a.dtype)
+    print(json.dumps(out) if a.json else report.text(out))
     return 0
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import math
 import queue
 import sys
@@ -120,6 +121,47 @@ def _sample(logits_BV, keys, temp_B, topk_B, topp_B):
     return jnp.where(temp_B == 0, jnp.argmax(logits_BV, -1), sampled_B).astype(jnp.int32)
 
 
+def prefill_row(model, ax: int, params, cache, logits_BV, row, ids_1P, length, *, P: int):
+    """Row `row`'s prompt (ids_1P, its first `length` real, right-padded) into its cache row; its last real
+    token's logits into logits_BV[row]. The prompt sees the row's first P slots only (its own): attention over
+    P keys, not the cache's whole length. `model` is the decoder (its layers scanned or not: `ax` the cache's row
+    axis, 1 when scanned), the engine's jitted program with model and ax bound."""
+    rowwise = lambda c: c.ndim > ax  # noqa: E731 - keys and values per row; the shared index is a scalar
+    sub = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.dynamic_slice_in_dim(c, row, 1, axis=ax), 0, P,
+                                                      axis=ax + 1) if rowwise(c) else c, cache)
+    pos_1P = jnp.where(jnp.arange(P) < length, jnp.arange(P), -1)[None]
+    out, upd = model.apply({"params": params, "cache": sub}, ids_1P, decode=True, positions_BT=pos_1P,
+                           mutable=["cache"])
+    cache = jax.tree.map(lambda c, s: _put(c, s, ax, row) if rowwise(c) else c, cache, upd["cache"])
+    last_V = out[0, length - 1, :].astype(jnp.float32)
+    return cache, logits_BV.at[row].set(last_V)
+
+
+def decode_chunk(model, vocab: int, ax: int, params, cache, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2,
+                 steps_B, *, B: int, K: int, L: int):
+    """K steps of the first B rows (a bucket holding every active row): sample from each row's logits, feed the
+    token back at its position. The rows' first L slots (a length bucket holding every position the K steps
+    write) are all the steps read and write: attention over L keys, not the cache's whole length. Returns the
+    whole cache and logits with those rows updated, and the tokens [B, K] (rows free within B, position -1,
+    compute nothing anyone reads). `vocab`: the tokenizer's, the ids sampled from (a model may pad its output)."""
+    rowwise = lambda c: c.ndim > ax  # noqa: E731
+    full_cache, full_logits = cache, logits_BV
+    cache = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.slice_in_dim(c, 0, B, axis=ax), 0, L, axis=ax + 1)
+                         if rowwise(c) else c, cache)
+    logits_BV = logits_BV[:B]
+
+    def step(carry, i):
+        cache, logits_BV, pos_B = carry
+        keys = jax.vmap(jax.random.fold_in)(keys_B2, steps_B + i)
+        tok_B = _sample(logits_BV[:, :vocab], keys, temp_B, topk_B, topp_B)
+        out, upd = model.apply({"params": params, "cache": cache}, tok_B[:, None], decode=True,
+                               positions_BT=pos_B[:, None], mutable=["cache"])
+        return (upd["cache"], out[:, -1, :].astype(jnp.float32), jnp.where(pos_B >= 0, pos_B + 1, -1)), tok_B
+    (cache, logits_BV, _), toks_KB = jax.lax.scan(step, (cache, logits_BV, positions_B), jnp.arange(K))
+    cache = jax.tree.map(lambda c, s: _put(c, s, ax, 0) if rowwise(c) else s, full_cache, cache)
+    return cache, full_logits.at[:B].set(logits_BV), toks_KB.T
+
+
 class Engine:
     """The decoder behind the server (see the module's docstring). `lm` is a zoo.Pretrained decoder; `slots` rows
     decode together; `max_len` is the cache's length (at most the model's window); `chunk` decode steps run between
@@ -148,8 +190,10 @@ class Engine:
         self.batch_axis = 1 if self.model.cfg.scan_layers else 0  # scanned stacks put the layer axis first
         self.logits_BV = jnp.zeros((slots, self.model.cfg.vocab_size), jnp.float32)
         self.positions_B = np.full(slots, -1, np.int32)  # the next token's position; -1: the row is free
-        self._prefill = jax.jit(self._prefill_fn, static_argnames=("P",), donate_argnums=(1, 2))
-        self._decode = jax.jit(self._decode_fn, static_argnames=("B", "K", "L"), donate_argnums=(1, 2))
+        self._prefill = jax.jit(functools.partial(prefill_row, self.model, self.batch_axis), static_argnames=("P",),
+                                donate_argnums=(1, 2))
+        self._decode = jax.jit(functools.partial(decode_chunk, self.model, self.vocab, self.batch_axis),
+                               static_argnames=("B", "K", "L"), donate_argnums=(1, 2))
         self._compiled: set = set()  # (B, K, L) of the decode programs compiled
         self.say: Callable = lambda line: print(line, file=sys.stderr, flush=True)  # a later compile, said
         self._score = jax.jit(self._score_fn, static_argnames=("top",))
@@ -161,46 +205,6 @@ class Engine:
 
     def bucket(self, n: int) -> int:
         return next(b for b in self.buckets() if b >= n)
-
-    def _prefill_fn(self, params, cache, logits_BV, row, ids_1P, length, *, P: int):
-        """Row `row`'s prompt (ids_1P, its first `length` real, right-padded) into its cache row; its last real
-        token's logits into logits_BV[row]. The prompt sees the row's first P slots only (its own): attention over
-        P keys, not the cache's whole length."""
-        ax = self.batch_axis
-        rowwise = lambda c: c.ndim > ax  # noqa: E731 - keys and values per row; the shared index is a scalar
-        sub = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.dynamic_slice_in_dim(c, row, 1, axis=ax), 0, P,
-                                                          axis=ax + 1) if rowwise(c) else c, cache)
-        pos_1P = jnp.where(jnp.arange(P) < length, jnp.arange(P), -1)[None]
-        out, upd = self.model.apply({"params": params, "cache": sub}, ids_1P, decode=True, positions_BT=pos_1P,
-                                    mutable=["cache"])
-        cache = jax.tree.map(lambda c, s: _put(c, s, ax, row) if rowwise(c) else c, cache, upd["cache"])
-        last_V = out[0, length - 1, :].astype(jnp.float32)
-        return cache, logits_BV.at[row].set(last_V)
-
-    def _decode_fn(self, params, cache, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2, steps_B, *, B: int,
-                   K: int, L: int):
-        """K steps of the first B rows (a bucket holding every active row): sample from each row's logits, feed the
-        token back at its position. The rows' first L slots (a length bucket holding every position the K steps
-        write) are all the steps read and write: attention over L keys, not the cache's whole length. Returns the
-        whole cache and logits with those rows updated, and the tokens [B, K] (rows free within B, position -1,
-        compute nothing anyone reads)."""
-        vocab, ax = self.vocab, self.batch_axis
-        rowwise = lambda c: c.ndim > ax  # noqa: E731
-        full_cache, full_logits = cache, logits_BV
-        cache = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.slice_in_dim(c, 0, B, axis=ax), 0, L, axis=ax + 1)
-                             if rowwise(c) else c, cache)
-        logits_BV = logits_BV[:B]
-
-        def step(carry, i):
-            cache, logits_BV, pos_B = carry
-            keys = jax.vmap(jax.random.fold_in)(keys_B2, steps_B + i)
-            tok_B = _sample(logits_BV[:, :vocab], keys, temp_B, topk_B, topp_B)
-            out, upd = self.model.apply({"params": params, "cache": cache}, tok_B[:, None], decode=True,
-                                        positions_BT=pos_B[:, None], mutable=["cache"])
-            return (upd["cache"], out[:, -1, :].astype(jnp.float32), jnp.where(pos_B >= 0, pos_B + 1, -1)), tok_B
-        (cache, logits_BV, _), toks_KB = jax.lax.scan(step, (cache, logits_BV, positions_B), jnp.arange(K))
-        cache = jax.tree.map(lambda c, s: _put(c, s, ax, 0) if rowwise(c) else s, full_cache, cache)
-        return cache, full_logits.at[:B].set(logits_BV), toks_KB.T
 
     def row_buckets(self) -> list[int]:
         """The numbers of rows a decode chunk compiles for: powers of two up to the slots, and the slots."""

@@ -1,0 +1,103 @@
+"""zoo-serve's engine compiled for a target (`zoo-serve SOURCE --compile-for v5e:2x2`, `zoo.compile_for(...,
+program="serve")`): the two programs the engine (zoo.serve.engine) runs while it serves, at their largest shapes,
+
+  decode   a chunk of `chunk` steps of all `slots` rows over the whole cache (`max_len` slots): the program that
+           runs for every token served, carrying the KV cache of every row;
+  prefill  one row's prompt of up to `max_len` tokens into its cache row,
+
+with the params abstract (nothing loaded) and laid out as generation's are (zoo.aot.decode: tensor-parallel over
+the chips), and the engine's cache its own argument, its KV heads split over `tensor` where they divide it (else
+whole on every chip). The report is the decode program's, with the prefill's figures under "prefill" and `fits`
+true only when both fit. The estimate per chunk step is (params + KV cache bytes per device) / HBM bandwidth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import numpy as np
+
+from zoo.aot import decode, report, target as targets
+from zoo.config import MeshConfig
+from zoo.errors import ConfigError
+
+DEFAULT_MAX_LEN = 2048  # zoo-serve's cache length when --max-len is not given: the model's context, at most this
+
+
+def _cache(model, slots: int, max_len: int, mesh):
+    """The engine's KV cache as abstract arrays: KV heads over `tensor` where they divide it, else whole."""
+    import jax
+    import jax.numpy as jnp
+    import flax.linen as nn
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    cache = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((slots, max_len), jnp.int32),
+                                                       decode=True))["cache"])
+    ax = 1 if model.cfg.scan_layers else 0
+    tensor = mesh.shape.get("tensor", 1)
+
+    def laid(a):
+        if a.ndim > ax + 2 and a.shape[ax + 2] % tensor == 0:  # [layers,] rows, slots, KV heads, head dim
+            spec = [None] * a.ndim
+            spec[ax + 2] = "tensor"
+            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P(*spec)))
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P()))
+    return jax.tree.map(laid, cache), ax
+
+
+def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | None = None, chunk: int = 8,
+                  dtype: str = "bfloat16", mesh: MeshConfig | None = None) -> dict:
+    """The report of zoo-serve's engine for `source` (a preset name or a zoo run) compiled for `target` with
+    `slots` rows, a cache of `max_len` slots (default: the model's context, at most DEFAULT_MAX_LEN) and chunks of
+    `chunk` steps, as `zoo-serve SOURCE --slots --max-len --chunk` would run it (see the module's docstring)."""
+    import jax
+    import jax.numpy as jnp
+    from zoo.serve import engine
+    from zoo.train import sharding
+    for name, v in (("slots", slots), ("chunk", chunk), ("max_len", max_len or 2)):
+        if v < 1 or (name == "max_len" and v < 2):
+            raise ConfigError(f"--{name.replace('_', '-')} {v} must be >= {2 if name == 'max_len' else 1}")
+    t = targets.parse(target)
+    devices = targets.devices(t)
+    model_cfg, model, mesh_, params = decode.abstract_model(source, devices, dtype, mesh)
+    max_len = min(max_len or DEFAULT_MAX_LEN, model_cfg.max_len)
+    cache, ax = _cache(model, slots, max_len, mesh_)
+    rep = sharding.replicated(mesh_)
+    arg = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=rep)  # noqa: E731
+    V = model_cfg.vocab_size
+    logits = arg((slots, V), jnp.float32)
+    fixed = {"params": report.bytes_per_device(params), "optimizer": 0}
+    kv = report.bytes_per_device(cache)
+    step = jax.jit(functools.partial(engine.decode_chunk, model, V, ax), static_argnames=("B", "K", "L"),
+                   donate_argnums=(1, 2))
+    fill = jax.jit(functools.partial(engine.prefill_row, model, ax), static_argnames=("P",), donate_argnums=(1, 2))
+    t0 = time.perf_counter()
+    with jax.set_mesh(mesh_):  # traced under the target's mesh: zoo.nn picks the TPU kernels
+        out = report.compiled(lambda: step.lower(
+            params, cache, logits, arg((slots,), jnp.int32), arg((slots,), jnp.float32), arg((slots,), jnp.int32),
+            arg((slots,), jnp.float32), arg((slots, 2), jnp.uint32), arg((slots,), jnp.int32),
+            B=slots, K=chunk, L=max_len).compile(), fixed)
+        seconds = time.perf_counter() - t0
+        pre = report.compiled(lambda: fill.lower(params, cache, logits, arg((), jnp.int32), arg((1, max_len), jnp.int32),
+                                                 arg((), jnp.int32), P=max_len).compile(), fixed)
+    pre_seconds = time.perf_counter() - t0 - seconds
+    chip = t.chip
+    hbm = chip.hbm_bytes * t.chips / len(devices)
+    for r in (out, pre):  # the cache is an argument of both (donated: its output aliases it)
+        r["bytes_per_device"]["kv_cache"] = int(kv)
+    n = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
+    per_token = (fixed["params"] + kv) / chip.hbm_bytes_per_s
+    prefill_s = 2 * n * max_len / (chip.bf16_flops * t.chips)
+    fits = all(r["flops_per_device"] is not None and r["bytes_per_device"]["total"] <= hbm for r in (out, pre))
+    return {"target": t.name, "topology": t.topology, "slices": t.slices, "chips": t.chips, "devices": len(devices),
+            "chip": dataclasses.asdict(chip), "hbm_per_device": hbm, "mesh": dict(mesh_.shape),
+            "program": f"zoo-serve engine of {source} ({dtype}): decode of {slots} rows x {chunk} steps over "
+                       f"{max_len} slots (prefill of one prompt of up to {max_len} tokens below)",
+            **out, "kv_cache_bytes": int(kv), "model_flops": float(2 * n * slots * chunk),
+            "compile_seconds": seconds, "fits": fits,
+            "prefill": {"bytes_per_device": pre["bytes_per_device"], "flops_per_device": pre["flops_per_device"],
+                        "kernels": pre["kernels"], "compile_seconds": pre_seconds, "refused": pre.get("refused")},
+            "engine": {"slots": slots, "max_len": max_len, "chunk": chunk},
+            "estimate": {"prefill_s": prefill_s, "per_token_s": per_token,
+                         "tokens_per_s": slots / per_token if per_token else 0.0}}
