@@ -298,3 +298,24 @@ def test_the_commands_say_it_in_one_error_line(sources, command, args, row, frag
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("error: ") and fragment in err[0] and src in err[0], err
     assert not os.path.exists(out)  # no run, no workdir with a converted base/
+
+
+def test_a_gguf_file_without_its_readers_names_the_extra_that_brings_them(monkeypatch, tmp_path):
+    """`pip install -e .` alone cannot read a GGUF file (transformers' loader, torch, gguf, accelerate): the one line
+    names what is missing and the `hf` extra, which lists exactly those packages."""
+    import tomllib
+
+    from zoo.errors import ConversionError
+    from zoo.hf import gguf as zoo_gguf
+    extras = tomllib.load(open(os.path.join(os.path.dirname(__file__), "..", "..", "pyproject.toml"), "rb"))
+    hf_extra = extras["project"]["optional-dependencies"]["hf"]
+    assert {r.split("=")[0].split(">")[0].split("<")[0] for r in hf_extra} == {"torch", "transformers", "gguf",
+                                                                               "accelerate"}
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else found(name, *a))
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF")
+    with pytest.raises(ConversionError) as e:
+        zoo_gguf.from_gguf(str(path), str(tmp_path / "run"))
+    assert str(e.value) == ("reading a GGUF file needs torch, transformers, gguf and accelerate (torch missing): "
+                            "pip install -e '.[hf]'")

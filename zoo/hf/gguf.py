@@ -45,7 +45,7 @@ def from_gguf(path: str, run_dir: str, *, verbose: bool = True) -> dict:
     missing = [m for m in ("torch", "transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
         raise ConversionError(f"reading a GGUF file needs torch, transformers, gguf and accelerate ({', '.join(missing)} "
-                              f"missing): pip install -e '.[test]'")
+                              f"missing): pip install -e '.[hf]'")
     check_file(path)
     import torch
     import transformers
