@@ -70,3 +70,43 @@ def test_a_streaming_row_gets_its_tokens_one_at_a_time(lm):
     streamed, gathered = _run(engine, seqs)
     assert [len(c) for c in streamed[:-1]] == [1] * (len(streamed) - 1)  # each token as it is sampled
     assert sum(map(len, streamed), 0) == sum(map(len, gathered), 0)
+
+
+def test_a_prompt_sharing_a_prefix_with_a_row_takes_its_keys_and_values_and_answers_the_same(lm):
+    """A second prompt with the first's 150-token system prefix copies those slots from the first's row and
+    prefills only its own tokens; a third, admitted into the row the first left, finds them in place (no copy).
+    Every answer is zoo.infer.sample's greedy one, as without the cache."""
+    rng = np.random.default_rng(2)
+    system = rng.integers(1, 256, 150).tolist()
+    prompts = [system + rng.integers(1, 256, n).tolist() for n in (20, 35, 9)]
+    engine = Engine(lm, slots=2, max_len=256, chunk=4)
+    copies, prefills = [], []
+    copy, prefill = engine._copy, engine._prefill
+    engine._copy = lambda *a, **kw: copies.append((a[1], a[2], kw["S"])) or copy(*a, **kw)
+    engine._prefill = lambda *a, **kw: prefills.append((a[-1], kw["P"], kw["S"])) or prefill(*a, **kw)
+    got = [[] for _ in prompts]
+
+    def seq(i):
+        return Sequence(prompt=prompts[i], max_tokens=10, temperature=0.0, emit=lambda ids, f: got[i].extend(ids))
+
+    def drain():
+        while engine.active():
+            engine._hand_out(engine._run_chunk())
+    engine.submit([seq(0), seq(1)])
+    engine._admit()
+    assert copies == [(0, 1, 256)] and prefills == [(0, 256, 256), (150, 64, 256)]  # 150 shared: 35 prefilled
+    assert engine.reused == 150
+    drain()
+    engine.submit([seq(2)])
+    engine._admit()  # row 0 is free and holds the system prompt (and the first answer): nothing copied
+    assert len(copies) == 1 and prefills[-1] == (150, 16, 256) and engine.reused == 300
+    drain()
+    model, params = lm.decoding()
+    for p, tokens in zip(prompts, got):
+        want = sample.generate(model, params, p, 10, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
+                               vocab_limit=lm.tokenizer.n_vocab)[0]
+        assert tokens == want
+    off = Engine(lm, slots=2, max_len=256, chunk=4, prefix_cache=False)
+    off.submit([Sequence(prompt=p, max_tokens=1) for p in prompts[:2]])
+    off._admit()
+    assert off.reused == 0

@@ -2,6 +2,13 @@
 concurrent clients: requests and tokens per second and the time to first token (p50, p95).
 
     python -m zoo.bench.serve SOURCE [--clients 1,8,32] [--seconds 30] [--max-tokens 32] [--slots 8]
+    python -m zoo.bench.serve SOURCE --system-tokens 1000 --servers zoo-serve,zoo-serve-no-prefix-cache
+
+`--system-tokens N` puts the same N-token text (Python's documentation, cut at N tokens of SOURCE's tokenizer)
+before every prompt, as a chat server's system prompt: what zoo-serve's prefix sharing saves shows in the time to
+first token beside `zoo-serve-no-prefix-cache` (the same server with --no-prefix-cache). `--servers` names the
+servers measured, in order (default: zoo-serve,transformers); the table's last column is the first's tokens/s over
+the second's.
 
 SOURCE is anything zoo.load reads (a run, a Hugging Face directory, a .gguf file). The peer is the same weights
 exported for transformers (zoo.load(SOURCE).save(..., format="hf")) behind the same OpenAI route,
@@ -25,6 +32,7 @@ import tempfile
 import threading
 import time
 
+SERVERS = ("zoo-serve", "zoo-serve-no-prefix-cache", "transformers")
 PROMPTS_FROM = ("for", "while", "if", "try", "with", "function", "class", "return", "import", "assert")
 
 
@@ -74,9 +82,21 @@ def one_request(url: str, prompt: str, max_tokens: int) -> tuple[float, float, i
     return (first if first is not None else total), total, tokens
 
 
-def load(url: str, clients: int, seconds: float, max_tokens: int) -> dict:
-    """`clients` threads sending streamed requests back to back for `seconds`: their rates and latencies."""
-    pool, lock, results = prompts(), threading.Lock(), []
+def system_text(lm, tokens: int) -> str:
+    """A text of `tokens` tokens of lm's tokenizer (Python's documentation), the shared prefix of --system-tokens."""
+    if tokens <= 0:
+        return ""
+    from pydoc_data.topics import topics
+    ids = lm.tokenize(" ".join(topics[k] for k in ("lambda", "types", "exprlists", "specialnames")))[:tokens]
+    if len(ids) < tokens:
+        raise ValueError(f"--system-tokens {tokens}: the documentation gives only {len(ids)} tokens")
+    return lm.detokenize(ids) + "\n\n"
+
+
+def load(url: str, clients: int, seconds: float, max_tokens: int, system: str = "") -> dict:
+    """`clients` threads sending streamed requests back to back for `seconds`, each prompt after `system`: their
+    rates and latencies."""
+    pool, lock, results = [system + p for p in prompts()], threading.Lock(), []
     stop_at = time.perf_counter() + seconds
 
     def client(i: int):
@@ -98,6 +118,18 @@ def load(url: str, clients: int, seconds: float, max_tokens: int) -> dict:
     return {"clients": clients, "requests": len(results), "requests_per_s": len(results) / wall,
             "tokens_per_s": sum(r[2] for r in results) / wall, "ttft_p50_s": q(0.5), "ttft_p95_s": q(0.95),
             "latency_p50_s": statistics.median([r[1] for r in results]) if results else float("nan")}
+
+
+def warm(url: str, clients: int, max_tokens: int, system: str) -> None:
+    """One request per client at once, not measured: the programs the measured round needs (zoo-serve compiles a
+    length or a number of rows the first time a row reaches it) compiled before it starts."""
+    pool = prompts()
+    threads = [threading.Thread(target=one_request, args=(url, system + pool[-1 - i], max_tokens))
+               for i in range(clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
 
 
 PEER = '''
@@ -140,10 +172,10 @@ uvicorn.run(app, host="127.0.0.1", port={port}, log_level="warning")
 '''
 
 
-def start_zoo(source: str, port: int, slots: int) -> subprocess.Popen:
+def start_zoo(source: str, port: int, slots: int, max_len: int = 256, *flags: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "zoo.cli.serve", source, "--port", str(port), "--slots", str(slots),
-                             "--max-len", "256", "--max-queue", "256", "--model-id", "m"],  # the name requests send
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--max-len", str(max_len), "--max-queue", "256", "--model-id", "m", *flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # "m": what requests send
 
 
 def start_peer(hf_dir: str, port: int) -> subprocess.Popen:
@@ -159,23 +191,40 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--out", help="also write the rows here (JSON lines)")
+    ap.add_argument("--system-tokens", type=int, default=0, help="a shared prefix of this many tokens before every "
+                                                                  "prompt (default: none)")
+    ap.add_argument("--servers", default="zoo-serve,transformers", help="of " + ", ".join(SERVERS) +
+                    " (default: %(default)s)")
     a = ap.parse_args(argv)
+    servers = a.servers.split(",")
+    if not servers or any(n not in SERVERS for n in servers):
+        ap.error(f"--servers {a.servers}: each one of {', '.join(SERVERS)}")
     import zoo
     counts = [int(x) for x in a.clients.split(",")]
     rows = []
+    lm = zoo.load(a.source)
+    system = system_text(lm, a.system_tokens)
+    max_len = 256  # the longest prompt (~60 tokens) and answer, after the shared prefix, in a power of two
+    while max_len < a.system_tokens + 64 + a.max_tokens:
+        max_len *= 2
     with tempfile.TemporaryDirectory(prefix="zoo-serve-bench-") as tmp:
         hf_dir = os.path.join(tmp, "hf")
-        zoo.load(a.source).save(hf_dir, format="hf", verbose=False)
-        for name, start in (("zoo-serve", lambda p: start_zoo(a.source, p, a.slots)),
-                            ("transformers", lambda p: start_peer(hf_dir, p))):
+        if "transformers" in servers:
+            lm.save(hf_dir, format="hf", verbose=False)
+        starts = {"zoo-serve": lambda p: start_zoo(a.source, p, a.slots, max_len),
+                  "zoo-serve-no-prefix-cache": lambda p: start_zoo(a.source, p, a.slots, max_len, "--no-prefix-cache"),
+                  "transformers": lambda p: start_peer(hf_dir, p)}
+        for name in servers:
             port = free_port()
-            proc = start(port)
+            proc = starts[name](port)
             url = f"http://127.0.0.1:{port}"
             try:
                 wait_up(url, proc)
                 one_request(url, prompts()[0], 4)  # warm (the peer's first generate)
                 for n in counts:
-                    row = {"server": name, "max_tokens": a.max_tokens, **load(url, n, a.seconds, a.max_tokens)}
+                    warm(url, n, a.max_tokens, system)
+                    row = {"server": name, "max_tokens": a.max_tokens, "system_tokens": a.system_tokens,
+                           **load(url, n, a.seconds, a.max_tokens, system)}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:
@@ -189,16 +238,23 @@ def main(argv=None) -> int:
 
 
 def table(rows: list[dict]) -> str:
-    zoo_rows = {r["clients"]: r for r in rows if r["server"] == "zoo-serve"}
-    peer = {r["clients"]: r for r in rows if r["server"] == "transformers"}
-    lines = ["| clients | zoo-serve requests/s | tokens/s | TTFT p50 / p95 s | transformers requests/s | tokens/s | "
-             "TTFT p50 / p95 s | zoo / transformers tokens/s |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for n in sorted(zoo_rows):
-        z, p = zoo_rows[n], peer.get(n)
-        cells = [str(n), f"{z['requests_per_s']:.2f}", f"{z['tokens_per_s']:.0f}",
-                 f"{z['ttft_p50_s']:.2f} / {z['ttft_p95_s']:.2f}"]
-        cells += [f"{p['requests_per_s']:.2f}", f"{p['tokens_per_s']:.0f}", f"{p['ttft_p50_s']:.2f} / {p['ttft_p95_s']:.2f}",
-                  f"{z['tokens_per_s'] / max(p['tokens_per_s'], 1e-9):.2f}"] if p else ["", "", "", ""]
+    """The rows as markdown: a group of columns per server, in the order measured, and the first's tokens/s over
+    the second's."""
+    names = list(dict.fromkeys(r["server"] for r in rows))
+    by = {(r["server"], r["clients"]): r for r in rows}
+    head = ["clients"] + [f"{n} {c}" for n in names for c in ("requests/s", "tokens/s", "TTFT p50 / p95 s")]
+    if len(names) > 1:
+        head.append(f"{names[0]} / {names[1]} tokens/s")
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for n in sorted({r["clients"] for r in rows}):
+        cells = [str(n)]
+        for name in names:
+            r = by.get((name, n))
+            cells += ([f"{r['requests_per_s']:.2f}", f"{r['tokens_per_s']:.0f}",
+                       f"{r['ttft_p50_s']:.2f} / {r['ttft_p95_s']:.2f}"] if r else ["", "", ""])
+        if len(names) > 1:
+            z, p = by.get((names[0], n)), by.get((names[1], n))
+            cells.append(f"{z['tokens_per_s'] / max(p['tokens_per_s'], 1e-9):.2f}" if z and p else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

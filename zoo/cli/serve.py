@@ -44,6 +44,8 @@ def main(argv=None) -> int:
                                                                             "answered 413 (default: %(default)s, 8 MiB)")
     ap.add_argument("--max-prompts", type=int, default=256, help="prompts one /v1/completions request may hold; more "
                                                                   "are answered 413 (default: %(default)s)")
+    ap.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt whole, even where another "
+                    "row holds its leading tokens (a shared system prompt) already")
     ap.add_argument("--compile-for", metavar="TARGET", help="compile the engine's programs (decode chunk, prefill) for a "
                     "TPU topology (v5e:2x2, v5e-8, ...) and print the report instead of serving: does it fit a chip? "
                     "SOURCE: a preset name or a zoo run; nothing loaded (needs libtpu: pip install -e '.[tpu]')")
@@ -78,7 +80,7 @@ def main(argv=None) -> int:
         decoder.require_decoder(lm, "serve")
         decoder.prompt_tokens(lm, conversations=[[{"role": "user", "content": "Hi"}]])  # the chat template renders
         engine = Engine(lm, slots=a.slots, max_len=a.max_len or min(lm.config.window, 2048), chunk=a.chunk,
-                        max_queue=a.max_queue)
+                        max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache)
     except BAD_INPUT as e:
         if sock is not None:
             sock.close()

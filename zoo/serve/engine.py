@@ -10,6 +10,14 @@ rows beside it). Between chunks the host hands each row's new tokens to its requ
 ended (end-of-text or end-of-turn, max_tokens, a stop string, a client gone) and admits waiting requests into the
 freed rows. A request arriving while others decode waits at most one chunk, never for their whole decode.
 
+Prefix sharing: every row remembers the tokens whose keys and values its slots hold (its prompt, then each token it
+decoded). A new prompt whose first SHARED_MIN or more tokens a row holds (a chat's shared system prompt, the turns
+before the last one) takes them from that row (a copy of those slots into its own row, or nothing at all when it is
+admitted into that row) and prefills only the rest, from its position on, attending over the shared slots. A row
+freed keeps what it holds until another prompt is prefilled into it, so the cache outlives the requests (no
+eviction to decide: a row's contents go when the row is reused). `prefix_cache=False` (zoo-serve
+--no-prefix-cache) prefills every prompt whole.
+
 Compiled programs: a prefill per prompt-length bucket (powers of two from 16 to the cache length; the prompt attends
 its own bucket's slots), and a decode for each number of rows (powers of two up to the slots: the smallest holding
 every active row runs, so one client pays for one row), steps (one, right after an admission or while a row's client
@@ -50,6 +58,7 @@ from zoo.nn.layers import einsum_f32, softcap
 from zoo.nn.losses import token_logprobs
 
 WARM_LENGTHS = 2  # length buckets compiled before the first request (128 and 256 slots)
+SHARED_MIN = 32  # the fewest prompt tokens a cached row must share with a new prompt to be reused (copy, not compute)
 MAX_TOP = 5  # the most alternatives per position a scoring request may ask for (OpenAI's legacy limit)
 
 
@@ -121,20 +130,30 @@ def _sample(logits_BV, keys, temp_B, topk_B, topp_B):
     return jnp.where(temp_B == 0, jnp.argmax(logits_BV, -1), sampled_B).astype(jnp.int32)
 
 
-def prefill_row(model, ax: int, params, cache, logits_BV, row, ids_1P, length, *, P: int):
-    """Row `row`'s prompt (ids_1P, its first `length` real, right-padded) into its cache row; its last real
-    token's logits into logits_BV[row]. The prompt sees the row's first P slots only (its own): attention over
-    P keys, not the cache's whole length. `model` is the decoder (its layers scanned or not: `ax` the cache's row
-    axis, 1 when scanned), the engine's jitted program with model and ax bound."""
+def prefill_row(model, ax: int, params, cache, logits_BV, row, ids_1P, length, start, *, P: int, S: int):
+    """Row `row`'s prompt from position `start` on (ids_1P, its first `length` real, right-padded) into its cache
+    row; its last real token's logits into logits_BV[row]. The prompt sees the row's first S slots only
+    (S >= start + P; S = P when start is 0): attention over S keys, not the cache's whole length, the slots
+    before `start` holding the prompt's first tokens already (a shared prefix, `copy_prefix`). `model` is the
+    decoder (its layers scanned or not: `ax` the cache's row axis, 1 when scanned), the engine's jitted program
+    with model and ax bound."""
     rowwise = lambda c: c.ndim > ax  # noqa: E731 - keys and values per row; the shared index is a scalar
-    sub = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.dynamic_slice_in_dim(c, row, 1, axis=ax), 0, P,
+    sub = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.dynamic_slice_in_dim(c, row, 1, axis=ax), 0, S,
                                                       axis=ax + 1) if rowwise(c) else c, cache)
-    pos_1P = jnp.where(jnp.arange(P) < length, jnp.arange(P), -1)[None]
+    pos_1P = jnp.where(jnp.arange(P) < length, start + jnp.arange(P), -1)[None]
     out, upd = model.apply({"params": params, "cache": sub}, ids_1P, decode=True, positions_BT=pos_1P,
                            mutable=["cache"])
     cache = jax.tree.map(lambda c, s: _put(c, s, ax, row) if rowwise(c) else c, cache, upd["cache"])
     last_V = out[0, length - 1, :].astype(jnp.float32)
     return cache, logits_BV.at[row].set(last_V)
+
+
+def copy_prefix(ax: int, cache, src, dst, *, S: int):
+    """The cache with row `dst`'s first S slots a copy of row `src`'s (a prompt prefix the two share: its keys
+    and values computed once)."""
+    rowwise = lambda c: c.ndim > ax  # noqa: E731
+    return jax.tree.map(lambda c: _put(c, jax.lax.slice_in_dim(jax.lax.dynamic_slice_in_dim(c, src, 1, axis=ax), 0, S,
+                                                               axis=ax + 1), ax, dst) if rowwise(c) else c, cache)
 
 
 def decode_chunk(model, vocab: int, ax: int, params, cache, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2,
@@ -167,8 +186,12 @@ class Engine:
     decode together; `max_len` is the cache's length (at most the model's window); `chunk` decode steps run between
     two admissions."""
 
-    def __init__(self, lm, *, slots: int = 8, max_len: int | None = None, chunk: int = 8, max_queue: int = 64):
+    def __init__(self, lm, *, slots: int = 8, max_len: int | None = None, chunk: int = 8, max_queue: int = 64,
+                 prefix_cache: bool = True):
         self.lm, self.slots, self.chunk, self.max_queue = lm, slots, chunk, max_queue
+        self.prefix_cache = prefix_cache
+        self.held: list[list[int]] = [[] for _ in range(slots)]  # the tokens whose keys and values a row's slots hold
+        self.reused = 0  # prompt tokens taken from the cache instead of prefilled
         self.max_len = min(max_len or lm.config.window, lm.config.window)
         self.model, self.params = lm.decoding()
         self.vocab = lm.tokenizer.n_vocab
@@ -190,8 +213,10 @@ class Engine:
         self.batch_axis = 1 if self.model.cfg.scan_layers else 0  # scanned stacks put the layer axis first
         self.logits_BV = jnp.zeros((slots, self.model.cfg.vocab_size), jnp.float32)
         self.positions_B = np.full(slots, -1, np.int32)  # the next token's position; -1: the row is free
-        self._prefill = jax.jit(functools.partial(prefill_row, self.model, self.batch_axis), static_argnames=("P",),
-                                donate_argnums=(1, 2))
+        self._prefill = jax.jit(functools.partial(prefill_row, self.model, self.batch_axis),
+                                static_argnames=("P", "S"), donate_argnums=(1, 2))
+        self._copy = jax.jit(functools.partial(copy_prefix, self.batch_axis), static_argnames=("S",),
+                             donate_argnums=(0,))
         self._decode = jax.jit(functools.partial(decode_chunk, self.model, self.vocab, self.batch_axis),
                                static_argnames=("B", "K", "L"), donate_argnums=(1, 2))
         self._compiled: set = set()  # (B, K, L) of the decode programs compiled
@@ -237,7 +262,9 @@ class Engine:
                     if kind == "prefill" else _decode_name(*shape)))
             if kind == "prefill":
                 self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, 0,
-                                                           jnp.zeros((1, shape[0]), jnp.int32), 1, P=shape[0])
+                                                           jnp.zeros((1, shape[0]), jnp.int32), 1, 0, P=shape[0],
+                                                           S=shape[0])
+                self.held[0] = []
             else:
                 self._run_chunk(*shape)
             if kind == "decode":
@@ -307,13 +334,50 @@ class Engine:
                 return
             if seq.cancelled():
                 continue
-            P = self.bucket(len(seq.prompt))
-            ids = np.zeros((1, P), np.int32)
-            ids[0, :len(seq.prompt)] = seq.prompt
-            self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, row, jnp.asarray(ids),
-                                                       len(seq.prompt), P=P)
+            self._prefill_into(row, seq.prompt)
             self.rows[row], self.positions_B[row] = seq, len(seq.prompt)
             self.admitted += 1
+
+    def _length(self, n: int) -> int:
+        return next(b for b in self.length_buckets() if b >= n)
+
+    def shared(self, prompt: list[int]) -> tuple[int, int]:
+        """(n, row): the most leading tokens of `prompt` whose keys and values a row's slots hold (at most all but
+        its last, whose logits the prefill gives), and that row; (0, -1) below SHARED_MIN or with the cache off."""
+        if not self.prefix_cache:
+            return 0, -1
+        best, at = 0, -1
+        p = np.asarray(prompt[:-1], np.int32)
+        for row, held in enumerate(self.held):
+            n = min(len(held), len(p))
+            if n <= best:
+                continue
+            same = np.asarray(held[:n], np.int32) == p[:n]
+            k = n if same.all() else int(np.argmin(same))
+            if k > best:
+                best, at = k, row
+        return (best, at) if best >= SHARED_MIN else (0, -1)
+
+    def _prefill_into(self, row: int, prompt: list[int]) -> None:
+        """`prompt` into `row`: its leading tokens another row holds copied from there (`shared`), the rest
+        prefilled from their position on."""
+        m, donor = self.shared(prompt)
+        P = self.bucket(len(prompt) - m)
+        m = min(m, self.max_len - P)  # the prefill's slots stay in the cache (a few shared tokens computed again)
+        if m > 0 and donor != row:
+            self.cache = self._copy(self.cache, donor, row, S=self._length(m))
+        rest = prompt[m:]
+        S = P if m == 0 else self._length(m + P)
+        ids = np.zeros((1, P), np.int32)
+        ids[0, :len(rest)] = rest
+        if S != P and ("prefill", P, S) not in self._compiled:
+            self.say(f"zoo-serve: compiling the prefill of up to {P} tokens after a shared prefix, over {S} slots "
+                     f"(first use)")
+            self._compiled.add(("prefill", P, S))
+        self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, row, jnp.asarray(ids),
+                                                   len(rest), m, P=P, S=S)
+        self.held[row] = list(prompt)
+        self.reused += m
 
     def _run_chunk(self, B: int | None = None, K: int | None = None, L: int | None = None) -> np.ndarray:
         """One decode call. By default over the smallest row bucket holding every active row, one step when a row
@@ -361,6 +425,7 @@ class Engine:
                     finish = "length"
                     break
             self.positions_B[row] += len(ids)
+            self.held[row] += ids  # fed back: their keys and values are in the row's slots
             stop = seq.emit(ids, finish)
             if finish is not None or stop:
                 self._free(row)
