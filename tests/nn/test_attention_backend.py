@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from zoo.nn import attention as attn
+from zoo.nn import attention as attn, attention_backend
 
 BF16, F32 = jnp.bfloat16, jnp.float32
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +102,8 @@ def test_a_bias_whose_gradient_jax_would_drop_is_refused(monkeypatch):
     (T5's relative positions) combined with a per-example mask then stays on XLA."""
     q, k, v = qkv()
     bias, mask = sds(1, 12, 1024, 1024, dtype=F32), sds(16, 1, 1, 1024, dtype=bool)
-    monkeypatch.setattr(attn, "_dbias_exported", lambda shape, q_shape: shape[0] == 1)
+    # cudnn_unsupported_reason reads _dbias_exported where both live (zoo.nn.attention only imports them)
+    monkeypatch.setattr(attention_backend, "_dbias_exported", lambda shape, q_shape: shape[0] == 1)
     assert "gradient" in attn.cudnn_unsupported_reason(q, k, v, bias, mask)
     assert attn.cudnn_unsupported_reason(q, k, v, bias, mask, training=False) is None
     assert attn.cudnn_unsupported_reason(q, k, v, bias, is_causal=True) is None
