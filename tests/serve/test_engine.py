@@ -110,3 +110,38 @@ def test_a_prompt_sharing_a_prefix_with_a_row_takes_its_keys_and_values_and_answ
     off.submit([Sequence(prompt=p, max_tokens=1) for p in prompts[:2]])
     off._admit()
     assert off.reused == 0
+
+
+def test_a_long_prompt_admitted_while_rows_decode_is_prefilled_a_piece_between_their_chunks(lm):
+    """A 100-token prompt arriving while a row decodes goes in 32-token pieces (prefill_chunk), each from its
+    position on over the pieces before it, one piece between two of the other row's decode chunks; both answers
+    are zoo.infer.sample's greedy ones."""
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(1, 256, 20).tolist(), rng.integers(1, 256, 100).tolist()]
+    engine = Engine(lm, slots=2, max_len=256, chunk=2, prefill_chunk=32)
+    got, events = [[], []], []
+    prefill, decode = engine._prefill, engine._decode
+    engine._prefill = lambda *a, **kw: events.append(("prefill", a[-1], kw["P"], kw["S"])) or prefill(*a, **kw)
+    engine._decode = lambda *a, **kw: events.append(("decode",)) or decode(*a, **kw)
+
+    def seq(i):
+        return Sequence(prompt=prompts[i], max_tokens=12, temperature=0.0, emit=lambda ids, f: got[i].extend(ids))
+
+    def step():  # the engine's loop, one turn
+        engine._admit()
+        engine._fill()
+        if engine.decoding():
+            engine._hand_out(engine._run_chunk())
+    engine.submit([seq(0)])
+    step()
+    engine.submit([seq(1)])
+    while engine.active():
+        step()
+    at = [i for i, e in enumerate(events) if e[0] == "prefill"][1:]  # the first: the first row's whole prompt
+    assert [events[i][1:] for i in at] == [(0, 32, 32), (32, 32, 128), (64, 32, 128), (96, 16, 128)]
+    assert [b - a for a, b in zip(at, at[1:])] == [2, 2, 2]  # one decode chunk of the first row between two pieces
+    model, params = lm.decoding()
+    for p, tokens in zip(prompts, got):
+        want = sample.generate(model, params, p, 12, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
+                               vocab_limit=lm.tokenizer.n_vocab)[0]
+        assert tokens == want

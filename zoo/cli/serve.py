@@ -44,6 +44,8 @@ def main(argv=None) -> int:
                                                                             "answered 413 (default: %(default)s, 8 MiB)")
     ap.add_argument("--max-prompts", type=int, default=256, help="prompts one /v1/completions request may hold; more "
                                                                   "are answered 413 (default: %(default)s)")
+    ap.add_argument("--prefill-chunk", type=int, default=512, help="a prompt longer than this, arriving while others "
+                    "decode, is prefilled this many tokens between two decode chunks (default: %(default)s)")
     ap.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt whole, even where another "
                     "row holds its leading tokens (a shared system prompt) already")
     ap.add_argument("--compile-for", metavar="TARGET", help="compile the engine's programs (decode chunk, prefill) for a "
@@ -58,6 +60,7 @@ def main(argv=None) -> int:
     sock = None
     try:
         for flag, v in (("--slots", a.slots), ("--chunk", a.chunk), ("--max-queue", a.max_queue),
+                        ("--prefill-chunk", a.prefill_chunk),
                         ("--max-request-bytes", a.max_request_bytes), ("--max-prompts", a.max_prompts),
                         ("--max-len", a.max_len if a.max_len is not None else 2)):
             if v < 1 or (flag == "--max-len" and v < 2):
@@ -80,7 +83,7 @@ def main(argv=None) -> int:
         decoder.require_decoder(lm, "serve")
         decoder.prompt_tokens(lm, conversations=[[{"role": "user", "content": "Hi"}]])  # the chat template renders
         engine = Engine(lm, slots=a.slots, max_len=a.max_len or min(lm.config.window, 2048), chunk=a.chunk,
-                        max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache)
+                        max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, prefill_chunk=a.prefill_chunk)
     except BAD_INPUT as e:
         if sock is not None:
             sock.close()

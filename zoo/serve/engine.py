@@ -18,6 +18,11 @@ freed keeps what it holds until another prompt is prefilled into it, so the cach
 eviction to decide: a row's contents go when the row is reused). `prefix_cache=False` (zoo-serve
 --no-prefix-cache) prefills every prompt whole.
 
+Chunked prefill: a prompt with more than `prefill_chunk` tokens left to prefill, admitted while other rows decode,
+is prefilled a piece of `prefill_chunk` tokens at a time, one piece between two decode chunks (each piece from its
+position on, over the pieces before it), so the rows decoding wait one piece for it, never its whole prompt; it
+decodes once its last piece is in. Admitted with nobody decoding, it is prefilled whole (its first token sooner).
+
 Compiled programs: a prefill per prompt-length bucket (powers of two from 16 to the cache length; the prompt attends
 its own bucket's slots), and a decode for each number of rows (powers of two up to the slots: the smallest holding
 every active row runs, so one client pays for one row), steps (one, right after an admission or while a row's client
@@ -58,6 +63,7 @@ from zoo.nn.layers import einsum_f32, softcap
 from zoo.nn.losses import token_logprobs
 
 WARM_LENGTHS = 2  # length buckets compiled before the first request (128 and 256 slots)
+PREFILL_CHUNK = 512  # a longer prompt admitted while rows decode is prefilled this many tokens between two chunks
 SHARED_MIN = 32  # the fewest prompt tokens a cached row must share with a new prompt to be reused (copy, not compute)
 MAX_TOP = 5  # the most alternatives per position a scoring request may ask for (OpenAI's legacy limit)
 
@@ -184,12 +190,14 @@ def decode_chunk(model, vocab: int, ax: int, params, cache, logits_BV, positions
 class Engine:
     """The decoder behind the server (see the module's docstring). `lm` is a zoo.Pretrained decoder; `slots` rows
     decode together; `max_len` is the cache's length (at most the model's window); `chunk` decode steps run between
-    two admissions."""
+    two admissions; `prefix_cache`: prompts take the leading tokens a row holds (see the module's docstring);
+    `prefill_chunk`: the piece a long prompt admitted while rows decode is prefilled in."""
 
     def __init__(self, lm, *, slots: int = 8, max_len: int | None = None, chunk: int = 8, max_queue: int = 64,
-                 prefix_cache: bool = True):
+                 prefix_cache: bool = True, prefill_chunk: int = PREFILL_CHUNK):
         self.lm, self.slots, self.chunk, self.max_queue = lm, slots, chunk, max_queue
-        self.prefix_cache = prefix_cache
+        self.prefix_cache, self.prefill_chunk = prefix_cache, prefill_chunk
+        self.filling: dict[int, int] = {}  # row -> its prompt's tokens in the cache so far, while prefilled in pieces
         self.held: list[list[int]] = [[] for _ in range(slots)]  # the tokens whose keys and values a row's slots hold
         self.reused = 0  # prompt tokens taken from the cache instead of prefilled
         self.max_len = min(max_len or lm.config.window, lm.config.window)
@@ -321,8 +329,15 @@ class Engine:
                 if self.jobs.empty():
                     self._wake.wait(0.05)  # idle: wait for work, without spinning
                 continue
+            self._fill()
+            if not self.decoding():  # rows still prefilling their prompts, none decoding yet
+                continue
             toks_BK = self._run_chunk()
             self._hand_out(toks_BK)
+
+    def decoding(self) -> int:
+        """Rows decoding (active, their prompts wholly in the cache)."""
+        return sum(r is not None and i not in self.filling for i, r in enumerate(self.rows))
 
     def _admit(self) -> None:
         for row in range(self.slots):
@@ -334,9 +349,35 @@ class Engine:
                 return
             if seq.cancelled():
                 continue
-            self._prefill_into(row, seq.prompt)
-            self.rows[row], self.positions_B[row] = seq, len(seq.prompt)
+            busy = self.decoding() > 0  # before this row counts
+            m, donor = self.shared(seq.prompt)
+            if m > 0 and donor != row:
+                self.cache = self._copy(self.cache, donor, row, S=self._length(m))
+            self.reused += m
+            self.held[row] = list(seq.prompt[:m])  # what its slots hold now (a piece at a time: until the next)
+            self.rows[row], self.positions_B[row] = seq, -1  # -1: no decode step writes or reads it yet
             self.admitted += 1
+            if busy and len(seq.prompt) - m > self.prefill_chunk:  # rows decode: a piece between two chunks
+                self.filling[row] = m
+            else:
+                self._prefill_into(row, seq.prompt, m, len(seq.prompt))
+                self.positions_B[row] = len(seq.prompt)
+
+    def _fill(self) -> None:
+        """The next piece (`prefill_chunk` tokens) of the first prompt admitted to be prefilled a piece at a time:
+        one piece between two decode chunks, so the rows decoding wait a piece, never a whole long prompt."""
+        for row, m in list(self.filling.items())[:1]:
+            seq = self.rows[row]
+            if seq.cancelled():
+                self._free(row)
+                continue
+            end = min(m + self.prefill_chunk, len(seq.prompt))
+            self._prefill_into(row, seq.prompt, m, end)
+            if end < len(seq.prompt):
+                self.filling[row] = end
+            else:
+                del self.filling[row]
+                self.positions_B[row] = len(seq.prompt)
 
     def _length(self, n: int) -> int:
         return next(b for b in self.length_buckets() if b >= n)
@@ -358,36 +399,32 @@ class Engine:
                 best, at = k, row
         return (best, at) if best >= SHARED_MIN else (0, -1)
 
-    def _prefill_into(self, row: int, prompt: list[int]) -> None:
-        """`prompt` into `row`: its leading tokens another row holds copied from there (`shared`), the rest
-        prefilled from their position on."""
-        m, donor = self.shared(prompt)
-        P = self.bucket(len(prompt) - m)
-        m = min(m, self.max_len - P)  # the prefill's slots stay in the cache (a few shared tokens computed again)
-        if m > 0 and donor != row:
-            self.cache = self._copy(self.cache, donor, row, S=self._length(m))
-        rest = prompt[m:]
+    def _prefill_into(self, row: int, prompt: list[int], m: int, end: int) -> None:
+        """prompt[m:end] into `row` from position m on, its slots before m holding prompt[:m] already (a shared
+        prefix, an earlier piece); the logits of prompt[end - 1] into the row's."""
+        P = self.bucket(end - m)
+        m = min(m, self.max_len - P)  # the prefill's slots stay in the cache (a few tokens computed again)
+        rest = prompt[m:end]
         S = P if m == 0 else self._length(m + P)
         ids = np.zeros((1, P), np.int32)
         ids[0, :len(rest)] = rest
         if S != P and ("prefill", P, S) not in self._compiled:
-            self.say(f"zoo-serve: compiling the prefill of up to {P} tokens after a shared prefix, over {S} slots "
-                     f"(first use)")
+            self.say(f"zoo-serve: compiling the prefill of up to {P} tokens after {S - P} or fewer held, over {S} "
+                     f"slots (first use)")
             self._compiled.add(("prefill", P, S))
         self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, row, jnp.asarray(ids),
                                                    len(rest), m, P=P, S=S)
-        self.held[row] = list(prompt)
-        self.reused += m
+        self.held[row] = list(prompt[:end])
 
     def _run_chunk(self, B: int | None = None, K: int | None = None, L: int | None = None) -> np.ndarray:
         """One decode call. By default over the smallest row bucket holding every active row, one step when a row
         has just been admitted (its first token streams at once) or streams, else a chunk, over the smallest length
         bucket holding every position the steps write."""
-        last = max((i for i, r in enumerate(self.rows) if r is not None), default=0)
-        B = B or next(b for b in self.row_buckets() if b > last)
-        K = K or (1 if any(r is not None and (r.generated == 0 or r.stream) for r in self.rows) else self.chunk)
+        live = [i for i, r in enumerate(self.rows) if r is not None and i not in self.filling]
+        B = B or next(b for b in self.row_buckets() if b > max(live, default=0))
+        K = K or (1 if any(self.rows[i].generated == 0 or self.rows[i].stream for i in live) else self.chunk)
         if L is None:
-            reach = max((int(self.positions_B[i]) + K for i, r in enumerate(self.rows[:B]) if r is not None), default=1)
+            reach = max((int(self.positions_B[i]) + K for i in live if i < B), default=1)
             L = next((b for b in self.length_buckets() if b >= reach), self.max_len)
             if (B, K, L) not in self._compiled:
                 self.say(f"zoo-serve: compiling the {_decode_name(B, K, L)} (first use)")
@@ -406,7 +443,7 @@ class Engine:
 
     def _hand_out(self, toks_BK: np.ndarray) -> None:
         for row, seq in enumerate(self.rows[:len(toks_BK)]):
-            if seq is None:
+            if seq is None or row in self.filling:
                 continue
             if seq.cancelled():
                 self._free(row)
@@ -432,6 +469,7 @@ class Engine:
 
     def _free(self, row: int) -> None:
         self.rows[row], self.positions_B[row] = None, -1
+        self.filling.pop(row, None)
 
     # ---- scoring ---------------------------------------------------------------------------------------------
     def _score_fn(self, params, inputs_BT, targets_BT, *, top: bool):
