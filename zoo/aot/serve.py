@@ -53,7 +53,7 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
     `chunk` steps, as `zoo-serve SOURCE --slots --max-len --chunk` would run it (see the module's docstring)."""
     import jax
     import jax.numpy as jnp
-    from zoo.serve import engine
+    from zoo.serve import programs
     from zoo.train import sharding
     for name, v in (("slots", slots), ("chunk", chunk), ("max_len", max_len or 2)):
         if v < 1 or (name == "max_len" and v < 2):
@@ -69,9 +69,10 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
     logits = arg((slots, V), jnp.float32)
     fixed = {"params": report.bytes_per_device(params), "optimizer": 0}
     kv = report.bytes_per_device(cache)
-    step = jax.jit(functools.partial(engine.decode_chunk, model, V, ax), static_argnames=("B", "K", "L"),
+    step = jax.jit(functools.partial(programs.decode_chunk, model, V, ax), static_argnames=("B", "K", "L"),
                    donate_argnums=(1, 2))
-    fill = jax.jit(functools.partial(engine.prefill_row, model, ax), static_argnames=("P",), donate_argnums=(1, 2))
+    fill = jax.jit(functools.partial(programs.prefill_row, model, ax), static_argnames=("P", "S"),
+                   donate_argnums=(1, 2))
     t0 = time.perf_counter()
     with jax.set_mesh(mesh_):  # traced under the target's mesh: zoo.nn picks the TPU kernels
         out = report.compiled(lambda: step.lower(
@@ -80,7 +81,8 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
             B=slots, K=chunk, L=max_len).compile(), fixed)
         seconds = time.perf_counter() - t0
         pre = report.compiled(lambda: fill.lower(params, cache, logits, arg((), jnp.int32), arg((1, max_len), jnp.int32),
-                                                 arg((), jnp.int32), P=max_len).compile(), fixed)
+                                                 arg((), jnp.int32), arg((), jnp.int32), P=max_len, S=max_len).compile(),
+                              fixed)
     pre_seconds = time.perf_counter() - t0 - seconds
     chip = t.chip
     hbm = chip.hbm_bytes * t.chips / len(devices)

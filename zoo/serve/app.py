@@ -265,7 +265,8 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
 
     def start(prompts: list[list[int]], s: dict, default_max: int) -> tuple[list[Choice], asyncio.Queue, list]:
         """Queue n sequences per prompt; (their choices, the queue their updates arrive on, the sequences)."""
-        from zoo.serve.engine import Sequence, key_data
+        from zoo.serve.engine import Sequence
+        from zoo.serve.programs import key_data
         if engine.stopping.is_set():
             raise ApiError(503, "the server is stopping", "server_error")
         if len(prompts) * s["n"] > engine.max_queue:  # no retry could ever make room: not a 429

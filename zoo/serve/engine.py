@@ -61,6 +61,7 @@ from zoo.infer.sample import stop_ids
 from zoo.models.gpt import output_embedding
 from zoo.nn.layers import einsum_f32, softcap
 from zoo.nn.losses import token_logprobs
+from zoo.serve.programs import copy_prefix, decode_chunk, prefill_row
 
 WARM_LENGTHS = 2  # length buckets compiled before the first request (128 and 256 slots)
 PREFILL_CHUNK = 512  # a longer prompt admitted while rows decode is prefilled this many tokens between two chunks
@@ -86,14 +87,6 @@ class Sequence:
     enqueued: float = dataclasses.field(default_factory=time.perf_counter)
 
 
-def _put(c, s, ax: int, row):
-    """The cache array c with s written at row `row` of axis ax and slot 0 of axis ax + 1 (s may be shorter in
-    both: a few rows, their first slots)."""
-    start = [0] * c.ndim
-    start[ax] = row
-    return jax.lax.dynamic_update_slice(c, s.astype(c.dtype), start)
-
-
 def _powers(start: int, limit: int) -> list[int]:
     """Powers of two from `start` below `limit`, then `limit`: the buckets a program compiles for."""
     out, b = [], start
@@ -105,86 +98,6 @@ def _powers(start: int, limit: int) -> list[int]:
 
 def _decode_name(B: int, K: int, L: int) -> str:
     return f"decode of {B} row{'s' * (B > 1)} x {K} step{'s' * (K > 1)} over {L} slots"
-
-
-def key_data(seed: int, choice: int) -> np.ndarray:
-    """The key data of completion `choice` of a request with `seed`: its tokens are a function of both alone."""
-    return np.asarray(jax.random.fold_in(jax.random.PRNGKey(seed), choice), np.uint32)
-
-
-def _filtered(logits_V, top_k, top_p):
-    """logits_V with what top-k (0: off) and top-p (1: off) leave out at -inf (one row; a sort of the vocabulary)."""
-    V = logits_V.shape[0]
-    sorted_V = jnp.sort(logits_V)[::-1]
-    kth = sorted_V[jnp.clip(top_k - 1, 0, V - 1)]
-    keep_k = top_k <= 0
-    logits_V = jnp.where(keep_k | (logits_V >= kth), logits_V, -jnp.inf)
-    sorted_V = jnp.where(keep_k | (sorted_V >= kth), sorted_V, -jnp.inf)
-    probs_V = jax.nn.softmax(sorted_V)
-    before_V = jnp.cumsum(probs_V) - probs_V  # a token stays if the mass before it is < top_p
-    cutoff = jnp.min(jnp.where(before_V < top_p, sorted_V, jnp.inf))
-    return jnp.where((top_p >= 1.0) | (logits_V >= cutoff), logits_V, -jnp.inf)
-
-
-def _sample(logits_BV, keys, temp_B, topk_B, topp_B):
-    """One token per row: greedy at temperature 0, else sampling at its temperature, filtered by its top-k and
-    top-p (the sorting only when some row asks for a filter)."""
-    scaled_BV = logits_BV / jnp.maximum(temp_B, 1e-6)[:, None]
-    need = jnp.any((topk_B > 0) | (topp_B < 1.0))
-    scaled_BV = jax.lax.cond(need, lambda x: jax.vmap(_filtered)(x, topk_B, topp_B), lambda x: x, scaled_BV)
-    sampled_B = jax.vmap(jax.random.categorical)(keys, scaled_BV)
-    return jnp.where(temp_B == 0, jnp.argmax(logits_BV, -1), sampled_B).astype(jnp.int32)
-
-
-def prefill_row(model, ax: int, params, cache, logits_BV, row, ids_1P, length, start, *, P: int, S: int):
-    """Row `row`'s prompt from position `start` on (ids_1P, its first `length` real, right-padded) into its cache
-    row; its last real token's logits into logits_BV[row]. The prompt sees the row's first S slots only
-    (S >= start + P; S = P when start is 0): attention over S keys, not the cache's whole length, the slots
-    before `start` holding the prompt's first tokens already (a shared prefix, `copy_prefix`). `model` is the
-    decoder (its layers scanned or not: `ax` the cache's row axis, 1 when scanned), the engine's jitted program
-    with model and ax bound."""
-    rowwise = lambda c: c.ndim > ax  # noqa: E731 - keys and values per row; the shared index is a scalar
-    sub = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.dynamic_slice_in_dim(c, row, 1, axis=ax), 0, S,
-                                                      axis=ax + 1) if rowwise(c) else c, cache)
-    pos_1P = jnp.where(jnp.arange(P) < length, start + jnp.arange(P), -1)[None]
-    out, upd = model.apply({"params": params, "cache": sub}, ids_1P, decode=True, positions_BT=pos_1P,
-                           mutable=["cache"])
-    cache = jax.tree.map(lambda c, s: _put(c, s, ax, row) if rowwise(c) else c, cache, upd["cache"])
-    last_V = out[0, length - 1, :].astype(jnp.float32)
-    return cache, logits_BV.at[row].set(last_V)
-
-
-def copy_prefix(ax: int, cache, src, dst, *, S: int):
-    """The cache with row `dst`'s first S slots a copy of row `src`'s (a prompt prefix the two share: its keys
-    and values computed once)."""
-    rowwise = lambda c: c.ndim > ax  # noqa: E731
-    return jax.tree.map(lambda c: _put(c, jax.lax.slice_in_dim(jax.lax.dynamic_slice_in_dim(c, src, 1, axis=ax), 0, S,
-                                                               axis=ax + 1), ax, dst) if rowwise(c) else c, cache)
-
-
-def decode_chunk(model, vocab: int, ax: int, params, cache, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2,
-                 steps_B, *, B: int, K: int, L: int):
-    """K steps of the first B rows (a bucket holding every active row): sample from each row's logits, feed the
-    token back at its position. The rows' first L slots (a length bucket holding every position the K steps
-    write) are all the steps read and write: attention over L keys, not the cache's whole length. Returns the
-    whole cache and logits with those rows updated, and the tokens [B, K] (rows free within B, position -1,
-    compute nothing anyone reads). `vocab`: the tokenizer's, the ids sampled from (a model may pad its output)."""
-    rowwise = lambda c: c.ndim > ax  # noqa: E731
-    full_cache, full_logits = cache, logits_BV
-    cache = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.slice_in_dim(c, 0, B, axis=ax), 0, L, axis=ax + 1)
-                         if rowwise(c) else c, cache)
-    logits_BV = logits_BV[:B]
-
-    def step(carry, i):
-        cache, logits_BV, pos_B = carry
-        keys = jax.vmap(jax.random.fold_in)(keys_B2, steps_B + i)
-        tok_B = _sample(logits_BV[:, :vocab], keys, temp_B, topk_B, topp_B)
-        out, upd = model.apply({"params": params, "cache": cache}, tok_B[:, None], decode=True,
-                               positions_BT=pos_B[:, None], mutable=["cache"])
-        return (upd["cache"], out[:, -1, :].astype(jnp.float32), jnp.where(pos_B >= 0, pos_B + 1, -1)), tok_B
-    (cache, logits_BV, _), toks_KB = jax.lax.scan(step, (cache, logits_BV, positions_B), jnp.arange(K))
-    cache = jax.tree.map(lambda c, s: _put(c, s, ax, 0) if rowwise(c) else s, full_cache, cache)
-    return cache, full_logits.at[:B].set(logits_BV), toks_KB.T
 
 
 class Engine:
