@@ -132,6 +132,7 @@ def test_temperature_zero_samples_what_zoo_load_generates_and_chats(lora_run):
     short = tasks.build(dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, max_completion_tokens=3)))
     got = short.complete(params, ids, tok, seed=0, temperature=0.0)[0]  # the template leaves 3 of 32 tokens
     assert [tok.decode(c) for c in got] == lm.chat(conv, max_new_tokens=3)
+    assert lm.chat(prompts, max_new_tokens=3) == lm.chat(conv, max_new_tokens=3)  # user messages: one batch too
 
 
 def test_a_chat_source_passes_its_columns_and_messages_to_the_rewards(base, tmp_path, cache_dir):

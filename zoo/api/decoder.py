@@ -138,7 +138,8 @@ def generate(lm, prompts, *, max_new_tokens: int = 64, temperature: float = 0.0,
 
 def conversations_of(value, system: str | None) -> tuple[list[list[dict]], bool]:
     """(conversations, whether one was given) of a chat() argument: a user message (str), one conversation (a
-    list of {"role", "content"} dicts) or a list of conversations; `system` goes first in each that has none."""
+    list of {"role", "content"} dicts), a list of user messages or a list of conversations; `system` goes first in
+    each that has none."""
     from zoo.data.chat import check_messages
     if isinstance(value, str):
         if not value:
@@ -148,9 +149,11 @@ def conversations_of(value, system: str | None) -> tuple[list[list[dict]], bool]
         convs, single = [list(value)], True
     elif isinstance(value, (list, tuple)) and value and all(isinstance(c, (list, tuple)) for c in value):
         convs, single = [list(c) for c in value], False
+    elif isinstance(value, (list, tuple)) and value and all(isinstance(m, str) and m for m in value):
+        convs, single = [[{"role": "user", "content": m}] for m in value], False  # user messages, one batch
     else:
         raise ArgumentError(f"messages={_short(value)}: give a user message (a string), a conversation (a list of "
-                            f"{{'role', 'content'}} dicts) or a list of conversations")
+                            f"{{'role', 'content'}} dicts), or a list of either user messages or conversations")
     if system is not None and not isinstance(system, str):
         raise ArgumentError(f"system={_short(system)} must be a string")
     if system is not None:

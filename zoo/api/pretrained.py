@@ -79,8 +79,8 @@ class Pretrained:
              stop: str | list[str] | None = None, n: int = 1) -> str | list:
         """The assistant's answer, rendered with the checkpoint's chat template (a chat run's own, else its
         tokenizer's, else zoo's default): to a user message (a string), to a conversation (a list of {"role":
-        "system" | "user" | "assistant", "content": ...} dicts, multi-turn), or to each of a list of conversations
-        (decoded in one batch). `system` is put first where a conversation has no system message; the other
+        "system" | "user" | "assistant", "content": ...} dicts, multi-turn), or to each of a list of user messages
+        or of conversations (decoded in one batch, a list back, as generate does with a list of texts). `system` is put first where a conversation has no system message; the other
         arguments are generate's."""
         return decoder.chat(self, messages, system=system, max_new_tokens=max_new_tokens, temperature=temperature,
                             top_k=top_k, top_p=top_p, seed=seed, stop=stop, n=n)
