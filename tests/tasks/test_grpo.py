@@ -159,6 +159,29 @@ def test_a_chat_source_passes_its_columns_and_messages_to_the_rewards(base, tmp_
     assert host["reward_sum"] == len(index) and np.all(batch["advantages"] == 0)
 
 
+def test_a_reward_that_cannot_take_a_chat_sources_completions_fails_before_anything_compiles(base, tmp_path,
+                                                                                           cache_dir):
+    """A reward written for strings, on a source of conversations (its completions are message lists): one line
+    from make_data, which runs before the step compiles, saying what a completion is."""
+    import re
+    rows = [{"prompt": [{"role": "user", "content": f"{a % 10}+1"}], "answer": str(a % 10 + 1)} for a in range(12)]
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+
+    def strings(prompts, completions, answer, **columns):
+        return [float(re.search(r"\d+", c) is not None) for c in completions]
+
+    cfg = grpo_cfg(base, cache_dir, lora_rank=0, num_generations=2, max_completion_tokens=3)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=path))
+    task = tasks.build(cfg)
+    task.rewards = [("strings", strings)]
+    with pytest.raises(TrainError) as e:
+        task.make_data(cfg, 0, 1)
+    assert str(e.value).startswith("reward strings raised TypeError: expected string or bytes-like object")
+    assert str(e.value).endswith("tried before compiling, on an empty completion: each completion a reward gets is a "
+                                 "list of one message, [{'role': 'assistant', 'content': TEXT}] (TRL's convention for "
+                                 "a source of conversations)")
+
+
 def test_zoos_rewards_and_arithmetic_set():
     done = [[{"role": "assistant", "content": "12 + 30 = 42. The answer is 42."}]]
     assert rewards.exact_answer([None], done, answer=["42"]) == [1.0]

@@ -301,6 +301,7 @@ class GrpoTask(LmTask):
         train, val = every.take(np.flatnonzero(~is_val)), every.take(np.flatnonzero(is_val))
         if not len(train):
             raise ZooDataError(f"data.source={d.source!r} leaves no training prompt")
+        self.try_rewards(train)
         if process_index == 0:
             print(f"data: {len(every)} prompts from {d.source}: {len(train)} train, {len(val)} validation; "
                   f"{cfg.grpo.num_generations} completions of up to {cfg.grpo.max_completion_tokens} tokens each",
@@ -331,6 +332,18 @@ class GrpoTask(LmTask):
                              top_k=g.top_k, top_p=g.top_p, seed=seed, eos_id=eos, vocab_limit=tokenizer.n_vocab,
                              window=self.cfg.window)
         return out, [len(c) < g.max_completion_tokens for c in out], eos[0]
+
+    def try_rewards(self, prompts: PromptSet) -> None:
+        """Each reward once, on the first prompt and an empty completion, before anything compiles: a reward that
+        cannot take this source's completions (a list of one message for a conversational source, TRL's
+        convention, where the reward expects a string) is one line now, not after minutes of compiling."""
+        try:
+            self.score(prompts.take([0]), [""])
+        except TrainError as e:
+            how = ("a list of one message, [{'role': 'assistant', 'content': TEXT}] (TRL's convention for a source of "
+                   "conversations)" if isinstance(prompts.prompts[0], list) else "a string")
+            raise TrainError(f"{e}; tried before compiling, on an empty completion: each completion a reward gets is "
+                             f"{how}") from None
 
     def score(self, prompts: PromptSet, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(weighted reward [R], each function's [R, F]) of completions `texts` of the rows of `prompts`."""
