@@ -1,5 +1,8 @@
 """Orbax CheckpointManager wrapper: save / restore / resume, checksums, and the fallback past damaged steps.
 Reading a run's config and weights for use (sampling, init_from, conversion, zoo.load) is zoo.train.runs.
+The directory layout and the manager itself (keep policy, the last good step, readers alone) are
+zoo.train.checkpoint_manager; the config saved beside each step (portable paths, restore_config and its checks)
+is zoo.train.checkpoint_config. Their names are imported here too, so callers keep reading them from this module.
 
 Layout: WORKDIR/checkpoints/<step>/{params, train, config, digest}. `params` is stored as its own item
 so sampling, fine-tuning (`init_from`) and conversion read only the weights. Orbax writes each step
@@ -15,153 +18,23 @@ reported in one line with its path and reason, and the next older step is tried.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
-import logging
 import os
 import shutil
 import sys
-import threading
 import time
 
 import jax
 import orbax.checkpoint as ocp
-from orbax.checkpoint._src.metadata import array_metadata_store  # the Store Orbax's default ArrayHandler has
 
-from zoo.config import Config, from_dict
+from zoo.config import Config
 from zoo.errors import CheckpointError, ConfigError
 from zoo.train import orbax_errors
+from zoo.train.checkpoint_config import HERE, PATH_FIELDS, located, portable, restore_config  # noqa: F401
+from zoo.train.checkpoint_manager import (  # noqa: F401 (ITEMS ... _reading_alone: read from here by others)
+    ITEMS, LAST_GOOD, KeepLatestAndGood, _absl_errors_only, _alone, _reading_alone, ckpt_dir, last_good, manager,
+    mark_good, step_dir)
 from zoo.train.checksums import fingerprint
-
-
-def ckpt_dir(workdir: str) -> str:
-    return os.path.join(os.path.abspath(os.path.expanduser(workdir)), "checkpoints")
-
-
-def step_dir(workdir: str, step: int) -> str:
-    return os.path.join(ckpt_dir(workdir), str(step))
-
-
-ITEMS = ("params", "train", "config", "digest")
-
-
-@dataclasses.dataclass
-class KeepLatestAndGood:
-    """Orbax's preservation policy for a training run: the newest `n` steps (`train.keep`) and the run's last
-    good step (`good`, set by the trainer as zoo.train.guard confirms steps), however old it gets, so a slow
-    climb that outlasts `keep` saves still leaves a checkpoint to go back to."""
-    n: int
-    good: int | None = None
-
-    def should_preserve(self, checkpoints, *, context=None) -> list[bool]:
-        first = len(checkpoints) - self.n
-        return [i >= first or c.step == self.good for i, c in enumerate(checkpoints)]
-
-
-LAST_GOOD = "last_good"  # WORKDIR/checkpoints/last_good: the step number of the last good checkpoint
-
-
-_ALONE = threading.local()  # .on: this process reads by itself (load_weights), not with its peers
-
-
-@contextlib.contextmanager
-def _reading_alone():
-    """Within: read-only managers involve this process only. A reader (zoo-eval, sampling, init_from) may run on
-    one process of several without the others making the same calls; Orbax's default waits for all of them
-    at a barrier when the manager opens, and a peer that does not come hangs it."""
-    before = getattr(_ALONE, "on", False)
-    _ALONE.on = True
-    try:
-        yield
-    finally:
-        _ALONE.on = before
-
-
-def _alone() -> dict:
-    """Orbax's multiprocessing options for a process reading by itself (within `_reading_alone`), else none."""
-    if not getattr(_ALONE, "on", False) or jax.process_count() == 1:
-        return {}
-    me = jax.process_index()
-    return {"multiprocessing_options": ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})}
-
-
-def _replica_parallel_when_it_pays() -> None:
-    """Orbax splits the writing of a replicated array among its replicas, so that each process writes a
-    part: worth it across processes. In one process, that process writes every part anyway, through one
-    compiled slice per shard shape (72 compiles on the first save of a tiny GPT on 8 CPU devices, 6 s): off
-    there, as Orbax itself has it on GPUs. Set as each manager is made, once jax.distributed has started."""
-    several = jax.process_count() > 1
-    if getattr(ocp.type_handlers.get_type_handler(jax.Array), "_use_replica_parallel", several) != several:
-        with _absl_errors_only():  # the registry warns that it overrides jax.Array's handler: as meant
-            ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
-                use_replica_parallel=several, array_metadata_store=array_metadata_store.Store()), override=True)
-
-
-@contextlib.contextmanager
-def _absl_errors_only():
-    """Orbax's absl log lines below ERROR are left out while this holds."""
-    log = logging.getLogger("absl")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
-def manager(workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False):
-    _replica_parallel_when_it_pays()
-    if not read_only and jax.process_index() == 0:
-        _remove_unfinished(workdir)
-    # Readers open the manager with create=False and never save; orbax's read_only mode only logs noise.
-    policy = None if read_only else KeepLatestAndGood(keep, last_good(workdir))
-    options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=not read_only,
-                                           enable_async_checkpointing=async_save and not read_only,
-                                           **(_alone() if read_only else {}))
-    for tries_left in reversed(range(5)):
-        try:
-            mngr = ocp.CheckpointManager(ckpt_dir(workdir), options=options, item_names=ITEMS)
-            break
-        except (FileNotFoundError, NotADirectoryError):
-            # Orbax stats every step as it lists them: a step that a run still training deletes meanwhile
-            # (train.keep) is gone, not damaged, and no fault of the step being read. List again.
-            if not read_only or not tries_left:
-                raise
-    mngr.zoo_policy = policy
-    return mngr
-
-
-def _remove_unfinished(workdir: str) -> None:
-    """A save interrupted (kill -9) leaves STEP.orbax-checkpoint-tmp*: never a step, so no reader lists it, and the
-    run that saves again removes it, which Orbax does with a WARNING:absl: line on the console. The run that owns
-    the workdir (it holds its lock) removes them first, quietly: the step it was saving is trained again."""
-    d = ckpt_dir(workdir)
-    for name in os.listdir(d) if os.path.isdir(d) else []:
-        if ".orbax-checkpoint-tmp" in name and name.split(".", 1)[0].isdigit():
-            shutil.rmtree(os.path.join(d, name), ignore_errors=True)
-
-
-def last_good(workdir: str) -> int | None:
-    """The step marked last good (zoo.train.guard), if it is still among the run's checkpoints."""
-    try:
-        with open(os.path.join(ckpt_dir(workdir), LAST_GOOD)) as f:
-            step = int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-    return step if os.path.isdir(step_dir(workdir, step)) else None
-
-
-def mark_good(mngr, step: int) -> None:
-    """Protect `step` from rotation as the run's last good checkpoint (the one before is released)."""
-    if mngr.zoo_policy is None or mngr.zoo_policy.good == step:
-        return
-    mngr.zoo_policy.good = step
-    if jax.process_index() == 0:
-        path = os.path.join(str(mngr.directory), LAST_GOOD)
-        with open(path + ".tmp", "w") as f:
-            f.write(f"{step}\n")
-        os.replace(path + ".tmp", path)
 
 
 def all_steps(workdir: str) -> list[int]:
@@ -377,7 +250,8 @@ def restore_latest(workdir: str, abstract_state, step: int | None = None):
     with manager(workdir, read_only=True) as m:
         steps = sorted(m.all_steps(), reverse=True)
         if asked and step not in steps:
-            raise CheckpointError(f"--step {step}: {ckpt_dir(workdir)} holds steps {', '.join(map(str, steps)) or 'none'}")
+            raise CheckpointError(f"--step {step}: {ckpt_dir(workdir)} holds steps "
+                                  f"{', '.join(map(str, steps)) or 'none'}")
         # A step restores whole or not at all: its config too, so the run goes on with the config of its state.
         load = lambda s: (restore_config(workdir, s), restore(m, s, abstract_state, workdir))[1]  # noqa: E731
         if asked:
@@ -410,99 +284,6 @@ def prune(mngr, keep: int) -> None:
             mngr.delete(s)
 
 
-# Config fields that may name files. Saved beside a checkpoint, a path inside the run is written relative to
-# it ("./base/tokenizer") and a relative path given from the working directory is made absolute, so a run
-# directory can be moved or copied whole and read where it lands.
-PATH_FIELDS = (("data", "tokenizer"), ("data", "chat_template"), (None, "init_from"))
-HERE = "./"
-
-
-def _paths(d: dict, fn) -> dict:
-    d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
-    for section, key in PATH_FIELDS:
-        holder = d.get(section) if section else d
-        if isinstance(holder, dict) and isinstance(holder.get(key), str) and holder[key]:
-            holder[key] = fn(holder[key])
-    return d
-
-
-def portable(d: dict, workdir: str) -> dict:
-    """A config dict as saved in `workdir`: its paths relative to the run where they lie inside it."""
-    root = os.path.abspath(os.path.expanduser(workdir))
-
-    def rel(v: str) -> str:
-        if v.startswith(HERE) or not os.path.exists(os.path.expanduser(v)):
-            return v  # a name (bytes, gpt2), or already run-relative
-        full = os.path.abspath(os.path.expanduser(v))
-        return HERE + os.path.relpath(full, root) if os.path.commonpath([full, root]) == root else full
-    return _paths(d, rel)
-
-
-def located(d: dict, workdir: str) -> dict:
-    """A saved config dict with its run-relative paths made absolute for where `workdir` is now."""
-    root = os.path.abspath(os.path.expanduser(workdir))
-    return _paths(d, lambda v: os.path.normpath(os.path.join(root, v[len(HERE):])) if v.startswith(HERE) else v)
-
-
-def restore_config(workdir: str, step: int) -> Config:
-    """The config saved with `step` (its paths located where the run is now)."""
-    with manager(workdir, read_only=True) as m:
-        d = m.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
-    cfg = from_dict(located(d, workdir))
-    _same_run(workdir, cfg)
-    _describes_its_arrays(workdir, step, cfg)
-    return cfg
-
-
-_DESCRIBED: set = set()  # step directories whose config was checked against their arrays (once a process)
-
-
-def _describes_its_arrays(workdir: str, step: int, cfg: Config) -> None:
-    """The step's saved params have the shapes its config's model builds: a config that does not describe its own
-    arrays (edited, or from another run) is damage of that step alone, so readers fall back past it as past any.
-    The shapes come from Orbax's metadata (no array is read)."""
-    folder = os.path.join(step_dir(workdir, step), "params")
-    key = (os.path.realpath(folder), _mtime(os.path.join(step_dir(workdir, step), "config")))
-    if key in _DESCRIBED or not os.path.isdir(folder):
-        return
-    try:
-        from etils import epath
-        meta = ocp.StandardCheckpointHandler().metadata(epath.Path(folder))
-    except Exception:  # noqa: BLE001 - the params' own damage is reported by their restore
-        return
-    saved = {jax.tree_util.keystr(p): tuple(a.shape) for p, a in
-             jax.tree_util.tree_leaves_with_path(getattr(meta, "tree", meta)) if hasattr(a, "shape")}
-    import flax.linen as nn
-    from zoo import tasks
-    built = {jax.tree_util.keystr(p): tuple(a.shape) for p, a in jax.tree_util.tree_leaves_with_path(
-        nn.unbox(jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))))}
-    wrong = [k for k in sorted(saved) if built.get(k) != saved[k]]
-    if wrong:
-        k = wrong[0]
-        raise CheckpointError(f"its config does not describe its own arrays: params{k} is {saved[k]} there but "
-                              f"{built[k] if k in built else 'absent'} in the model its config builds"
-                              + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""))
-    _DESCRIBED.add(key)
-
-
-def _mtime(path: str) -> float:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return 0.0
-
-
-def _same_run(workdir: str, cfg: Config) -> None:
-    """A step whose task or model family is not the run's (WORKDIR/config.json) came from another run: refused."""
-    try:
-        with open(os.path.join(workdir, "config.json")) as f:
-            run = json.load(f)
-        theirs = (run["task"], run["model"]["family"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # no run config to compare with (a converted checkpoint, or damage config.json's readers report)
-    if theirs != (cfg.task, cfg.model.family):
-        raise CheckpointError(f"its config is a {cfg.model.family} model's (task={cfg.task}) but the run trains a "
-                              f"{theirs[1]} model (task={theirs[0]}, config.json): a step of another run")
 
 
 def save_weights(workdir: str, params, cfg: Config, step: int = 0) -> None:

@@ -1,5 +1,8 @@
 """The one training loop: setup (task, mesh, optimizer, shardings), init or restore, steps, evaluation,
-checkpoints, logging, signals.
+checkpoints, logging. Its parts live beside it: the evaluation pass in zoo.train.evaluation, an interval's record
+and the console lines in zoo.train.records, SIGTERM/Ctrl-C in zoo.train.stops, the workdir's lock and checks in
+zoo.train.workdir_claim, and the errors a run ends with (a blow-up, a full disk) in zoo.train.run_errors. Names
+other modules read from here (to_device, eval_line, stops_at_once, disk_failure, ...) are imported here too.
 
 The host stays at most one step ahead of the device: after dispatching step n it waits for step n - 1,
 so at most 2 steps are ever dispatched and unfinished, the progress bar counts finished steps, and a
@@ -17,30 +20,32 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import math
 import os
-import shutil
-import signal
 import sys
 import time
 from typing import Any
 
 import flax.linen as nn
 import jax
-import numpy as np
 from tqdm.auto import tqdm
 
 from zoo import tasks
 from zoo.config import Config
 from zoo.errors import ConfigError, TrainError
 from zoo.eval import during
-from zoo.train import checkpoint, data_state, flops, freeze, memory, optim, orbax_errors, peers, run_once, runs, sharding
+from zoo.train import (checkpoint, data_state, flops, freeze, memory, optim, orbax_errors, peers, run_once, runs,
+                       sharding)
+from zoo.train.evaluation import evaluate, to_device
 from zoo.train.guard import Guard
 from zoo.train.metrics import MetricsWriter
 from zoo.train.prefetch import Prefetcher
-from zoo.train.workdir import claim, own_tokenizer, remove_new
+from zoo.train.records import duration, eval_line, summarise
+from zoo.train.run_errors import DISK_ERRNOS, disk_failure, diverged
+from zoo.train.stops import Stopped, Stopper, stops_at_once  # noqa: F401 (Stopped, stops_at_once: read from here)
+from zoo.train.workdir import own_tokenizer, remove_new
+from zoo.train.workdir_claim import check_workdir, claimed
 from zoo.train.start import init_from, load_frozen, start_from  # noqa: F401 (init_from: the API tests call)
 from zoo.train.step import TrainState, make_eval_step, make_train_step, state_init
 
@@ -122,167 +127,6 @@ def new_params(cfg: Config, trains):
     return optim.new_mask(trains, freeze.base_shapes(runs.load_config(cfg.init_from)))
 
 
-def to_device(batch: dict, mesh) -> dict:
-    """This process's rows -> one global array per key, split over the data axes."""
-    sh = sharding.batch_sharding(mesh)
-    return {k: jax.make_array_from_process_local_data(sh, np.asarray(v)) for k, v in batch.items()}
-
-
-def evaluate(eval_fn, params, batches, mesh, extra=None, perplexity: bool = True) -> dict:
-    """Loss, perplexity (unless `perplexity` is False: a task whose loss is not per token, such as
-    classification) and accuracy from summed aux over the eval batches; `extra(totals)` adds a task's
-    own metrics computed from the same sums (e.g. macro-F1 from per-class counts)."""
-    totals: dict = {}
-    for b in batches:
-        out = jax.device_get(eval_fn(params, to_device(b, mesh)))
-        for k, v in out.items():
-            totals[k] = totals.get(k, 0.0) + float(v)
-    if not totals:  # a task scored by its extra evaluation alone (grpo: held-out prompts answered and rewarded)
-        return {}
-    loss = totals["loss_sum"] / max(totals["weight"], 1e-9)
-    metrics = {"eval_loss": loss}
-    if perplexity:
-        metrics["eval_ppl"] = math.exp(min(loss, 50.0))
-    metrics["eval_accuracy"] = totals.get("correct", 0.0) / max(totals["weight"], 1e-9)
-    if extra is not None:
-        metrics.update(extra(totals))
-    return metrics
-
-
-class _Stopper:
-    """SIGTERM / Ctrl-C set a flag; the loop saves a checkpoint and exits cleanly."""
-
-    def __init__(self):
-        self.signal = None
-        self._old = {}
-
-    def __enter__(self):
-        try:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        except ValueError:  # not the main thread: no handlers
-            pass
-        return self
-
-    def _handle(self, signum, frame):
-        self.signal = signum
-
-    def interrupted(self, e: KeyboardInterrupt) -> None:
-        """A KeyboardInterrupt raised in the task's host code (a reward function: zoo.tasks.rl) stops the run as
-        Ctrl-C does, the line naming it."""
-        self.signal, self.why = signal.SIGINT, str(e) or "a KeyboardInterrupt"
-
-    why = None  # what stopped the run when no signal did (interrupted)
-
-    at = None  # with several processes: the step they all stop after
-
-    def stop(self, step: int) -> bool:
-        """Whether to stop after `step`: at once with one process. With several, a signal reaches one host, and
-        they must all stop after the same step (the save is collective): the first process signalled names a step
-        a few ahead in the coordination service (zoo.train.peers), and each stops there."""
-        if not peers.several():
-            return self.signal is not None
-        if self.at is None:
-            self.at = peers.stop_step(step + 3 if self.signal is not None else None)
-        return self.at is not None and step >= self.at
-
-    @property
-    def stopped(self) -> bool:
-        return self.signal is not None or self.at is not None
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
-class Stopped(KeyboardInterrupt):
-    """SIGTERM or Ctrl-C outside the loop (`stops_at_once`: converting a base, building the data, compiling the
-    state's init): raised where the program is, so every cleanup on the way out runs. A KeyboardInterrupt, so
-    code that lets Ctrl-C through lets it through; `signum` is the signal's number."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def stops_at_once():
-    """While this holds, SIGTERM and SIGINT raise Stopped (at once, where the program is) instead of ending the
-    process with no word (SIGTERM's default); inside it the loop's _Stopper saves first instead."""
-    def handle(signum, frame):
-        raise Stopped(signum)
-    old = {}
-    try:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, handle)
-    except ValueError:  # not the main thread: no handlers
-        pass
-    try:
-        yield
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-
-
-def _check_workdir(workdir: str, resume: bool) -> None:
-    ck, root = checkpoint.ckpt_dir(workdir), os.path.realpath(workdir)
-    if os.path.exists(ck) and os.path.commonpath([os.path.realpath(ck), root]) != root:
-        raise TrainError(f"{ck} is a link to {os.path.realpath(ck)}, outside the run {workdir!r}: a run writes only "
-                         f"into its own directory (copy the checkpoints in instead of linking them)")
-    steps = checkpoint.all_steps(workdir)
-    if resume and not steps:
-        checkpoint.require_latest(workdir)
-    if resume and not any(checkpoint.has_train_state(workdir, st) for st in steps):
-        raise TrainError(f"{workdir!r} holds weights only (a converted checkpoint), nothing to resume; "
-                         f"fine-tune from it with --set init_from={workdir}")
-    if not resume and steps:
-        raise TrainError(f"workdir {workdir!r} already holds checkpoints; continue it with "
-                         f"`python train.py --resume {workdir}` or pick another --workdir")
-
-
-def _diverged(bad_step: int, what: str, finite: bool, came_in_bad: bool, workdir: str, mngr, guard=None) -> TrainError:
-    """The error of a bad step: which step and what happened, and the checkpoint to resume from with a
-    lower learning rate. Every saved state is finite (`save` refuses NaN/Inf); when the step came in with bad
-    params (a blow-up, zoo.train.guard, or a NaN loss), the checkpoints from the step before it on hold them,
-    so they are moved aside into WORKDIR/checkpoints-blown-up/ (kept). The step named is the last good one
-    (zoo.train.guard: the loss after it was calm), which may be older than the newest left when the loss
-    climbed for a while before it blew up; `--resume --step` goes back to it."""
-    checkpoint.finish(mngr)
-    aside = ""
-    if came_in_bad:
-        suspect = [st for st in checkpoint.all_steps(workdir) if st >= bad_step - 1]
-        if suspect and jax.process_index() == 0:
-            where = os.path.join(workdir, "checkpoints-blown-up")
-            os.makedirs(where, exist_ok=True)
-            for st in suspect:
-                shutil.move(checkpoint.step_dir(workdir, st), os.path.join(where, f"{st}-{time.strftime('%Y%m%d-%H%M%S')}"))
-            aside = f"; its checkpoints from step {min(suspect)} on were moved aside into {where}"
-    steps = [st for st in checkpoint.all_steps(workdir) if st < bad_step - 1 or not came_in_bad]
-    newest = steps[0] if steps else None
-    good = guard.confirmed(steps) if guard is not None else None
-    if good is None and mngr.zoo_policy is not None and mngr.zoo_policy.good in steps:
-        good = mngr.zoo_policy.good
-    resume = f"python train.py --resume {workdir}"
-    if newest is None:
-        where = ("no checkpoint from before it is left: start again with a lower learning rate" if aside else
-                 "no checkpoint was saved before it")
-    elif not came_in_bad or good == newest:
-        where = (f"the newest checkpoint, step {newest} in {checkpoint.ckpt_dir(workdir)}, is "
-                 f"{'good' if came_in_bad else 'finite'}; resume from it with a lower learning rate: {resume} --set optim.lr=...")
-    elif good is not None:
-        climbed = [st for st in steps if st > good]
-        where = (f"the last good checkpoint is step {good} in {checkpoint.ckpt_dir(workdir)} (the loss was already "
-                 f"climbing after it; {'step' if len(climbed) == 1 else 'steps'} {', '.join(map(str, sorted(climbed)))} "
-                 f"{'is' if len(climbed) == 1 else 'are'} kept but not good); resume from it with a "
-                 f"lower learning rate: {resume} --step {good} --set optim.lr=...")
-    else:
-        where = (f"the newest checkpoint, step {newest} in {checkpoint.ckpt_dir(workdir)}, is finite but not confirmed "
-                 f"good (the loss was already climbing after it); resume from it with a much lower learning rate: "
-                 f"{resume} --set optim.lr=...")
-    return TrainError(f"training {'blew up' if finite else 'diverged'}: {what} at step {bad_step}; stopped{aside}; "
-                      f"{where}")
-
-
 def _is_terminal() -> bool:
     """Whether the console is a terminal (stdout and stderr): a progress bar redrawn in a log file is
     one long line of carriage returns."""
@@ -290,24 +134,6 @@ def _is_terminal() -> bool:
         return sys.stdout.isatty() and sys.stderr.isatty()
     except (AttributeError, ValueError):  # replaced or closed streams
         return False
-
-
-# The per-evaluation console line: these keys in this order (those present), then the task's own eval_*.
-_LINE_KEYS = ("loss", "eval_loss", "eval_ppl", "eval_accuracy")
-
-
-def eval_line(record: dict) -> str:
-    """`step 250: loss 1.62, eval_loss 1.65, eval_ppl 5.2, eval_accuracy 0.52, tokens/s 13012, peak memory
-    812 MB`: the train and eval losses, the task's eval metrics (macro-F1, BLEU, exact match, ...),
-    throughput and peak memory (zoo.train.memory)."""
-    keys = [k for k in _LINE_KEYS if k in record]
-    keys += sorted(k for k in record if k.startswith("eval_") and k not in _LINE_KEYS)
-    parts = [f"{k} {record[k]:.4g}" for k in keys if isinstance(record[k], (int, float))]
-    if isinstance(record.get("tokens_per_s"), (int, float)) and math.isfinite(record["tokens_per_s"]):
-        parts.append(f"tokens/s {record['tokens_per_s']:.0f}")
-    if isinstance(record.get("peak_memory_mb"), (int, float)):
-        parts.append(f"peak memory {record['peak_memory_mb']:.0f} MB")
-    return f"step {record['step']}: " + ", ".join(parts)
 
 
 def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | None = None,
@@ -332,30 +158,10 @@ def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | N
         raise disk_failure(e, path) from None
 
 
-# A write that fails for one of these reasons is the disk's fault, not the run's: one line, nothing half-written.
-DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
-
-
-def disk_failure(e: OSError, path: str) -> TrainError:
-    """A write of the run (checkpoint marker, data state, metrics, TensorBoard, config, tokenizer, base) that
-    failed: its half-written .tmp files removed, the checkpoints kept, and what to do next in one line."""
-    for d in (path, checkpoint.ckpt_dir(path), os.path.join(path, data_state.DIR)):
-        if os.path.isdir(d):
-            for name in os.listdir(d):
-                if name.endswith(".tmp") and os.path.isfile(os.path.join(d, name)):
-                    with contextlib.suppress(OSError):
-                        os.remove(os.path.join(d, name))
-    steps = checkpoint.all_steps(path) if os.path.isdir(path) else []
-    then = f"python train.py --resume {path}" if steps else "run the same command again"
-    where = f"writing {e.filename}" if e.filename else f"writing in {path}"
-    return TrainError(f"{where} failed: {e.strerror or e}; the run stopped (free space or fix permissions, then "
-                      f"{then})")
-
-
 def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_step, config_of) -> dict:
     main, asked = jax.process_index() == 0, cfg
     built = peers.key("data")
-    with _claimed(path, main, lambda: _check_workdir(path, resume)) as created:
+    with claimed(path, main, lambda: check_workdir(path, resume)) as created:
         try:
             cfg = tasks.check_data(cfg)  # the source, columns and labels, before any model is built
             if resume and freeze.partial(cfg) and cfg.init_from:  # the base gone or changed: said first, once
@@ -411,7 +217,7 @@ def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_ste
                 return _loop(cfg, path, s, state, data, mngr, stop_at_step, progress, quiet)
         except orbax_errors.SaveError as e:
             raise TrainError(f"{e}; the run stopped (free space or fix permissions, then --resume {path})") from None
-        except OSError:  # a write of the run failed (zoo.train.trainer.DISK_ERRNOS): Orbax's saves end first
+        except OSError:  # a write of the run failed (zoo.train.run_errors.DISK_ERRNOS): Orbax's saves end first
             with contextlib.suppress(Exception), orbax_errors.held():
                 checkpoint.finish(mngr)
             raise
@@ -431,28 +237,6 @@ def steps_of_epochs(cfg: Config, rows: int, main: bool = True) -> Config:
         print(f"train.epochs={t.epochs:g}: {steps} steps of {t.batch_size} rows over {rows} training rows",
               flush=True)
     return dataclasses.replace(cfg, train=dataclasses.replace(t, steps=steps))
-
-
-@contextlib.contextmanager
-def _claimed(path: str, main: bool, check):
-    """The workdir lock, taken by process 0 alone after `check()` (zoo.train.workdir.claim); the other processes
-    wait for its verdict (zoo.train.peers). With several processes every one runs `check()` together once the lock
-    is held: Orbax's reads of the steps synchronise the processes, so process 0 checking alone, while the others
-    wait for its verdict, would wait for them forever."""
-    k, told = peers.key("workdir"), False
-    several = peers.several()
-    peers.wait(k, f"the workdir {path!r}")
-    try:
-        with claim(path, enabled=main, check=None if several else check) as created:
-            peers.tell(k, None)
-            told = True
-            if several:
-                check()
-            yield created
-    except BaseException as e:
-        if not told:
-            peers.tell(k, e)
-        raise
 
 
 def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, progress, quiet) -> dict:
@@ -497,7 +281,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
         make = (lambda i: data.train(i)) if rollout else (lambda i: to_device(data.train(i), s.mesh))
         prefetch = Prefetcher(make, start, last)
         host_metrics: dict = {}  # step -> what a rollout measured on the host
-        with prefetch as batches, _Stopper() as stopper:
+        with prefetch as batches, Stopper() as stopper:
             step = start
             while step < last and not stopper.stop(step):
                 batch = batches.get(step)
@@ -530,12 +314,12 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                     checkpoint.check_for_errors(mngr)  # a failed asynchronous save ends the run now, not at the next
                     bad = guard.check(host)
                     if bad is not None:
-                        raise _diverged(*bad, workdir, mngr, guard)
+                        raise diverged(*bad, workdir, mngr, guard)
                     good = guard.confirmed(mngr.all_steps())
                     if good is not None:  # kept whatever `train.keep` rotates out
                         checkpoint.mark_good(mngr, good)
                         guard.forget_before(good)
-                    record = _summarise(host, step, t0, t0_step, flops_per_token, peak)
+                    record = summarise(host, step, t0, t0_step, flops_per_token, peak)
                     totals = {k: sum(float(m[k]) for _, m in host) for k in host[-1][1]}
                     for k in {k for st, _ in host for k in host_metrics.get(st, {})}:
                         totals[k] = sum(host_metrics.get(st, {}).get(k, 0.0) for st, _ in host)
@@ -554,13 +338,14 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                         except KeyboardInterrupt as e:  # raised in a reward scoring the held-out prompts: this
                             stopper.interrupted(e)          # step's record is written, then the loop stops
                         if eval_sets:
-                            eval_metrics.update(during.score(eval_sets, s.task.model, s.full_params(state), data.tokenizer,
-                                                             cfg))
+                            eval_metrics.update(during.score(eval_sets, s.task.model, s.full_params(state),
+                                                             data.tokenizer, cfg))
                         record.update(eval_metrics)
                     writer.write(record)
                     if pace is not None and step > pace[1] and last > step:  # once: the time left, from the first steps
                         per = (time.perf_counter() - pace[0]) / (step - pace[1])
-                        say(f"{per:.2f} s a step: about {duration(per * (last - step))} for the {last - step} steps left")
+                        say(f"{per:.2f} s a step: about {duration(per * (last - step))} for the {last - step} "
+                            f"steps left")
                         pace = None
                     bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
                                     tok_s=f"{record.get('tokens_per_s', 0):.0f}", refresh=False)
@@ -587,8 +372,8 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
         bar.close()
         writer.plot()
         writer.close()
-        return {"state": state, "params": s.full_params(state), "eval": eval_metrics, "tokenizer": data.tokenizer, "setup": s,
-                "records": writer.records, "interrupted": stopper.stopped}
+        return {"state": state, "params": s.full_params(state), "eval": eval_metrics, "tokenizer": data.tokenizer,
+                "setup": s, "records": writer.records, "interrupted": stopper.stopped}
     except BaseException:
         writer.abandon()  # a failed run (a full disk) leaves nothing to flush at exit
         raise
@@ -599,7 +384,7 @@ def _save(mngr, state, cfg: Config, workdir: str, data, step: int, force: bool =
     try:
         checkpoint.save(mngr, state, cfg, force=force)
     except checkpoint.NonFiniteState:
-        raise _diverged(int(jax.device_get(state.step)), "params or optimizer state became non-finite (NaN/Inf)",
+        raise diverged(int(jax.device_get(state.step)), "params or optimizer state became non-finite (NaN/Inf)",
                         False, False, workdir, mngr) from None
     except orbax_errors.SaveError:
         try:  # stop Orbax's background work; the save's own error is the one reported
@@ -607,40 +392,3 @@ def _save(mngr, state, cfg: Config, workdir: str, data, step: int, force: bool =
         except orbax_errors.SaveError:
             pass
         raise
-
-
-def duration(seconds: float) -> str:
-    """3h 4m, 4m 05s, 9 s: a time left as a person reads it."""
-    s = int(round(seconds))
-    if s >= 3600:
-        return f"{s // 3600}h {s % 3600 // 60}m"
-    return f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s} s"
-
-
-def _summarise(host, step, t0, t0_step, flops_per_token, peak) -> dict:
-    """Mean loss over the steps since the last record (sums / weights), last lr and norms, speed."""
-    ms = [m for _, m in host]
-    if not ms:
-        return {"step": step}
-    weight = sum(float(m["weight"]) for m in ms)
-    record = {"step": step, "loss": sum(float(m["loss_sum"]) for m in ms) / max(weight, 1e-9),
-              "lr": float(ms[-1]["lr"]), "grad_norm": float(ms[-1]["grad_norm"]),
-              "param_norm": float(ms[-1]["param_norm"])}
-    if "correct" in ms[-1]:  # a task scored by its predictions (not grpo: its rewards are its score)
-        record = {"step": step, "loss": record["loss"],
-                  "accuracy": sum(float(m["correct"]) for m in ms) / max(weight, 1e-9), **record}
-    elapsed = time.perf_counter() - t0
-    record["seconds"] = elapsed  # the interval's wall time (without the first step's compile)
-    timed = [m for s_, m in host if s_ > t0_step]
-    if "moe_aux_sum" in ms[-1]:  # a mixture of experts: its load-balancing loss (R when balanced; zoo.nn.moe)
-        record["moe_aux_loss"] = sum(float(m["moe_aux_sum"]) for m in ms) / max(weight, 1e-9)
-    if "real_tokens" in ms[-1]:  # packed rows (sft): the share of positions that hold an example's token
-        record["real_token_frac"] = sum(float(m["real_tokens"]) for m in ms) / max(sum(float(m["tokens"]) for m in ms), 1.0)
-    if timed and elapsed > 0:
-        tps = sum(float(m["tokens"]) for m in timed) / elapsed
-        record["tokens_per_s"] = tps
-        if "real_tokens" in ms[-1]:
-            record["real_tokens_per_s"] = sum(float(m["real_tokens"]) for m in timed) / elapsed
-        if math.isfinite(peak) and peak > 0:  # no MFU for a device of unknown peak
-            record["mfu"] = tps * flops_per_token / peak
-    return record
