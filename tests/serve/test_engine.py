@@ -145,3 +145,10 @@ def test_a_long_prompt_admitted_while_rows_decode_is_prefilled_a_piece_between_t
         want = sample.generate(model, params, p, 12, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
                                vocab_limit=lm.tokenizer.n_vocab)[0]
         assert tokens == want
+    # Admitted with nobody decoding: the same pieces, all at once, and the row decodes at the next chunk.
+    alone = Engine(lm, slots=2, max_len=256, chunk=2, prefill_chunk=32)
+    pieces, prefill = [], alone._prefill
+    alone._prefill = lambda *a, **kw: pieces.append((a[-1], kw["P"], kw["S"])) or prefill(*a, **kw)
+    alone.submit([Sequence(prompt=prompts[1], max_tokens=12, temperature=0.0)])
+    alone._admit()
+    assert pieces == [(0, 32, 32), (32, 32, 128), (64, 32, 128), (96, 16, 128)] and alone.positions_B[0] == 100

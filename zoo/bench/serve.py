@@ -124,7 +124,8 @@ def warm(url: str, clients: int, max_tokens: int, system: str) -> None:
     """One request per client at once, not measured: the programs the measured round needs (zoo-serve compiles a
     length or a number of rows the first time a row reaches it) compiled before it starts."""
     pool = prompts()
-    threads = [threading.Thread(target=one_request, args=(url, system + pool[-1 - i], max_tokens))
+    one_request(url, system + pool[-1], max_tokens)  # alone first: the next ones find its prefix held
+    threads = [threading.Thread(target=one_request, args=(url, system + pool[-2 - i], max_tokens))
                for i in range(clients)]
     for th in threads:
         th.start()

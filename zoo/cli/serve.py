@@ -9,8 +9,8 @@ SOURCE is a zoo run, a Hugging Face directory, a GGUF file or a PEFT adapter dir
 a decoder only (a BERT or encoder-decoder is refused in one line). The address is taken first, so a port in use
 is one `error:` line before anything loads; the chat template is rendered once on a tiny conversation before the
 server answers (a template that fails is one line, not a 500 for each chat request). Every program is compiled
-before the server answers (the prefill of each prompt-length bucket and the decode chunk: zoo.serve.engine), said in
-one line with how long it took. Needs the serve extra: pip install -e '.[serve]' (FastAPI and uvicorn).
+before the server answers (the prefill of each prompt-length bucket and of a long prompt's pieces, and the decode
+chunk: zoo.serve.engine), said in one line with how long it took. Needs the serve extra: pip install -e '.[serve]' (FastAPI and uvicorn).
 """
 
 from __future__ import annotations

@@ -21,10 +21,12 @@ eviction to decide: a row's contents go when the row is reused). `prefix_cache=F
 Chunked prefill: a prompt with more than `prefill_chunk` tokens left to prefill, admitted while other rows decode,
 is prefilled a piece of `prefill_chunk` tokens at a time, one piece between two decode chunks (each piece from its
 position on, over the pieces before it), so the rows decoding wait one piece for it, never its whole prompt; it
-decodes once its last piece is in. Admitted with nobody decoding, it is prefilled whole (its first token sooner).
+decodes once its last piece is in. Admitted with nobody decoding, its pieces are prefilled at once, one after
+another (pieces, not one bucket: a 1,060-token prompt computes 512 + 512 + 64 positions, not 2,048).
 
-Compiled programs: a prefill per prompt-length bucket (powers of two from 16 to the cache length; the prompt attends
-its own bucket's slots), and a decode for each number of rows (powers of two up to the slots: the smallest holding
+Compiled programs: a prefill per prompt-length bucket up to `prefill_chunk` (powers of two from 16; a prompt's
+first piece attends its own bucket's slots) and one of a whole piece per longer length (a later piece attends the
+slots before it and its own), and a decode for each number of rows (powers of two up to the slots: the smallest holding
 every active row runs, so one client pays for one row), steps (one, right after an admission or while a row's client
 streams, so each token goes out as it is sampled; else a chunk) and length (the rows' first L slots, L a power of two
 from 128 holding every position the steps write: a step reads the keys and values its rows hold, not the cache's
@@ -96,6 +98,10 @@ def _powers(start: int, limit: int) -> list[int]:
     return out + [limit]
 
 
+def _prefill_name(P: int, S: int) -> str:
+    return f"prefill of up to {P} prompt tokens" + (f" after up to {S - P} held, over {S} slots" if S > P else "")
+
+
 def _decode_name(B: int, K: int, L: int) -> str:
     return f"decode of {B} row{'s' * (B > 1)} x {K} step{'s' * (K > 1)} over {L} slots"
 
@@ -161,12 +167,16 @@ class Engine:
         return _powers(128, self.max_len)
 
     def warm_plan(self) -> list[tuple]:
-        """What `warm` compiles: ("prefill", P) per prompt bucket, then ("decode", B, K, L) for each row bucket, one
+        """What `warm` compiles: ("prefill", P, S) per prompt bucket up to `prefill_chunk` (P = S: a prompt's first
+        piece) and the pieces after it (P the last of those buckets, S each longer length), then ("decode", B, K, L)
+        for each row bucket, one
         step (a new row's first token, a streaming row) and a chunk, at the first WARM_LENGTHS length buckets (the
         lengths a chat's requests reach); a longer length compiles when a row first reaches it, said on the log."""
         lengths = self.length_buckets()[:WARM_LENGTHS]
         steps = sorted({1, self.chunk})
-        return ([("prefill", P) for P in self.buckets()]
+        first = [P for P in self.buckets() if P <= self.prefill_chunk] or self.buckets()[:1]
+        later = [S for S in self.length_buckets() if S > first[-1]]  # a long prompt's later pieces
+        return ([("prefill", P, P) for P in first] + [("prefill", first[-1], S) for S in later]
                 + [("decode", B, K, L) for L in lengths for B in self.row_buckets() for K in steps])
 
     def programs(self) -> int:
@@ -179,13 +189,14 @@ class Engine:
         t, plan = time.perf_counter(), self.warm_plan()
         for i, (kind, *shape) in enumerate(plan):
             if say is not None:
-                say(f"compiling {i + 1}/{len(plan)}: " + (f"prefill of a prompt of up to {shape[0]} tokens"
-                    if kind == "prefill" else _decode_name(*shape)))
+                say(f"compiling {i + 1}/{len(plan)}: " + (_prefill_name(*shape) if kind == "prefill"
+                                                          else _decode_name(*shape)))
             if kind == "prefill":
                 self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, 0,
                                                            jnp.zeros((1, shape[0]), jnp.int32), 1, 0, P=shape[0],
-                                                           S=shape[0])
+                                                           S=shape[1])
                 self.held[0] = []
+                self._compiled.add(("prefill", *shape))
             else:
                 self._run_chunk(*shape)
             if kind == "decode":
@@ -272,9 +283,12 @@ class Engine:
             self.admitted += 1
             if busy and len(seq.prompt) - m > self.prefill_chunk:  # rows decode: a piece between two chunks
                 self.filling[row] = m
-            else:
-                self._prefill_into(row, seq.prompt, m, len(seq.prompt))
-                self.positions_B[row] = len(seq.prompt)
+                continue
+            while m < len(seq.prompt):  # nobody waits: every piece now
+                end = min(m + self.prefill_chunk, len(seq.prompt))
+                self._prefill_into(row, seq.prompt, m, end)
+                m = end
+            self.positions_B[row] = len(seq.prompt)
 
     def _fill(self) -> None:
         """The next piece (`prefill_chunk` tokens) of the first prompt admitted to be prefilled a piece at a time:
@@ -321,9 +335,8 @@ class Engine:
         S = P if m == 0 else self._length(m + P)
         ids = np.zeros((1, P), np.int32)
         ids[0, :len(rest)] = rest
-        if S != P and ("prefill", P, S) not in self._compiled:
-            self.say(f"zoo-serve: compiling the prefill of up to {P} tokens after {S - P} or fewer held, over {S} "
-                     f"slots (first use)")
+        if ("prefill", P, S) not in self._compiled:
+            self.say(f"zoo-serve: compiling the {_prefill_name(P, S)} (first use)")
             self._compiled.add(("prefill", P, S))
         self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, row, jnp.asarray(ids),
                                                    len(rest), m, P=P, S=S)
