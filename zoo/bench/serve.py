@@ -128,7 +128,7 @@ def warm(url: str, clients: int, max_tokens: int, system: str) -> None:
     length or a number of rows the first time a row reaches it) compiled before it starts."""
     pool = prompts()
     one_request(url, system + pool[-1], max_tokens)  # alone first: the next ones find its prefix held
-    threads = [threading.Thread(target=one_request, args=(url, system + pool[-2 - i], max_tokens))
+    threads = [threading.Thread(target=one_request, args=(url, system + pool[(-2 - i) % len(pool)], max_tokens))
                for i in range(clients)]
     for th in threads:
         th.start()
