@@ -208,7 +208,8 @@ def nan(prompts, completions, **columns):
 BAD = [  # (what, --set, the error's piece)
     ("a reward that raises", ["grpo.rewards=BAD:raises"],
      "reward raises raised ZeroDivisionError: division by zero on row "),
-    ("a reward of the wrong length", ["grpo.rewards=BAD:one_short"], "reward one_short returned 15 values for 16"),
+    ("a reward of the wrong length", ["grpo.rewards=BAD:one_short"],  # found before compiling (try_rewards)
+     "reward one_short returned 0 values for 1 completions; tried before compiling, on an empty completion"),
     ("a NaN reward", ["grpo.rewards=BAD:nan"], "reward nan returned nan for row "),
     ("a reward not in its file", ["grpo.rewards=BAD:absent"], "has no function 'absent'"),
     ("a reward module not found", ["grpo.rewards=no_such_module:f"], "'no_such_module' does not load"),
