@@ -339,6 +339,8 @@ class GrpoTask(LmTask):
         convention, where the reward expects a string) is one line now, not after minutes of compiling."""
         try:
             self.score(prompts.take([0]), [""])
+        except RewardInterrupt:  # a reward that stops the run stops it where a step calls it: with a checkpoint
+            return
         except TrainError as e:
             how = ("a list of one message, [{'role': 'assistant', 'content': TEXT}] (TRL's convention for a source of "
                    "conversations)" if isinstance(prompts.prompts[0], list) else "a string")
