@@ -101,6 +101,11 @@ def test_a_prompt_sharing_a_prefix_with_a_row_takes_its_keys_and_values_and_answ
     engine._admit()  # row 0 is free and holds the system prompt (and the first answer): nothing copied
     assert len(copies) == 1 and prefills[-1] == (150, 16, 256) and engine.reused == 300
     drain()
+    # A next turn: row 1 holds the second prompt and the tokens it decoded (fed back), all of them shared.
+    engine.submit([Sequence(prompt=prompts[1] + got[1] + [7, 8], max_tokens=1, temperature=0.0)])
+    engine._admit()
+    assert engine.reused == 300 + len(prompts[1]) + len(got[1]) and len(got[1]) == 10
+    drain()
     model, params = lm.decoding()
     for p, tokens in zip(prompts, got):
         want = sample.generate(model, params, p, 10, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
