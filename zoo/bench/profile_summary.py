@@ -37,7 +37,9 @@ def summarise(path: str) -> list[dict]:
     for f in files:
         data = ProfileData.from_file(f)
         planes = list(data.planes)
-        device = [p for p in planes if p.name.startswith("/device:")]
+        # a device plane with no events (libtpu adds an empty "/device:CUSTOM:Megascale Trace" on a CPU host)
+        # is no device: the host's XLA threads stand in then
+        device = [p for p in planes if p.name.startswith("/device:") and any(len(list(ln.events)) for ln in p.lines)]
         for plane in device or [p for p in planes if p.name == "/host:CPU"]:
             for line in plane.lines:
                 if not device and "XLA" not in line.name:  # CPU: the XLA threads, not python's
