@@ -30,12 +30,19 @@ The reference (dpo.reference): a LoRA run's frozen base with the adapters switch
 no second copy of the weights, one more forward pass a step), else the initial model's log-probabilities of
 every pair, computed once before the first step and kept in the run (WORKDIR/reference_logps.npz: 2 floats a
 pair; read back on --resume), so no second model is held either.
+
+Before the first step the run says how the initial model already ranks the held-out pairs (chosen preferred in
+n/N, the mean log-prob margin): reward accuracy counts the gain over the reference, so a set the model already
+prefers 10/10 can show accuracy 1 while both answers are pushed down (zoo.train.objective_watch warns of that). A
+split of fewer than MIN_VAL_PAIRS held-out pairs is refused where the set could hold out more, else warned of.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +60,11 @@ from zoo.tasks.lm import LmTask, check_vocab
 from zoo.tasks.sft import template_of
 
 REFERENCE_FILE = "reference_logps.npz"  # beside a run with dpo.reference=precomputed
+# A held-out accuracy over fewer pairs moves in steps of 25 points or more and cannot show a run over-fitting (the
+# user's 1-pair split read 1.0 while greedy answers got worse). A set of REFUSE_FROM pairs or more can hold out
+# MIN_VAL_PAIRS and still train on 16: there a smaller split is a setting to raise (refused); a smaller set is warned.
+MIN_VAL_PAIRS = 4
+REFUSE_FROM = 20
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
            "logps/rejected")
 
@@ -200,6 +212,7 @@ class DpoTask(LmTask):
 
     name = "dpo"
     PERPLEXITY = False  # a preference loss is no per-token loss of text
+    WATCH = "preference"  # zoo.train.objective_watch: the chosen log-prob watched against the margin
     UNIFORM_OVER_VOCAB = False
 
     def __init__(self, cfg):
@@ -271,6 +284,7 @@ class DpoTask(LmTask):
         if is_val.all() or not is_val.any():  # a tiny set: one pair held out at least, one trained
             is_val = np.zeros(len(pairs), bool)
             is_val[-1] = True
+        check_split(d, int(is_val.sum()), len(pairs), process_index == 0)
         train, val = (Pairs(pairs.ids[m], pairs.mask[m]) for m in (~is_val, is_val))
         if self.reference == "precomputed":
             train.ref, val.ref = np.zeros((len(train), 2), np.float32), np.zeros((len(val), 2), np.float32)
@@ -284,21 +298,55 @@ class DpoTask(LmTask):
 
     def prepare(self, params, data: Data, workdir: str, resume: bool, mesh) -> None:
         """dpo.reference=precomputed: the reference log-probabilities of every pair, from the initial params, before
-        the first step (read back from WORKDIR/REFERENCE_FILE on a resume, where the params moved on)."""
-        if self.reference != "precomputed":
-            return
+        the first step (read back from WORKDIR/REFERENCE_FILE on a resume, where the params moved on). A fresh run
+        then says how its initial model ranks the held-out pairs (`held_out_line`)."""
         train, val = data.examples["train"], data.examples["eval"]
-        path = os.path.join(workdir, REFERENCE_FILE)
-        if resume and os.path.isfile(path):
-            with np.load(path) as f:
-                train.ref, val.ref = f["train"], f["eval"]
-        else:
-            logps = jax.jit(lambda p, b: self.logps(p, b, False, jax.random.PRNGKey(0))[0])
-            for ex in (train, val):
-                out = [np.asarray(logps(params, ex.rows(np.arange(i, min(i + 16, len(ex))))))
-                       for i in range(0, len(ex), 16)]
-                ex.ref = np.concatenate(out).astype(np.float32)
-            tmp = path + ".tmp.npz"
-            np.savez(tmp, train=train.ref, eval=val.ref)
-            os.replace(tmp, path)
-        data.eval[:] = eval_batches(val, self.cfg.train.batch_size, self.cfg.train.eval_batches)
+        if self.reference == "precomputed":
+            path = os.path.join(workdir, REFERENCE_FILE)
+            if resume and os.path.isfile(path):
+                with np.load(path) as f:
+                    train.ref, val.ref = f["train"], f["eval"]
+            else:
+                train.ref, val.ref = self.all_logps(params, train), self.all_logps(params, val)
+                tmp = path + ".tmp.npz"
+                np.savez(tmp, train=train.ref, eval=val.ref)
+                os.replace(tmp, path)
+            data.eval[:] = eval_batches(val, self.cfg.train.batch_size, self.cfg.train.eval_batches)
+        if not resume and jax.process_count() == 1:  # several processes: each would print; the eval pass says it
+            n = min(len(val), self.cfg.train.eval_batches * self.cfg.train.batch_size)  # the pairs evaluated
+            print(held_out_line(val.ref[:n] if self.reference == "precomputed" else
+                                self.all_logps(params, val, n)), flush=True)
+
+    def all_logps(self, params, ex: Pairs, n: int | None = None) -> np.ndarray:
+        """float32[n, 2]: the summed answer log-probabilities of the first `n` pairs of `ex` (all: None) under
+        `params` (a LoRA run's adapters left out: its base), 16 pairs a call."""
+        logps = jax.jit(lambda p, b: self.logps(p, b, False, jax.random.PRNGKey(0))[0])
+        n = len(ex) if n is None else n
+        out = [np.asarray(logps(params, ex.rows(np.arange(i, min(i + 16, n))))) for i in range(0, n, 16)]
+        return np.concatenate(out).astype(np.float32) if out else np.zeros((0, 2), np.float32)
+
+
+def held_out_line(lp_N2: np.ndarray) -> str:
+    """How a model ranks held-out pairs, as the shipped config's results say it (zoo.cli.results)."""
+    n, won = len(lp_N2), int((lp_N2[:, 0] > lp_N2[:, 1]).sum())
+    line = (f"before training: chosen preferred in {won}/{n} held-out pairs, mean log-prob margin "
+            f"{float(np.mean(lp_N2[:, 0] - lp_N2[:, 1])) if n else 0.0:+.2f}")
+    return line + (" (all already preferred: DPO can only widen their margins; watch logps/chosen)"
+                   if n and won == n else "")
+
+
+def check_split(dcfg, n_val: int, n: int, main: bool = True) -> None:
+    """Refuse (ConfigError) a validation split of fewer than MIN_VAL_PAIRS pairs of a set of REFUSE_FROM or more;
+    warn of one in a smaller set (which holds out one pair at least: make_data)."""
+    if n_val >= MIN_VAL_PAIRS:
+        return
+    frac = min(0.5, math.ceil(100 * 2 * MIN_VAL_PAIRS / n) / 100)  # twice MIN_VAL_PAIRS expected: hashing varies
+    what = (f"data.val_fraction={dcfg.val_fraction:g} holds out {n_val} of the {n} preference pairs; a held-out "
+            f"accuracy over fewer than {MIN_VAL_PAIRS} pairs moves in steps of {100 // n_val} points and cannot show "
+            f"a run over-fitting")
+    if n >= REFUSE_FROM:
+        raise ConfigError(f"{what}: set data.val_fraction >= {frac:g} (at least {MIN_VAL_PAIRS} pairs)")
+    if main:
+        print(f"warning: {what}; judge this run by its answers (zoo-sample) or add pairs (with {REFUSE_FROM} or more, "
+              f"data.val_fraction >= {min(0.5, 2 * MIN_VAL_PAIRS / REFUSE_FROM):g} holds out enough)",
+              file=sys.stderr, flush=True)

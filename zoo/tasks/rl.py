@@ -9,7 +9,8 @@ other columns (an expected answer) go to the rewards. A step takes `train.batch_
    generate_batch: the same program zoo.load(...).generate runs; temperature 0 is its greedy decoding) on the run's
    params (a LoRA run's adapters merged), with a key that is a function of (train.seed, step): a resumed run
    samples the same completions;
-2. scores them with the reward functions (plain Python, outside jit, TRL's signature: zoo.rewards), summed with
+2. scores them with the reward functions (plain Python, outside jit, TRL's signature: zoo.rewards; loaded, called and checked by
+   zoo.tasks.reward_calls), summed with
    `grpo.reward_weights`;
 3. normalises each reward within its group: advantage = (r - mean) / (std + 1e-4) (std with Bessel's correction,
    as TRL's scale_rewards="group");
@@ -28,7 +29,8 @@ other columns (an expected answer) go to the rewards. A step takes `train.batch_
 Metrics per logged step, as TRL names them (`reward_sums`): reward (the mean over the completions), reward_std (the
 standard deviation of each step's whole batch of rewards, as TRL 1.16 logs it; the advantages divide by each
 group's), frac_reward_zero_std (the share of completions in groups whose rewards all tie: no advantage), each reward
-function's mean as rewards/NAME, kl, completion_length, clip_ratio, and gen_seconds (sampling and scoring) beside
+function's mean as rewards/NAME, kl, completion_length, completions/clipped_ratio (the share of completions that
+reached grpo.max_completion_tokens without ending), clip_ratio, and gen_seconds (sampling and scoring) beside
 seconds (the whole interval); at each evaluation the held-out prompts' greedy completions are scored: eval_reward,
 eval_rewards/NAME.
 """
@@ -37,13 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import importlib.util
-import math
-import numbers
-import os
 import time
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +54,7 @@ from zoo.models.gpt import output_embedding
 from zoo.nn import lora, losses
 from zoo.tasks.base import Data
 from zoo.tasks.lm import LmTask, check_vocab
+from zoo.tasks.reward_calls import RewardInterrupt, call_reward, load_rewards, weights_of  # (rl.X: read by others)
 from zoo.tasks.sft import template_of
 
 
@@ -77,38 +74,6 @@ def load_prompts(dcfg):
                            f"columns: {', '.join(ds.column_names)}")
     return ds
 
-
-def load_rewards(rcfg) -> list[tuple[str, object]]:
-    """[(name, function)] of grpo.rewards: MODULE:FUNCTION or FILE.py:FUNCTION, each found and callable."""
-    out = []
-    for ref in (r.strip() for r in rcfg.rewards.split(",") if r.strip()):
-        where, _, name = ref.rpartition(":")
-        if not where or not name:
-            raise ConfigError(f"grpo.rewards entry {ref!r} must be MODULE:FUNCTION or FILE.py:FUNCTION")
-        try:
-            if where.endswith(".py"):
-                path = os.path.expanduser(where)
-                spec = importlib.util.spec_from_file_location(f"zoo_reward_{os.path.basename(path)[:-3]}", path)
-                if spec is None or not os.path.isfile(path):
-                    raise FileNotFoundError(path)
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-            else:
-                module = importlib.import_module(where)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as e:  # noqa: BLE001 - a user's file: whatever it raised (sys.exit too), in one line
-            raise ConfigError(f"grpo.rewards: {where!r} does not load (it {_did(e)} at import)") from None
-        fn = getattr(module, name, None)
-        if not callable(fn):
-            raise ConfigError(f"grpo.rewards: {where!r} has no function {name!r}")
-        out.append((name, fn))
-    return out
-
-
-def weights_of(rcfg, n: int) -> np.ndarray:
-    return np.asarray([float(w) for w in rcfg.reward_weights.split(",")] if rcfg.reward_weights else [1.0] * n,
-                      np.float32)
 
 
 @dataclasses.dataclass
@@ -141,83 +106,6 @@ class PromptBatches:
         return {"index": self.order(step)[self.rows]}
 
 
-class RewardInterrupt(KeyboardInterrupt):
-    """A KeyboardInterrupt raised in a reward function: the run stops as on Ctrl-C (a checkpoint, one line naming
-    the reward), not with a traceback."""
-
-
-def call_reward(name: str, fn, prompts, completions, columns: dict, where: list[int]) -> np.ndarray:
-    """float64[len(completions)] of one reward function, checked. What it raised (an exception, sys.exit) names the
-    first prompt (row of the source) whose completion raises it; a KeyboardInterrupt stops the run (RewardInterrupt).
-    Its values must be real numbers that fit a float32 (bool, int, float, or a numpy / jax / torch scalar; a bool is
-    0 or 1, as TRL's torch.tensor takes it), one per completion: a string ("1.0", or "1111" read as four characters),
-    None, NaN/Inf or a value beyond float32's range is refused in one line naming the function and the row."""
-    try:
-        got = fn(prompts, completions, **columns)
-    except KeyboardInterrupt:
-        raise RewardInterrupt(f"a KeyboardInterrupt in reward {name}") from None
-    except BaseException as e:  # noqa: BLE001 - the user's code: find which prompt, say it in one line
-        for i in range(len(completions)):
-            try:
-                fn(prompts[i:i + 1], completions[i:i + 1], **{k: v[i:i + 1] for k, v in columns.items()})
-            except KeyboardInterrupt:
-                raise RewardInterrupt(f"a KeyboardInterrupt in reward {name}") from None
-            except BaseException as e1:  # noqa: BLE001
-                raise TrainError(f"reward {name} {_did(e1)} on row {where[i]} of the source "
-                                 f"(its prompt {_short(prompts[i])})") from None
-        raise TrainError(f"reward {name} {_did(e)} on the batch") from None
-    if isinstance(got, (str, bytes, dict)) or not hasattr(got, "__iter__"):
-        raise TrainError(f"reward {name} returned {type(got).__name__} {_short(got)}, not a list of numbers (one per "
-                         f"completion)")
-    got = list(got)
-    if len(got) != len(completions):
-        raise TrainError(f"reward {name} returned {len(got)} values for {len(completions)} completions")
-    values = np.zeros(len(got), np.float64)
-    for i, v in enumerate(got):
-        number = _real(v)
-        if number is None:
-            raise TrainError(f"reward {name} returned {_short(v)} ({type(v).__name__}) for row {where[i]} of the "
-                             f"source; a reward must be a number (bool, int or float)")
-        if not math.isfinite(number) or abs(number) > F32_MAX:
-            raise TrainError(f"reward {name} returned {number:g} for row {where[i]} of the source; a reward must be a "
-                             f"finite number within float32's range (|r| <= {F32_MAX:.3g})")
-        values[i] = number
-    return values
-
-
-F32_MAX = float(np.finfo(np.float32).max)
-
-
-def _real(v) -> float | None:
-    """v as a float if it is a real number (bool, int, float, a 0-d numpy / jax / torch number), else None: no
-    string is parsed, no complex number or array taken."""
-    if isinstance(v, (str, bytes)) or (isinstance(v, numbers.Complex) and not isinstance(v, numbers.Real)):
-        return None
-    if not isinstance(v, (numbers.Real, np.bool_)) and not (hasattr(type(v), "__float__") and
-                                                           getattr(v, "shape", ()) == ()):
-        return None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # a complex array scalar's ComplexWarning
-            return float(v)
-    except OverflowError:  # an int past float64's range
-        return math.inf
-    except (TypeError, ValueError, Warning):
-        return None
-
-
-def _did(e: BaseException) -> str:
-    """What a user's code did, as a line says it: "called sys.exit(3)", "raised KeyError: 'answer'"."""
-    if isinstance(e, SystemExit):
-        return f"called sys.exit({e.code!r})"
-    return f"raised {type(e).__name__}: {e}"
-
-
-def _short(value, n: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= n else text[:n - 3] + "..."
-
-
 def group_advantages(rewards_R: np.ndarray, G: int) -> np.ndarray:
     """(r - mean) / (std + 1e-4) within each group of G completions of one prompt (std: Bessel's correction)."""
     r = rewards_R.reshape(-1, G).astype(np.float64)
@@ -242,6 +130,7 @@ class GrpoTask(LmTask):
 
     name = "grpo"
     PERPLEXITY = False
+    WATCH = "reward"  # zoo.train.objective_watch: reward, KL and completion length watched; the best reward's step kept
     UNIFORM_OVER_VOCAB = False
 
     def __init__(self, cfg):
@@ -378,7 +267,7 @@ class GrpoTask(LmTask):
             inputs[r, :n], targets[r, :n] = seq[:-1], seq[1:]
             weights[r, len(p) - 1:n] = 1.0  # the completion's tokens (and its end) are the targets trained
         host = {**reward_sums(total, per, [n for n, _ in self.rewards], G), "completion_tokens": float(weights.sum()),
-                "gen_seconds": time.perf_counter() - t}
+                "capped": float(len(ended) - sum(ended)), "gen_seconds": time.perf_counter() - t}
         return {"inputs": inputs, "targets": targets, "weights": weights, "advantages": adv}, host
 
     # ---- the objective ------------------------------------------------------------------------------------
@@ -426,6 +315,7 @@ class GrpoTask(LmTask):
                "frac_reward_zero_std": totals.get("zero_std_completions", 0.0) / n,
                "kl": totals.get("kl_sum", 0.0) / tokens, "clip_ratio": totals.get("clipped", 0.0) / tokens,
                "completion_length": totals.get("completion_tokens", 0.0) / n,
+               "completions/clipped_ratio": totals.get("capped", 0.0) / n,
                "gen_seconds": totals.get("gen_seconds", 0.0)}
         out.update({f"rewards/{k[len('reward_sum/'):]}": v / n for k, v in totals.items()
                     if k.startswith("reward_sum/")})

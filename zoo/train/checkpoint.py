@@ -276,11 +276,11 @@ def restore_latest(workdir: str, abstract_state, step: int | None = None):
 
 
 def prune(mngr, keep: int) -> None:
-    """Delete the oldest steps beyond `keep`, the last good one aside (a kill between a save and Orbax's
+    """Delete the oldest steps beyond `keep`, the last good one and the best reward's aside (a kill between a save and Orbax's
     cleanup leaves one extra)."""
-    good = mngr.zoo_policy.good if mngr.zoo_policy is not None else None
+    kept = mngr.zoo_policy.kept() if mngr.zoo_policy is not None else set()
     for s in sorted(mngr.all_steps())[:-keep] if keep else []:
-        if s != good:
+        if s not in kept:
             mngr.delete(s)
 
 

@@ -2,8 +2,9 @@
 restores through it).
 
 Layout: WORKDIR/checkpoints/<step>/{params, train, config, digest} (`ckpt_dir`, `step_dir`, `ITEMS`). A run's
-manager keeps the newest `train.keep` steps and its last good one (`KeepLatestAndGood`, the step named in
-WORKDIR/checkpoints/last_good: `last_good`, `mark_good`); a reader's manager is read-only and, within
+manager keeps the newest `train.keep` steps, its last good one (`KeepLatestAndGood`, the step named in
+WORKDIR/checkpoints/last_good: `last_good`, `mark_good`) and, for a run watched by reward (zoo.train.objective_watch),
+the step its best reward was sampled from (WORKDIR/checkpoints/best_reward: `best_reward`, `mark_best`); a reader's manager is read-only and, within
 `_reading_alone`, involves this process alone. Orbax's options that depend on the processes (replica-parallel
 writes) are set as each manager is made.
 """
@@ -35,18 +36,26 @@ ITEMS = ("params", "train", "config", "digest")
 
 @dataclasses.dataclass
 class KeepLatestAndGood:
-    """Orbax's preservation policy for a training run: the newest `n` steps (`train.keep`) and the run's last
+    """Orbax's preservation policy for a training run: the newest `n` steps (`train.keep`), the run's last
     good step (`good`, set by the trainer as zoo.train.guard confirms steps), however old it gets, so a slow
-    climb that outlasts `keep` saves still leaves a checkpoint to go back to."""
+    climb that outlasts `keep` saves still leaves a checkpoint to go back to, and (an RL run) the step whose params
+    sampled the best training reward so far (`best`, its reward `best_value`: zoo.train.objective_watch), so a
+    collapse that outlasts `keep` saves still leaves the policy that did best."""
     n: int
     good: int | None = None
+    best: int | None = None
+    best_value: float | None = None
+
+    def kept(self) -> set:
+        return {s for s in (self.good, self.best) if s is not None}
 
     def should_preserve(self, checkpoints, *, context=None) -> list[bool]:
         first = len(checkpoints) - self.n
-        return [i >= first or c.step == self.good for i, c in enumerate(checkpoints)]
+        return [i >= first or c.step in self.kept() for i, c in enumerate(checkpoints)]
 
 
 LAST_GOOD = "last_good"  # WORKDIR/checkpoints/last_good: the step number of the last good checkpoint
+BEST_REWARD = "best_reward"  # WORKDIR/checkpoints/best_reward: "STEP REWARD" of the best-reward checkpoint
 
 
 _ALONE = threading.local()  # .on: this process reads by itself (load_weights), not with its peers
@@ -102,7 +111,7 @@ def manager(workdir: str, keep: int = 3, async_save: bool = True, read_only: boo
     if not read_only and jax.process_index() == 0:
         _remove_unfinished(workdir)
     # Readers open the manager with create=False and never save; orbax's read_only mode only logs noise.
-    policy = None if read_only else KeepLatestAndGood(keep, last_good(workdir))
+    policy = None if read_only else KeepLatestAndGood(keep, last_good(workdir), *(best_reward(workdir) or ()))
     options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=not read_only,
                                            enable_async_checkpointing=async_save and not read_only,
                                            **(_alone() if read_only else {}))
@@ -150,3 +159,26 @@ def mark_good(mngr, step: int) -> None:
             f.write(f"{step}\n")
         os.replace(path + ".tmp", path)
 
+
+
+def best_reward(workdir: str) -> tuple[int, float] | None:
+    """(step, reward) of the checkpoint marked best by reward (zoo.train.objective_watch), if still in the run."""
+    try:
+        with open(os.path.join(ckpt_dir(workdir), BEST_REWARD)) as f:
+            step, value = f.read().split()
+        step, value = int(step), float(value)
+    except (OSError, ValueError):
+        return None
+    return (step, value) if os.path.isdir(step_dir(workdir, step)) else None
+
+
+def mark_best(mngr, step: int, value: float) -> None:
+    """Protect `step` from rotation as the checkpoint whose params sampled the run's best reward, `value`."""
+    if mngr.zoo_policy is None or (mngr.zoo_policy.best, mngr.zoo_policy.best_value) == (step, value):
+        return
+    mngr.zoo_policy.best, mngr.zoo_policy.best_value = step, value
+    if jax.process_index() == 0:
+        path = os.path.join(str(mngr.directory), BEST_REWARD)
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{step} {value!r}\n")
+        os.replace(path + ".tmp", path)

@@ -38,6 +38,7 @@ from zoo.eval import during
 from zoo.train import (checkpoint, data_state, flops, freeze, memory, optim, orbax_errors, peers, run_once, runs,
                        sharding)
 from zoo.train.evaluation import evaluate, to_device
+from zoo.train import objective_watch
 from zoo.train.guard import Guard
 from zoo.train.metrics import MetricsWriter
 from zoo.train.prefetch import Prefetcher
@@ -274,6 +275,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
             print(warn, file=sys.stderr, flush=True)
         guard = Guard(cfg.train.spike_guard, math.log(cfg.model.vocab_size)
                       if getattr(s.task, "UNIFORM_OVER_VOCAB", False) else None)
+        watch = objective_watch.of(s.task, main)  # reward, KL, chosen log-prob: warned (stderr), the best reward kept
         data_state.restore(data.train, workdir, start)
         # A task that samples its batch from the current params (grpo) gets its step's input on the host and rolls it
         # out first (zoo.tasks.rl): generation waits for the step before, so nothing of it is prefetched but the input.
@@ -326,6 +328,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                     for st, _ in host:
                         host_metrics.pop(st, None)
                     record.update(s.task.train_metrics(totals))
+                    watch.check(step, record, mngr)
                     record["peak_memory_mb"] = memory.peak_memory_mb(local_devices)
                     if not writer.records:
                         record["compile_s"] = compile_s
@@ -368,6 +371,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                           f"at step {step}; checkpoint saved. Continue with: "
                           f"python train.py --resume {workdir}", flush=True)
         checkpoint.finish(mngr)
+        watch.finish(mngr, workdir, say)
         data_state.prune(workdir, mngr.all_steps())
         bar.close()
         writer.plot()
