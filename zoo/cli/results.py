@@ -19,12 +19,13 @@ import datetime
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
+
+from zoo.cli.results_text import (EVALUATED, rewrite_answers, rewrite_block, rewrite_docstring, rewrite_eval_table,
+                                   rewrite_marked, rewrite_readme, rewrite_sample)
 
 # The configs that run on a CPU in minutes, in the order their dependencies need (cls fine-tunes mlm).
 CPU_CONFIGS = ("gpt_tiny", "llama_tiny", "moe_tiny", "bert_tiny_mlm", "bert_tiny_cls", "bert_ner_tiny",
@@ -41,7 +42,6 @@ PROBES = {"bert_tiny_mlm": ("zoo.cli.fill_mask", "--text", FILL_MASK_EXAMPLE, "-
 CHARACTER_LEVEL = ("shakespeare_char",)
 SAMPLED = ("shakespeare_char",)  # configs whose docstring quotes the sample their run prints at its end
 SAMPLE_HEADER = "sample (temperature 0.8, top-k 40):"  # the line zoo.cli.train prints before it
-SAMPLE_PARAGRAPH = "Sample (that run's, as train.py prints it at the end: temperature 0.8, top-k 40):"
 # Chat runs: questions answered by the base (WORKDIR/base) and by the fine-tuned run, quoted in the docstring's
 # "Answers" paragraph and in the README between <!-- answers:NAME --> and <!-- /answers -->. For
 # smollm2_chat_lora: two phrasings of trained facts that no training conversation uses, two questions
@@ -66,14 +66,10 @@ PREFERENCES_PARAGRAPH = "Preferences (held-out pairs; log-probabilities summed o
 # <!-- /rewards -->.
 REINFORCED = ("smollm2_grpo_lora",)
 REWARDS_PARAGRAPH = "Rewards (held-out questions answered greedily, scored by the run's reward functions):"
-ANSWERS_PARAGRAPH = "Answers (that run's, greedy: zoo-sample RUN --chat --temperature 0), before -> after:"
 # Runs scored with zoo-eval into the README's Evaluate table (between <!-- eval-table --> and <!-- /eval-table -->):
 # perplexity on the documents their training held out (--held-out; a chat run, whose data are conversations, on
 # builtin's) and accuracy on zoo's offline multiple-choice set (zoo.eval.sets). A chat run's base is scored too.
-EVALUATED = ("gpt_tiny", "llama_tiny", "shakespeare_char", "smollm2_chat_lora")
 TEXT_SOURCES = ("builtin", "shakespeare")
-EVAL_HEADER = ("| run | held-out text | documents | NLL/token | bits/byte | choice `builtin`: acc | acc_norm |\n"
-               "| --- | --- | --- | --- | --- | --- | --- |")
 
 
 def run(name: str, workdir: str, extra: list[str]) -> dict:
@@ -122,20 +118,6 @@ def chat_answers(name: str, workdir: str) -> list[str] | None:
         lines += [f"Q: {q}", f"   before: {chat_answer(os.path.join(workdir, 'base'), q)}",
                   f"   after:  {chat_answer(workdir, q)}"]
     return lines
-
-
-def rewrite_answers(config_file: str, readme: str, name: str, lines: list[str]) -> None:
-    """The docstring's Answers paragraph (at its end) and the README's answers block of `name`."""
-    rewrite_block(config_file, ANSWERS_PARAGRAPH, "\n".join(lines))
-    with open(readme) as f:
-        text = f.read()
-    start, end = f"<!-- answers:{name} -->", "<!-- /answers -->"
-    if start in text:
-        head, rest = text.split(start, 1)
-        tail = rest.split(end, 1)[1]
-        text = head + start + "\n```\n" + "\n".join(lines) + "\n```\n" + end + tail
-        with open(readme, "w") as f:
-            f.write(text)
 
 
 def preference_lines(name: str, workdir: str) -> list[str] | None:
@@ -198,18 +180,6 @@ def reward_lines(name: str, workdir: str, records: list[dict], wall: float) -> l
     return lines
 
 
-def rewrite_marked(readme: str, name: str, kind: str, lines: list[str]) -> None:
-    """The README's block between <!-- KIND:NAME --> and <!-- /KIND -->, as a code block of `lines`."""
-    with open(readme) as f:
-        text = f.read()
-    start, end = f"<!-- {kind}:{name} -->", f"<!-- /{kind} -->"
-    if start in text:
-        head, rest = text.split(start, 1)
-        text = head + start + "\n```\n" + "\n".join(lines) + "\n```\n" + end + rest.split(end, 1)[1]
-        with open(readme, "w") as f:
-            f.write(text)
-
-
 def zoo_eval(workdir: str, *args: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "zoo.cli.eval", workdir, *args, "--json"], capture_output=True,
                          text=True, env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
@@ -246,26 +216,6 @@ def eval_rows(name: str, workdir: str) -> dict[str, str]:
     return rows
 
 
-def rewrite_eval_table(readme: str, rows: dict[str, str], when: str) -> None:
-    """The README's Evaluate table: the rows of the runs scored now, the others' kept, in EVALUATED's order."""
-    with open(readme) as f:
-        text = f.read()
-    start, end = "<!-- eval-table -->", "<!-- /eval-table -->"
-    if start not in text:
-        return
-    head, rest = text.split(start, 1)
-    body, tail = rest.split(end, 1)
-    old = {line.split("`")[1]: line for line in body.splitlines() if line.startswith("| `")}
-    merged = {**old, **rows}
-    order = lambda label: (EVALUATED.index(label.split(" ")[0]) if label.split(" ")[0] in EVALUATED else 99,  # noqa: E731
-                           "base" not in label)
-    lines = [EVAL_HEADER, *(merged[k] for k in sorted(merged, key=order))]
-    text = head + start + f"\n<!-- written by python -m zoo.cli.results ({when}) -->\n" + "\n".join(lines) + "\n" + \
-        end + tail
-    with open(readme, "w") as f:
-        f.write(text)
-
-
 def run_sample(stdout: str) -> str | None:
     """The sample a run printed at its end (the lines after SAMPLE_HEADER), or None."""
     _, sep, sample = stdout.partition(SAMPLE_HEADER + "\n")
@@ -300,54 +250,6 @@ def sentence(name: str, s: dict, machine: str) -> str:
     return (f"Expect (`python -m zoo.cli.results {name}`, {machine}, {datetime.date.today()}): {m}m{sec:02d}s "
             f"wall; {', '.join(parts)}" + (f"; {speed}" if speed else "")
             + (f"; {s['probe']}" if s.get("probe") else "") + ".")
-
-
-def rewrite_docstring(path: str, text: str) -> None:
-    """Replace the docstring paragraph that starts with "Expect" by `text` (wrapped), or add it."""
-    with open(path) as f:
-        src = f.read()
-    end = src.index('"""', 3)
-    doc, rest = src[:end], src[end:]
-    wrapped = textwrap.fill(text, 100)
-    new, n = re.subn(r"\nExpect\b.*?(?=\n\n|\n?$)", "\n" + wrapped.replace("\\", r"\\"), doc, count=1, flags=re.S)
-    if not n:
-        new = doc.rstrip("\n") + "\n\n" + wrapped + "\n"
-    with open(path, "w") as f:
-        f.write(new + rest)
-
-
-def rewrite_sample(path: str, sample: str) -> None:
-    """Replace the docstring's "Sample" paragraph and the indented sample under it (the docstring's
-    end) by `sample`, or add them at its end."""
-    rewrite_block(path, SAMPLE_PARAGRAPH, sample)
-
-
-def rewrite_block(path: str, header: str, text: str) -> None:
-    """Replace the docstring's paragraph `header` and the indented text under it (the docstring's end) by
-    `text`, or add them at its end."""
-    with open(path) as f:
-        src = f.read()
-    end = src.index('"""', 3)
-    doc, rest = src[:end], src[end:]
-    # Quoted verbatim, indented; nothing in it may end the docstring or start an escape.
-    lines = text.rstrip().replace(chr(34) * 3, chr(39) * 3).replace(chr(92), "/").split("\n")
-    block = header + "\n\n" + "\n".join(("    " + line).rstrip() for line in lines) + "\n"
-    start = doc.find("\n" + header)
-    doc = (doc[:start] if start >= 0 else doc).rstrip("\n") + "\n\n" + block
-    with open(path, "w") as f:
-        f.write(doc + rest)
-
-
-def rewrite_readme(path: str, name: str, cell: str) -> None:
-    """The last cell of the README's configs-table row of `configs/<name>.py`."""
-    with open(path) as f:
-        lines = f.read().split("\n")
-    for i, line in enumerate(lines):
-        if line.startswith(f"| `configs/{name}.py` |"):
-            cells = line.split(" | ")
-            lines[i] = " | ".join(cells[:-1] + [cell + " |"])
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
 
 
 def main(argv=None) -> int:
