@@ -98,8 +98,7 @@ def compile_generate(source: str, target: str, *, rows: int = 8, prompt_len: int
     n = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
     per_token = (fixed["params"] + kv_per_device) / chip.hbm_bytes_per_s
     prefill = 2 * n * rows * prompt_len / (chip.bf16_flops * t.chips)
-    return {"target": t.name, "topology": t.topology, "slices": t.slices, "chips": t.chips, "devices": len(devices),
-            "chip": dataclasses.asdict(chip), "hbm_per_device": hbm, "mesh": dict(mesh_.shape),
+    return {**report.header(t, len(devices), mesh_),
             "program": f"generate of {source} ({dtype}): {rows} rows x {prompt_len} prompt + {max_new_tokens} new tokens",
             **out, "kv_cache_bytes": cache_bytes, "model_flops": float(2 * n * rows * total),
             "compile_seconds": seconds, "fits": out["flops_per_device"] is not None and out["bytes_per_device"]["total"] <= hbm,

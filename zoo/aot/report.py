@@ -200,6 +200,16 @@ def roofline(flops: float, bytes_accessed: float, comm_bytes: float, chip) -> di
     return {"compute_s": compute, "hbm_s": hbm, "collective_s": comm, "step_s": max(compute, hbm) + comm}
 
 
+def header(t, devices: int, mesh) -> dict:
+    """The fields every report opens with: the target (`zoo.aot.target.parse`'s), its chips and devices, the chip's
+    figures, the HBM one device holds and the mesh's axes."""
+    import dataclasses
+    chip = t.chip
+    return {"target": t.name, "topology": t.topology, "slices": t.slices, "chips": t.chips, "devices": devices,
+            "chip": dataclasses.asdict(chip), "hbm_per_device": chip.hbm_bytes * t.chips / devices,
+            "mesh": dict(mesh.shape)}
+
+
 def gib(n: float) -> str:
     return f"{n / 1024 ** 3:.2f} GiB" if n >= 1024 ** 3 / 10 else f"{n / 1024 ** 2:.1f} MiB"
 

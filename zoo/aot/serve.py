@@ -13,7 +13,6 @@ true only when both fit. The estimate per chunk step is (params + KV cache bytes
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 
@@ -92,8 +91,7 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
     per_token = (fixed["params"] + kv) / chip.hbm_bytes_per_s
     prefill_s = 2 * n * max_len / (chip.bf16_flops * t.chips)
     fits = all(r["flops_per_device"] is not None and r["bytes_per_device"]["total"] <= hbm for r in (out, pre))
-    return {"target": t.name, "topology": t.topology, "slices": t.slices, "chips": t.chips, "devices": len(devices),
-            "chip": dataclasses.asdict(chip), "hbm_per_device": hbm, "mesh": dict(mesh_.shape),
+    return {**report.header(t, len(devices), mesh_),
             "program": f"zoo-serve engine of {source} ({dtype}): decode of {slots} rows x {chunk} steps over "
                        f"{max_len} slots (prefill of one prompt of up to {max_len} tokens below)",
             **out, "kv_cache_bytes": int(kv), "model_flops": float(2 * n * slots * chunk),
