@@ -2,10 +2,12 @@
 numpy arrays, for a training loop of one's own (`jax.grad(lm.loss_fn)`). One function per task; each uses the
 task's own framing.
 
-    gpt_lm, sft   texts, or conversations (lists of {"role", "content"}: rendered with the chat template, the
-                  loss on the assistant's tokens): each one row, [BOS or end-of-text] + its tokens (+ end-of-text
+    decoders      texts, or conversations (lists of {"role", "content"}: rendered with the chat template, the
+    (every task)  loss on the assistant's tokens): each one row, [BOS or end-of-text] + its tokens (+ end-of-text
                   for a text), right-padded; inputs_BT, targets_BT (the next ids), weights_BT (1 on trained
-                  targets, 0 on padding), positions_BT, segment_ids_BT (1 on real tokens, 0 on padding)
+                  targets, 0 on padding), positions_BT, segment_ids_BT (1 on real tokens, 0 on padding). The
+                  layout of gpt_lm and sft, whose loss_fn reads it; a dpo or grpo checkpoint's apply reads it too,
+                  its loss_fn reads pairs or rollouts (zoo.tasks.preference.Pairs.rows, zoo.tasks.rl)
     bert_mlm      texts framed [CLS] text [SEP]; 15% of the tokens chosen (80/10/10) from `seed`; inputs_BT,
                   targets_BT, weights_BT (1 at chosen positions), positions_BK, segment_ids_BT, valid_BT
     bert_cls      texts (and `pairs`) with `labels` (class ids or names); inputs_BT, segment_ids_BT, valid_BT,
@@ -33,7 +35,7 @@ def batch(lm, examples, *, seq_len: int | None = None, labels=None, pairs=None, 
     if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2):
         raise ArgumentError(f"seq_len={seq_len!r} must be a whole number >= 2")
     task = lm.config.task
-    if task in ("gpt_lm", "sft"):
+    if lm.config.model.family == "gpt":  # any decoder, whatever it trained on (a DPO run's, a GGUF file's)
         return lm_batch(lm, examples, seq_len)
     texts = _texts(examples)
     if task == "bert_mlm":
@@ -45,7 +47,7 @@ def batch(lm, examples, *, seq_len: int | None = None, labels=None, pairs=None, 
     if task == "seq2seq":
         return seq2seq_batch(lm, texts, targets, seq_len)
     raise FamilyError(f".batch has no layout for task {task} (a bare encoder has no objective: load it as a "
-                      f"classifier or masked LM; preference pairs: zoo.tasks.preference.encode_pairs)")
+                      f"classifier or masked LM)")
 
 
 def _texts(examples) -> list[str]:

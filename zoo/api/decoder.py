@@ -1,5 +1,5 @@
 """Text in, text or scores out, for a decoder (the GPT family): what Pretrained.generate, .chat, .logprobs and
-.loss do, and what zoo-sample and zoo-eval call.
+.loss do, and what zoo-sample and zoo-eval call (an answer's log-probability given a prompt: zoo.api.answers).
 
 Generation: each prompt is tokenized as transformers tokenizes it (the checkpoint's BOS first where its tokenizer
 adds one), then all of them decode together in one KV-cached batch
@@ -198,9 +198,12 @@ def token_logprobs(lm, texts: list[str], batch_size: int = 8) -> list[np.ndarray
                                    batch_size=batch_size)
 
 
-def logprobs(lm, texts, *, batch_size: int = 8):
-    """See Pretrained.logprobs."""
+def logprobs(lm, texts, *, answers=None, batch_size: int = 8):
+    """See Pretrained.logprobs (with `answers`: zoo.api.answers)."""
     require_decoder(lm, "logprobs")
+    if answers is not None:
+        from zoo.api.answers import answer_logprobs
+        return answer_logprobs(lm, texts, answers, batch_size)
     items, single = texts_of(texts, "texts")
     out = token_logprobs(lm, items, batch_size)
     return out[0] if single else out

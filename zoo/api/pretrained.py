@@ -85,12 +85,19 @@ class Pretrained:
         return decoder.chat(self, messages, system=system, max_new_tokens=max_new_tokens, temperature=temperature,
                             top_k=top_k, top_p=top_p, seed=seed, stop=stop, n=n)
 
-    def logprobs(self, texts: str | list[str], *, batch_size: int = 8):
+    def logprobs(self, texts: str | list, *, answers=None, batch_size: int = 8):
         """Each token's log-probability (natural log, float32 numpy array of the text's token count) under
         zoo-eval's conventions: the first token conditioned on the tokenizer's BOS (else its end-of-text token),
         every token scored once, a text longer than the context scored in windows every half context. One text
-        gives one array, a list a list. Their sums are zoo-eval's per-document log-likelihoods."""
-        return decoder.logprobs(self, texts, batch_size=batch_size)
+        gives one array, a list a list. Their sums are zoo-eval's per-document log-likelihoods.
+
+        With `answers`, `texts` are prompts and the arrays hold the log-probabilities of each answer's tokens
+        only, given its prompt, as a DPO run (task=dpo) scores a pair's answer: a text prompt is followed by
+        its answer as plain text (+ end-of-text); a conversation (a list of {"role", "content"} dicts) by the
+        assistant's answer (a string, or a list of messages), rendered with the checkpoint's chat template, its
+        end-of-turn token scored. One prompt and one answer give one array, lists (one answer per prompt) a list;
+        an array's sum is DPO's summed log-probability of that answer (logps/chosen). zoo.api.answers."""
+        return decoder.logprobs(self, texts, answers=answers, batch_size=batch_size)
 
     def loss(self, texts: str | list[str], *, batch_size: int = 8) -> float:
         """The mean next-token loss (negative log-likelihood per token, nats) of the texts together: zoo-eval's
@@ -144,6 +151,7 @@ class Pretrained:
         "tokens", ...}. A pure function of (params, batch, rng): `rng` (a jax PRNG key) turns training mode on
         (dropout, label smoothing as the config says); None evaluates. jax.grad(lambda p: lm.loss_fn(p, b)[0])."""
         import jax
+        check_layout(self.config.task, batch)
         train = rng is not None
         loss_sum, aux = self._task().loss(params, batch, rng if train else jax.random.PRNGKey(0), train)
         weight = aux["weight"]
@@ -152,8 +160,9 @@ class Pretrained:
 
     def batch(self, examples: list, *, seq_len: int | None = None, labels: list | None = None,
               pairs: list[str] | None = None, targets: list[str] | None = None, seed: int = 0) -> dict:
-        """A batch (numpy arrays) in the layout loss_fn and apply read, from examples: texts, or for a decoder
-        conversations (the loss on the assistant's tokens); a classifier's `labels` (and `pairs`), a tagger's
+        """A batch (numpy arrays) in the layout loss_fn and apply read, from examples: texts, or for any decoder
+        conversations (rendered with its chat template, the loss on the assistant's tokens; a dpo or grpo model's
+        apply reads it, its loss_fn reads pairs or rollouts); a classifier's `labels` (and `pairs`), a tagger's
         `labels` (a tag per word), an encoder-decoder's `targets`; a masked LM masks from `seed`. Rows are padded
         (or cut) to `seq_len`, default the longest. The layouts: zoo.api.batches."""
         return batches.batch(self, examples, seq_len=seq_len, labels=labels, pairs=pairs, targets=targets, seed=seed)
@@ -196,6 +205,19 @@ class Pretrained:
         be a tree of this model's: the same keys and shapes as `params` (dtypes may differ); else ArgumentError."""
         check_params(self.params, params)
         return dataclasses.replace(self, params=params)
+
+
+# The batches a decoder task's loss reads that Pretrained.batch (the next-token layout) does not make.
+LAYOUTS = {"dpo": ("pairs: inputs [B, 2, T] (chosen, rejected), zoo.tasks.preference.Pairs.rows",
+                   lambda b: getattr(b.get("inputs"), "ndim", 0) == 3),
+           "grpo": ("rollouts with advantages (zoo.tasks.rl)", lambda b: "advantages" in b)}
+
+
+def check_layout(task: str, batch) -> None:
+    """ArgumentError in one line where a dpo or grpo model's loss_fn is given a batch its loss cannot read."""
+    if task in LAYOUTS and isinstance(batch, Mapping) and not LAYOUTS[task][1](batch):
+        raise ArgumentError(f"loss_fn of a {task} model reads {LAYOUTS[task][0]}; .batch gives the next-token layout, "
+                            f"which apply reads")
 
 
 def check_params(have, params) -> None:
