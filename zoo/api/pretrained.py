@@ -18,15 +18,19 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Iterator
 
+import numpy as np
+
 from zoo.api import batches, decoder, encoder, save, seq2seq
 from zoo.config import Config
 from zoo.errors import ArgumentError
 
 # What each task's model answers (besides apply, loss_fn, batch, save, tokenize).
-OFFERS = {"gpt_lm": ("generate", "chat", "logprobs", "loss"), "sft": ("generate", "chat", "logprobs", "loss"),
-          "dpo": ("generate", "chat", "logprobs", "loss"),
-          "bert_cls": ("classify",), "bert_mlm": ("fill_mask",), "bert_tokens": ("tag",), "seq2seq": ("translate",),
-          "bert_encoder": ()}
+OFFERS = {"gpt_lm": ("generate", "chat", "logprobs", "loss", "embed"),
+          "sft": ("generate", "chat", "logprobs", "loss", "embed"),
+          "dpo": ("generate", "chat", "logprobs", "loss", "embed"),
+          "grpo": ("generate", "chat", "logprobs", "loss", "embed"),
+          "bert_cls": ("classify", "embed"), "bert_mlm": ("fill_mask", "embed"), "bert_tokens": ("tag", "embed"),
+          "seq2seq": ("translate",), "bert_encoder": ("embed",)}
 
 
 @dataclasses.dataclass(eq=False, repr=False)
@@ -121,6 +125,19 @@ class Pretrained:
         """A token classifier's (task bert_tokens) tag of each whitespace-separated word: [(word, tag), ...], read
         at each word's first token; for a list of texts, a list of those."""
         return encoder.tag(self, texts, batch_size=batch_size)
+
+    def embed(self, texts: str | list[str], *, batch_size: int = 32, normalize: bool | None = None,
+              prompt: str | None = None, prompt_name: str | None = None, progress: bool | None = None) -> np.ndarray:
+        """Sentence embeddings: float32[D] for a text, [N, D] for a list, as `SentenceTransformer.encode` gives them
+        on the same checkpoint (zoo.api.embed): an encoder's last hidden states pooled as its
+        1_Pooling/config.json says (mean over the real tokens by default; cls, max, mean_sqrt_len), a decoder's last
+        token's; L2-normalised when its modules.json has a Normalize module (`normalize` overrides); texts cut to
+        its max_seq_length. `prompt` goes before every text; `prompt_name` takes one of the checkpoint's named
+        prompts (config_sentence_transformers.json, e.g. "query"). A progress bar shows for 1,024 texts or more
+        (`progress` forces it on or off)."""
+        from zoo.api import embed
+        return embed.embed(self, texts, batch_size=batch_size, normalize=normalize, prompt=prompt,
+                           prompt_name=prompt_name, progress=progress)
 
     # ---- encoder-decoders ----------------------------------------------------------------------------
     def translate(self, texts: str | list[str], *, beam: int = 4, length_penalty: float | None = None,

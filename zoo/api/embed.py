@@ -1,0 +1,183 @@
+"""Sentence embeddings: `Pretrained.embed(texts)` and `zoo-embed FILE`, for BERT-family encoders and decoders.
+
+An encoder's texts are framed as one segment ([CLS] text [SEP]), cut to the checkpoint's `max_seq_length`
+(sentence-transformers' sentence_bert_config.json; else the model's positions), as `SentenceTransformer.encode`
+cuts them, and pooled over the last hidden states as the checkpoint's `1_Pooling/config.json` says: the mean over
+the real tokens (all-MiniLM-L6-v2's), [CLS], the max, or the mean times sqrt(length); L2-normalised when its
+`modules.json` lists a Normalize module. A decoder's embedding is its last token's final hidden state (Qwen3-
+Embedding's and other decoder embedders' pooling), the text embedded as given (no token appended). A
+checkpoint without sentence-transformers files pools as its family does by default (encoders: mean, decoders: last
+token) and is not normalised unless asked (`normalize=True`).
+
+`prompt` puts a string before every text; `prompt_name` takes one from the checkpoint's
+config_sentence_transformers.json "prompts" (e.g. Qwen3-Embedding's "query": "Instruct: ...\\nQuery:"), as
+`encode(prompt_name=...)` does. Texts run in jitted batches sorted by length and padded to bucketed shapes
+(zoo.infer.encoder), so a text's vector does not depend on the texts beside it and any number of texts compiles a
+handful of programs; a progress bar goes to stderr for PROGRESS_AT texts or more.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from zoo.errors import ArgumentError, FamilyError
+
+POOLINGS = ("mean", "cls", "max", "mean_sqrt_len", "last")
+PROGRESS_AT = 1024  # texts from which a progress bar is shown
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """How hidden states become one vector: `mode` (POOLINGS), L2-normalised or not, the longest text in tokens,
+    and the checkpoint's named prompts."""
+
+    mode: str
+    normalize: bool
+    max_len: int
+    prompts: tuple = ()
+
+
+def _read(path: str) -> dict | list | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def checkpoint_dir(lm) -> str | None:
+    """The directory whose sentence-transformers files describe `lm`'s pooling: the run it came from (a fine-tune
+    keeps them), else the Hugging Face directory loaded."""
+    for d in (lm.run_dir, lm.source):
+        if d and os.path.isdir(d) and os.path.isfile(os.path.join(d, "modules.json")):
+            return d
+    return None
+
+
+def pooling_of(lm) -> Pooling:
+    """`lm`'s pooling: its sentence-transformers files where it has them, else its family's default."""
+    decoder = lm.config.model.family != "bert"
+    max_len = lm.model.cfg.max_len
+    d = checkpoint_dir(lm)
+    if d is None:
+        return Pooling("last" if decoder else "mean", False, max_len)
+    modules = _read(os.path.join(d, "modules.json")) or []
+    types = {m.get("type", "").rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
+    mode = "last" if decoder else "mean"
+    if "Pooling" in types:
+        cfg = _read(os.path.join(d, types["Pooling"], "config.json")) or {}
+        modes = {"cls": cfg.get("pooling_mode_cls_token"), "mean": cfg.get("pooling_mode_mean_tokens"),
+                 "max": cfg.get("pooling_mode_max_tokens"),
+                 "mean_sqrt_len": cfg.get("pooling_mode_mean_sqrt_len_tokens"),
+                 "last": cfg.get("pooling_mode_lasttoken")}
+        chosen = [k for k, on in modes.items() if on]
+        if len(chosen) != 1:
+            where = os.path.join(d, types["Pooling"], "config.json")
+            raise FamilyError(f"{where} asks for pooling {chosen or 'none'}; zoo pools with exactly one of "
+                              f"{', '.join(POOLINGS)}")
+        mode = chosen[0]
+    st = _read(os.path.join(d, "sentence_bert_config.json")) or {}
+    if st.get("max_seq_length"):
+        max_len = min(max_len, int(st["max_seq_length"]))
+    prompts = (_read(os.path.join(d, "config_sentence_transformers.json")) or {}).get("prompts") or {}
+    return Pooling(mode, "Normalize" in types, max_len, tuple(sorted(prompts.items())))
+
+
+def _rows(lm, texts: list[str], pool: Pooling) -> list[list[int]]:
+    """Token ids of each text as the model reads it: an encoder's [CLS] text [SEP], cut to pool.max_len."""
+    ids = lm.tokenizer.encode_batch(texts)
+    if lm.config.model.family != "bert":
+        return [x[:pool.max_len] for x in ids]
+    from zoo.tasks.mlm import bert_specials
+    sp = bert_specials(lm.tokenizer)
+    return [[sp.cls, *x[:pool.max_len - 2], sp.sep] for x in ids]
+
+
+@functools.partial(jax.jit, static_argnames=("model", "mode", "normalize", "decoder"))
+def _pool(params, ids_BT, valid_BT, *, model, mode: str, normalize: bool, decoder: bool):
+    """float32[B, D]: each row's pooled (and, with `normalize`, unit-length) last hidden states."""
+    if decoder:
+        h_BTD = model.apply({"params": params}, ids_BT, hidden=True)
+    else:
+        from zoo.models.bert import Bert
+        h_BTD = Bert(model.cfg).apply({"params": params["bert"]}, ids_BT, jnp.zeros_like(ids_BT), valid_BT, True)
+    h_BTD = h_BTD.astype(jnp.float32)
+    m_BT1 = valid_BT[..., None].astype(jnp.float32)
+    n_B1 = jnp.maximum(m_BT1.sum(1), 1.0)
+    if mode == "cls":
+        e_BD = h_BTD[:, 0]
+    elif mode == "max":
+        e_BD = jnp.max(jnp.where(m_BT1 > 0, h_BTD, -jnp.inf), 1)
+    elif mode == "last":
+        last_B = valid_BT.sum(1) - 1
+        e_BD = jnp.take_along_axis(h_BTD, last_B[:, None, None], 1)[:, 0]
+    else:
+        e_BD = (h_BTD * m_BT1).sum(1) / (n_B1 if mode == "mean" else jnp.sqrt(n_B1))
+    if normalize:
+        e_BD = e_BD / jnp.maximum(jnp.linalg.norm(e_BD, axis=-1, keepdims=True), 1e-12)
+    return e_BD
+
+
+def embed(lm, texts, *, batch_size: int = 32, normalize: bool | None = None, prompt: str | None = None,
+          prompt_name: str | None = None, progress: bool | None = None) -> np.ndarray:
+    """See Pretrained.embed."""
+    from zoo.api.decoder import texts_of
+    from zoo.infer.encoder import batches, bucket
+    items, single = texts_of(texts, "texts")
+    if batch_size < 1:
+        raise ArgumentError(f"batch_size={batch_size} must be >= 1")
+    if lm.config.task not in ("bert_encoder", "bert_mlm", "bert_cls", "bert_tokens") and \
+            lm.config.model.family == "bert":
+        raise FamilyError(f".embed needs an encoder or a decoder; {lm.source!r} is a {lm.config.task} model")
+    if lm.config.model.family not in ("bert", "gpt"):
+        raise FamilyError(f".embed takes BERT-family encoders and decoders; {lm.source!r} is a "
+                          f"{lm.config.model.family} model, which offers {', '.join(lm.offers())}")
+    pool = pooling_of(lm)
+    prompts = dict(pool.prompts)
+    if prompt_name is not None:
+        if prompt is not None:
+            raise ArgumentError("give prompt or prompt_name, not both")
+        if prompt_name not in prompts:
+            raise ArgumentError(f"prompt_name={prompt_name!r}: {lm.source!r} names "
+                                f"{', '.join(map(repr, prompts)) or 'no prompts'} (config_sentence_transformers.json)")
+        prompt = prompts[prompt_name]
+    if prompt:
+        items = [prompt + t for t in items]
+    rows = _rows(lm, items, pool)
+    for i, r in enumerate(rows):
+        if len(r) == 0:
+            raise ArgumentError(f"text {i} is empty")
+    decoder = lm.config.model.family != "bert"
+    pad = 0
+    if not decoder:
+        from zoo.tasks.mlm import bert_specials
+        pad = bert_specials(lm.tokenizer).pad
+    norm = pool.normalize if normalize is None else bool(normalize)
+    out = np.zeros((len(rows), lm.model.cfg.d_model), np.float32)
+    groups = batches([len(r) for r in rows], batch_size)
+    bar = None
+    if progress or (progress is None and len(rows) >= PROGRESS_AT):
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(rows), desc="embedding", unit="texts")
+    for idx in groups:
+        B = bucket(len(idx), batch_size)
+        T = bucket(max(len(rows[i]) for i in idx), pool.max_len, least=8)
+        ids_BT = np.full((B, T), pad, np.int32)
+        valid_BT = np.zeros((B, T), bool)
+        for b, i in enumerate(list(idx) + [idx[0]] * (B - len(idx))):
+            ids_BT[b, :len(rows[i])] = rows[i]
+            valid_BT[b, :len(rows[i])] = True
+        e_BD = np.asarray(_pool(lm.params, ids_BT, valid_BT, model=lm.model, mode=pool.mode, normalize=norm,
+                                decoder=decoder))
+        out[np.asarray(idx)] = e_BD[:len(idx)]
+        if bar is not None:
+            bar.update(len(idx))
+    if bar is not None:
+        bar.close()
+    return out[0] if single else out
