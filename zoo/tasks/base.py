@@ -35,6 +35,7 @@ class Data:
     tokenizer: Any
     files: dict = dataclasses.field(default_factory=dict)  # name -> text to keep beside the run (labels.json)
     rows: int = 0  # training rows in one epoch, all processes together (train.epochs counts them); 0: unknown
+    packed_examples: int = 0  # examples laid into those rows when several share a row (packing); 0: one a row
     answers: list = dataclasses.field(default_factory=list)  # held-out prompts and answers scored by generation
     examples: dict = dataclasses.field(default_factory=dict)  # encoded examples a task reads once more (dpo)
 
