@@ -32,6 +32,7 @@ from zoo.cli import train as train_cli  # noqa: E402
 from zoo.config import DataConfig, OptimConfig, TrainConfig  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
 from zoo.hf import peft as zoo_peft  # noqa: E402
+from zoo.hf import peft_export  # noqa: E402
 from zoo.train import checkpoint, freeze, runs  # noqa: E402
 
 V = 300
@@ -190,7 +191,7 @@ def test_zoo_to_peft_to_zoo_is_exact(lora_runs, adapters, name, tmp_path):
     # the same layers adapted (lora_targets may name them otherwise: GPT-2 has no `gate`)
     assert runs.load_trained(str(tmp_path / "back"), back)[1] == runs.load_trained(lora, mine)[1]
     np.testing.assert_array_equal(zoo_logits(str(tmp_path / "back")), zoo_logits(lora))
-    zoo_peft.to_peft(str(tmp_path / "back"), str(tmp_path / "again"), verbose=False)
+    peft_export.to_peft(str(tmp_path / "back"), str(tmp_path / "again"), verbose=False)
     first = load_file(os.path.join(adapters[name], "adapter_model.safetensors"))
     again = load_file(str(tmp_path / "again" / "adapter_model.safetensors"))
     assert sorted(first) == sorted(again) and all(first[k].tobytes() == again[k].tobytes() for k in first)
@@ -215,7 +216,7 @@ def test_a_new_head_travels_whole_with_its_adapter_merged_into_it(tmp_path):
     checkpoint.save_weights(lora_run, jax.tree.map(lambda s: 0.2 * rng.standard_normal(s.shape, np.float32),
                                                    trained), cfg)
     hf.to_hf(lora_run, str(tmp_path / "merged"), verbose=False)
-    zoo_peft.to_peft(lora_run, str(tmp_path / "adapter"), verbose=False)
+    peft_export.to_peft(lora_run, str(tmp_path / "adapter"), verbose=False)
     adapter = json.load(open(tmp_path / "adapter" / "adapter_config.json"))
     assert adapter["modules_to_save"] == ["bert.pooler.dense", "classifier"] and adapter["task_type"] is None
     assert not any("classifier.lora" in k for k in load_file(str(tmp_path / "adapter" / "adapter_model.safetensors")))

@@ -1,6 +1,7 @@
-"""Pretrained.save: a loaded (or tuned) model written as a zoo run, a Hugging Face directory or a PEFT adapter,
-by the writers `zoo-convert` uses (zoo.hf.convert.export, zoo.hf.peft.to_peft, zoo.train.checkpoint.save_weights).
-Every format writes into a new or empty directory and checks everything before it writes."""
+"""Pretrained.save: a loaded (or tuned) model written as a zoo run, a Hugging Face directory or a PEFT adapter
+(with its tokenizer's files), by the writers `zoo-convert` uses (zoo.hf.convert.export, zoo.hf.peft_export.to_peft,
+zoo.train.checkpoint.save_weights). Every format writes into a new or empty directory and checks everything before
+it writes."""
 
 from __future__ import annotations
 
@@ -22,13 +23,13 @@ def save(lm, out_dir: str, format: str = "zoo", *, params=None, verbose: bool = 
     out_dir = os.path.expanduser(os.fspath(out_dir))
     params = lm.params if params is None else params
     if format == "peft":
-        from zoo.hf import peft
+        from zoo.hf import peft_export
         if lm.lora_run is None:
             raise ArgumentError(f"format='peft' writes a LoRA run's adapters; {lm.source!r} holds none (train LoRA "
                                 f"with zoo.train(..., overrides={{'model.lora_rank': 16}}) or save with format='hf')")
         if params is not lm.params:
             raise ArgumentError("format='peft' writes the adapters the run trained; params= applies to 'zoo' and 'hf'")
-        peft.to_peft(lm.lora_run, out_dir, verbose=verbose)
+        peft_export.to_peft(lm.lora_run, out_dir, verbose=verbose)
     elif format == "hf":
         from zoo.hf.convert import export
         what = f"{lm.source}" + (f", step {lm.step}" if lm.step is not None else "")

@@ -56,7 +56,8 @@ def main(argv=None) -> int:
             from zoo.hf.gguf import from_gguf
             from_gguf(args.source, args.run_dir)
         elif args.adapter:
-            peft.to_peft(args.run_dir, args.out_dir)
+            from zoo.hf.peft_export import to_peft
+            to_peft(args.run_dir, args.out_dir)
         else:
             hf.to_hf(args.run_dir, args.out_dir)
     except BAD_INPUT as e:

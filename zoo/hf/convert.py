@@ -225,7 +225,7 @@ def check_out_dir(out_dir: str) -> None:
 
 def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     """Export the latest checkpoint of a zoo run as a transformers directory (`export`); a LoRA run's adapters
-    merged (its adapters alone, as a PEFT adapter: zoo.hf.peft.to_peft)."""
+    merged (its adapters alone, as a PEFT adapter: zoo.hf.peft_export.to_peft)."""
     from zoo.train import runs
     # The config and params of one step (the newest that restores whole): never one step's under another's.
     step, cfg, params = runs.load_weights(run_dir)

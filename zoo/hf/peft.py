@@ -1,6 +1,8 @@
-"""LoRA adapters as Hugging Face PEFT files, both ways (torch-free):
+"""LoRA adapters as Hugging Face PEFT files, both ways (torch-free): the import side here, with what both sides
+share (the layers of an architecture as PEFT names them); the export side in zoo.hf.peft_export.
 
-    to_peft(run_dir, out_dir)                   a zoo LoRA run -> adapter_config.json + adapter_model.safetensors
+    peft_export.to_peft(run_dir, out_dir)       a zoo LoRA run -> adapter_config.json + adapter_model.safetensors
+                                                (+ its tokenizer's files)
     from_peft(adapter_dir, run_dir, base=None)  a PEFT LoRA adapter -> a zoo LoRA run on its base (a zoo run,
                                                 or a Hugging Face directory converted into RUN_DIR/base)
 
@@ -44,10 +46,6 @@ from zoo.hf import convert, io, table
 from zoo.nn import lora
 
 CONFIG, WEIGHTS, PREFIX = "adapter_config.json", "adapter_model.safetensors", "base_model.model."
-# PEFT's task types (null: the plain PeftModel, which runs any head): bert_mlm has none, and bert_cls's SEQ_CLS would
-# take the classifier whole (modules_to_save) where zoo's adapters may target it.
-TASK_TYPES = {"gpt_lm": "CAUSAL_LM", "sft": "CAUSAL_LM", "dpo": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM",
-              "bert_encoder": "FEATURE_EXTRACTION"}
 HANDLED = {"peft_type", "task_type", "r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora",
            "modules_to_save", "rank_pattern", "alpha_pattern", "base_model_name_or_path"}
 # Fields that change nothing once the adapter is trained (bookkeeping, initialisation, how layers are addressed
@@ -92,7 +90,7 @@ def _conv(t, shape: tuple, n_in: int, n: int, h: int) -> bool | None:
     return True if np.shape(y) == flat.shape and np.array_equal(y, flat) else None
 
 
-def _layers(cfg, rank: int):
+def layers(cfg, rank: int):
     """(HF module -> Site, row name -> full HF name, rows, every zoo Einsum path) of run config `cfg`'s
     architecture; the Sites' shapes are of rank `rank`."""
     from zoo import tasks
@@ -122,7 +120,7 @@ def _layers(cfg, rank: int):
     return sites, names, rows, set(task.seen)
 
 
-def _suffixes(chosen: set, universe: set) -> list:
+def suffixes(chosen: set, universe: set) -> list:
     """For each path (a tuple) in `chosen`, its shortest trailing piece that ends no path of `universe` outside
     `chosen`: the names (q_proj, query) or path suffixes (attn.c_proj) that pick out exactly `chosen`."""
     out = set()
@@ -132,128 +130,14 @@ def _suffixes(chosen: set, universe: set) -> list:
     return sorted(out)
 
 
-def _hit(module: str, targets) -> bool:
+def hit(module: str, targets) -> bool:
     """PEFT's target_modules match: a regex the whole name matches, or a list of names or dotted suffixes."""
     if isinstance(targets, str):
         return re.fullmatch(targets, module) is not None
     return module in targets or any(module.endswith("." + t) for t in targets)
 
 
-# ---- out ------------------------------------------------------------------------------------------------
-def to_peft(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
-    """Write the adapters (and other trained params, as modules_to_save) of LoRA run `run_dir` as a PEFT adapter
-    for its base (init_from). Everything is checked before anything is written."""
-    from zoo.train import checkpoint, runs
-
-    def read(step):  # the config and trained params of one step, never one step's under another's config
-        c = runs.load_config(run_dir, step)
-        return c, runs.load_trained(run_dir, c, step=step)[0]
-    step, (cfg, trained) = checkpoint.first_restorable(run_dir, read)
-    spec = lora.spec_of(cfg.model)
-    if spec is None:
-        raise ConversionError(f"{run_dir!r} has no LoRA adapters (model.lora_rank=0); export it without --adapter")
-    convert.check_out_dir(out_dir)
-    sites, names, rows, _ = _layers(cfg, spec.rank)
-    trained, r = _flat(jax.device_get(trained)), spec.rank
-    for e in [p.removesuffix("/lora_a") for p in trained if p.endswith("/lora_a") and p[:-6] + "kernel" in trained]:
-        node = {k: trained.pop(f"{e}/{k}") for k in ("kernel", *lora.LEAVES)}  # trained whole (a new head): merged
-        trained[e + "/kernel"] = np.asarray(lora.adapted_kernel(node, spec))
-    tensors, ranks = {}, {}
-    for m, s in sites.items():
-        parts = [(j, e) for j, e in enumerate(s.einsums) if e + "/lora_a" in trained]
-        out = math.prod(s.b[1:])
-        big_b = np.zeros((len(s.einsums) * out, len(parts) * r), np.float32)  # block diagonal: part j's rows
-        for c, (j, e) in enumerate(parts):
-            big_b[j * out:(j + 1) * out, c * r:(c + 1) * r] = np.asarray(trained[e + "/lora_b"]).reshape(r, out).T
-        if parts:  # lora_A [k*r, in]: the parts' A [in..., r] flattened and transposed, stacked
-            a = [np.asarray(trained[e + "/lora_a"], np.float32).reshape(-1, r).T for _, e in parts]
-            tensors[f"{PREFIX}{m}.lora_A.weight"], tensors[f"{PREFIX}{m}.lora_B.weight"] = np.concatenate(a), big_b
-            ranks[m] = len(parts) * r
-    done = {e for m in ranks for e in sites[m].einsums}
-    left = sorted(p.rsplit("/", 1)[0] for p in trained if lora.is_adapter(p) and p.rsplit("/", 1)[0] not in done)
-    if left:
-        raise ConversionError(f"the adapter of {left[0]} has no Hugging Face layer in "
-                              f"{convert.export_converter(cfg.model).ARCHITECTURES[0]}'s key table")
-    save = _modules_to_save(trained, rows, names, cfg)
-    tensors.update({PREFIX + names[n]: v for n, v in table.to_hf(_unflat(trained), save, cfg.model).items()})
-    targets = [".".join(t) for t in _suffixes({tuple(m.split(".")) for m in ranks},
-                                             {tuple(m.split(".")) for m in sites})]
-    pattern = _rank_pattern(ranks, targets, r)
-    adapter = {"peft_type": "LORA", "task_type": TASK_TYPES.get(cfg.task), "r": r, "lora_alpha": spec.alpha,
-               "lora_dropout": spec.dropout, "target_modules": targets, "bias": "none", "use_rslora": False,
-               "fan_in_fan_out": all(sites[m].conv for m in ranks), "use_dora": False, "init_lora_weights": True,
-               "inference_mode": True, "layers_to_transform": None, "layers_pattern": None, "rank_pattern": pattern,
-               "alpha_pattern": {t: spec.alpha * k / r for t, k in pattern.items()},
-               "modules_to_save": sorted({names[n].rsplit(".", 1)[0] for _, n, _ in save}) or None,
-               "base_model_name_or_path": None, "revision": None}
-    adapter["base_model_name_or_path"], how = _base_for_transformers(cfg.init_from, out_dir)
-    _write(out_dir, adapter, tensors)
-    if verbose:
-        saved = f"; modules_to_save: {', '.join(adapter['modules_to_save'])}" if save else ""
-        print(f"wrote {out_dir}: {CONFIG}, {WEIGHTS} (PEFT LoRA r={r} on {len(ranks)} layers{saved}; "
-              f"{convert.count(tensors):,} params of {run_dir}, step {step}) for the base {how}; load it with "
-              f"peft.AutoPeftModelForCausalLM.from_pretrained({out_dir!r})")
-    return {"config": adapter, "tensors": tensors}
-
-
-BASE_DIR = "base"  # beside an adapter whose base transformers cannot open as it is: the base, exported
-
-
-def _base_for_transformers(base_run: str, out_dir: str) -> tuple[str, str]:
-    """(adapter_config.json's base_model_name_or_path, how the `wrote` line says it): the Hugging Face directory or
-    hub id the base run was converted from, where it was one; else (a GGUF file, a base zoo trained) the base
-    exported beside the adapter as a transformers directory, OUT/base, which AutoPeftModelForCausalLM opens."""
-    came = convert.origin(base_run)
-    if came is not None and came["kind"] == "hf":
-        return came["source"], f"{came['source']} (the Hugging Face checkpoint {base_run} was converted from)"
-    path = os.path.abspath(os.path.join(out_dir, BASE_DIR))
-    convert.to_hf(base_run, path, verbose=False)
-    what = f"a GGUF file, {came['source']}" if came else "a model zoo trained"
-    return path, f"{path} ({base_run}, from {what}, exported beside the adapter for transformers)"
-
-
-def _rank_pattern(ranks: dict, targets: list, r: int) -> dict:
-    """rank_pattern: the rank of each target whose modules are not of rank r (fused ones); module by module
-    where one target covers modules of different ranks."""
-    under = {t: {k for m, k in ranks.items() if _hit(m, [t])} for t in targets}
-    if any(len(ks) > 1 for ks in under.values()):
-        return {m: k for m, k in ranks.items() if k != r}
-    return {t: ks.pop() for t, ks in under.items() if ks != {r}}
-
-
-def _modules_to_save(trained: dict, rows: list, names: dict, cfg) -> list:
-    """The rows of the HF modules that trained params (not adapters) fill whole: PEFT saves modules, not tensors."""
-    module = {path: names[n].rsplit(".", 1)[0] for path, n, _ in rows}
-    extra = [p for p in trained if not lora.is_adapter(p)]
-    for p in extra:
-        if p not in module:
-            raise ConversionError(f"the run trained {p}, which {cfg.model.family}'s Hugging Face key table does not "
-                                  f"export; PEFT's modules_to_save cannot hold it")
-    save = [row for row in rows if module[row[0]] in {module[p] for p in extra}]
-    for path, _, _ in save:
-        if path not in trained:
-            raise ConversionError(f"the run trained part of Hugging Face module {module[path]} but not {path}; "
-                                  f"PEFT's modules_to_save holds whole modules")
-    return save
-
-
-def _write(out_dir: str, adapter: dict, tensors: dict) -> None:
-    from safetensors.numpy import save_file
-    existed = os.path.isdir(out_dir)  # new or empty (convert.check_out_dir): left as it was on failure
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, CONFIG), "w") as f:
-            json.dump(adapter, f, indent=2, sort_keys=True)
-        save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
-                  os.path.join(out_dir, WEIGHTS), metadata={"format": "pt"})
-    except OSError as e:
-        shutil.rmtree(out_dir, ignore_errors=True)
-        if existed:
-            os.makedirs(out_dir, exist_ok=True)
-        raise ConversionError(f"cannot write the adapter to {out_dir!r}: {e.strerror or e}") from None
-
-
-# ---- in -------------------------------------------------------------------------------------------------
+# ---- reading adapter_config.json -------------------------------------------------------------------------
 def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -264,7 +148,7 @@ def _positive(v) -> bool:
 
 
 def _regex(template: str, v) -> bool:
-    """`v` a non-empty string that makes a regular expression of `template` (as _hit, _pattern and _targets use it)."""
+    """`v` a non-empty string that makes a regular expression of `template` (as hit, _pattern and _targets use it)."""
     try:
         return isinstance(v, str) and bool(v) and re.compile(template.format(v)) is not None
     except re.error:
@@ -322,7 +206,7 @@ def _targets(c: dict, sites: dict, names: dict, rows: list, got: dict, where: st
     """(the HF modules the adapter adapts, those it saves whole), every tensor of `got` accounted for."""
     universe = sorted({names[n].rsplit(".", 1)[0] for _, n, _ in rows})
     saved = [m for m in universe if any(re.match(rf"(^|.*\.){s}($|\..*)", m) for s in c.get("modules_to_save") or [])]
-    chosen = [m for m in universe if m not in saved and _hit(m, c["target_modules"])]
+    chosen = [m for m in universe if m not in saved and hit(m, c["target_modules"])]
     if not chosen:
         raise ConversionError(f"target_modules={json.dumps(c['target_modules'])} matches no layer of the base ({arch}; "
                               f"its layers: {', '.join(sorted({m.rsplit('.', 1)[-1] for m in sites}))}): an adapter "
@@ -383,7 +267,7 @@ def _plan(c: dict, tensors: dict, base_cfg, base_run: str, where: str):
     from zoo import tasks
     r, alpha = int(c.get("r", 8)), float(c.get("lora_alpha", 8))
     scale = alpha / (math.sqrt(r) if c.get("use_rslora") else r)  # rslora: zoo's alpha is alpha * sqrt(r)
-    sites, names, rows, seen = _layers(base_cfg, r)
+    sites, names, rows, seen = layers(base_cfg, r)
     got = {k.removeprefix(PREFIX): v for k, v in tensors.items()}
     arch = convert.export_converter(base_cfg.model).ARCHITECTURES[0]
     chosen, saved = _targets(c, sites, names, rows, got, where, arch)
@@ -394,7 +278,7 @@ def _plan(c: dict, tensors: dict, base_cfg, base_run: str, where: str):
     adapted = {tuple(p.split("/")[:-1]) for p in params if lora.is_adapter(p)}
     model = dataclasses.replace(base_cfg.model, lora_rank=r, lora_alpha=scale * r, quantize_base="none",
                                 lora_dropout=float(c.get("lora_dropout", 0.0)),
-                                lora_targets=",".join("/".join(t) for t in _suffixes(adapted, seen)))
+                                lora_targets=",".join("/".join(t) for t in suffixes(adapted, seen)))
     trainable = "^(?:" + "|".join(re.escape(p) for p, _, _ in kept) + ")$" if kept else ""
     cfg = dataclasses.replace(base_cfg, model=model, init_from=os.path.abspath(base_run),
                               train=dataclasses.replace(base_cfg.train, trainable=trainable))
