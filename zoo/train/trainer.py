@@ -44,6 +44,7 @@ from zoo.train.metrics import MetricsWriter
 from zoo.train.prefetch import Prefetcher
 from zoo.train.records import duration, eval_line, summarise
 from zoo.train.run_errors import DISK_ERRNOS, disk_failure, diverged
+from zoo.train.sizing import size_warning, steps_of_epochs
 from zoo.train.stops import Stopped, Stopper, stops_at_once  # noqa: F401 (Stopped, stops_at_once: read from here)
 from zoo.train.workdir import own_tokenizer, remove_new
 from zoo.train.workdir_claim import check_workdir, claimed
@@ -189,7 +190,7 @@ def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_ste
             peers.wait(built, "building the token store")
             data = s.task.make_data(cfg, jax.process_index(), jax.process_count())
             if cfg.train.epochs and not resume:  # train.steps from the data's rows; the state fits either schedule
-                cfg = steps_of_epochs(cfg, data.rows, main)
+                cfg = steps_of_epochs(cfg, data.rows, main, data.packed_examples)
                 s = setup(cfg, devices)
             peers.tell(built, None)
         except BaseException as e:
@@ -224,22 +225,6 @@ def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_ste
             raise
 
 
-def steps_of_epochs(cfg: Config, rows: int, main: bool = True) -> Config:
-    """cfg with train.steps = ceil(train.epochs * rows / train.batch_size) when train.epochs > 0 (said in one
-    line); as it is otherwise."""
-    t = cfg.train
-    if not t.epochs:
-        return cfg
-    if rows <= 0:
-        raise ConfigError(f"train.epochs={t.epochs:g}: this task's data has no fixed number of rows (a stream); "
-                          f"set train.steps instead")
-    steps = max(1, math.ceil(t.epochs * rows / t.batch_size))
-    if main:
-        print(f"train.epochs={t.epochs:g}: {steps} steps of {t.batch_size} rows over {rows} training rows",
-              flush=True)
-    return dataclasses.replace(cfg, train=dataclasses.replace(t, steps=steps))
-
-
 def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, progress, quiet) -> dict:
     main = jax.process_index() == 0
     step_fn = s.jit_train_step()
@@ -270,9 +255,13 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
 
         buffered, eval_metrics, t0, t0_step, compile_s, pace = [], {}, time.perf_counter(), start, None, None
         pending = None  # metrics of the newest step, which may still be running
+        run_fn = step_fn  # the step compiled for the first batch's shapes (_compile), once it is
         warn = optim.warmup_warning(cfg.optim, cfg.train.steps)
         if warn and main and start < last:  # said once, as training starts
             print(warn, file=sys.stderr, flush=True)
+        size = size_warning(cfg, data.rows) if start == 0 else None
+        if size and main and start < last:
+            print(size, file=sys.stderr, flush=True)
         guard = Guard(cfg.train.spike_guard, math.log(cfg.model.vocab_size)
                       if getattr(s.task, "UNIFORM_OVER_VOCAB", False) else None)
         watch = objective_watch.of(s.task, main)  # reward, KL, chosen log-prob: warned (stderr), the best reward kept
@@ -294,7 +283,15 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                         stopper.interrupted(e)
                         break
                     batch = to_device(batch, s.mesh)
-                state, m = step_fn(state, batch)
+                if compile_s is None and run_fn is step_fn:  # compiled ahead, to say what compiled and its cost
+                    run_fn = _compile(step_fn, state, batch, cfg, say)
+                try:
+                    state, m = run_fn(state, batch)
+                except TypeError:  # a batch unlike the first (no task's yet): the jitted step compiles for it
+                    if run_fn is step_fn:
+                        raise
+                    run_fn = step_fn
+                    state, m = run_fn(state, batch)
                 step += 1
                 buffered.append((step, m))
                 if pending is not None:  # the host runs at most one step ahead: wait for the step before
@@ -307,6 +304,11 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                     pace = (t0, step)  # the time after the first step: the next log tells how long a step takes
                     say(f"first step: loss {float(first['loss_sum']) / max(float(first['weight']), 1e-9):.4g} "
                         f"(compiled and ran in {compile_s:.1f} s)")
+                elif pace is not None and step == pace[1] + 1 and last > step:  # the time left, from the second step
+                    jax.block_until_ready(m)
+                    per = time.perf_counter() - pace[0]
+                    say(f"{per:.2f} s a step: about {duration(per * (last - step))} for the {last - step} steps left")
+                    pace = None
                 do_eval = cfg.train.eval_every and (step % cfg.train.eval_every == 0 or step == last)
                 do_save = step % cfg.train.save_every == 0 or step == last
                 if step % cfg.train.log_every == 0 or do_eval or do_save or step == last:
@@ -345,11 +347,6 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                                                              data.tokenizer, cfg))
                         record.update(eval_metrics)
                     writer.write(record)
-                    if pace is not None and step > pace[1] and last > step:  # once: the time left, from the first steps
-                        per = (time.perf_counter() - pace[0]) / (step - pace[1])
-                        say(f"{per:.2f} s a step: about {duration(per * (last - step))} for the {last - step} "
-                            f"steps left")
-                        pace = None
                     bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
                                     tok_s=f"{record.get('tokens_per_s', 0):.0f}", refresh=False)
                     if do_eval:
@@ -381,6 +378,23 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
     except BaseException:
         writer.abandon()  # a failed run (a full disk) leaves nothing to flush at exit
         raise
+
+
+def _compile(step_fn, state, batch, cfg: Config, say):
+    """step_fn lowered and compiled for the first batch (the compiled program runs every step), the two costs said:
+    a big model's first step spends minutes here before anything else prints."""
+    first = batch.get("inputs") if isinstance(batch, dict) else None
+    shape = tuple(getattr(first if first is not None else jax.tree.leaves(batch)[0], "shape", ()))
+    say(f"compiling the train step (batch {' x '.join(map(str, shape)) or '?'}"
+        f"{f', LoRA rank {cfg.model.lora_rank}' if cfg.model.lora_rank else ''}"
+        f"{f', {cfg.train.grad_accum} microbatches' if cfg.train.grad_accum > 1 else ''})")
+    t0 = time.perf_counter()
+    lowered = step_fn.lower(state, batch)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    say(f"compiled the train step in {t2 - t0:.1f} s ({t1 - t0:.1f} s to trace and lower, {t2 - t1:.1f} s in XLA)")
+    return compiled
 
 
 def _save(mngr, state, cfg: Config, workdir: str, data, step: int, force: bool = False) -> None:
