@@ -17,12 +17,19 @@
   --compile-for): at every start it looks for its pod's workers and accelerator type and prints what it cannot
   find. `quiet_libtpu` gives it this host and a placeholder type first, only where no TPU chip is on the PCI bus
   and the user set neither, and lets several compile-only clients start at once; a TPU host is left as it is.
+- Hugging Face datasets' progress bars ("Generating train split", "Filter", "tokenizing") stay off while zoo reads
+  and tokenizes a source (`quiet_datasets`, around zoo's own calls into datasets only), in a command or a Python
+  run, in a terminal or not; the user's setting is back afterwards, and HF_DATASETS_DISABLE_PROGRESS_BARS=0 shows them.
+- Python runs: zoo.load and zoo.train (`use_compile_cache`) quiet libtpu as the commands do, which takes effect where
+  they are the first to start jax's backend. XLA's C++ log level cannot follow: jaxlib reads TF_CPP_MIN_LOG_LEVEL
+  once, when jax is imported, so a Python user sets it before (`TF_CPP_MIN_LOG_LEVEL=3 python ...`).
 - Cache directories users name (data.cache_dir, zoo-eval's --cache-dir): `check_cache_dir` refuses one that
   cannot take files in one line naming the setting, before any work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import sys
@@ -84,9 +91,11 @@ def prepare_command(env=None) -> None:
 
 
 def use_compile_cache() -> None:
-    """For a library call (zoo.load, zoo.train): turn on zoo's compilation cache unless jax has one already."""
+    """For a library call (zoo.load, zoo.train): turn on zoo's compilation cache unless jax has one already, and
+    quiet libtpu as a command does (read when jax's backend starts: nothing changes once it has)."""
     import jax
     quiet_cache_failures()
+    quiet_libtpu()
     path = compile_cache_dir()
     if path is not None and not jax.config.jax_compilation_cache_dir:
         try:
@@ -94,6 +103,23 @@ def use_compile_cache() -> None:
         except OSError:  # an unwritable cache directory only costs the compiles
             return
         jax.config.update("jax_compilation_cache_dir", path)
+
+
+@contextlib.contextmanager
+def quiet_datasets():
+    """datasets' progress bars off for the body, as they were afterwards (see the module's docstring)."""
+    import datasets
+    import datasets.config
+    if datasets.config.HF_DATASETS_DISABLE_PROGRESS_BARS is False:  # HF_DATASETS_DISABLE_PROGRESS_BARS=0: shown
+        yield
+        return
+    shown = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
 
 
 def check_cache_dir(cache_dir: str, name: str = "data.cache_dir", example: str = "--set data.cache_dir=~/.cache/zoo"

@@ -5,7 +5,8 @@ Sources (data.source): `builtin` (Python's own pydoc topics: real English, alway
 Hugging Face hub dataset (`hub:NAME[/CONFIG]`), or local files (a txt/json/jsonl/parquet/csv/tsv file, a
 directory of them, or a glob, all of one type). `load_hub` and `load_local` are shared with the labelled
 tasks. A CSV/TSV file has a header row naming its columns; a column of whole numbers reads as int64
-(labels), other columns as strings, and only an empty cell is missing (None).
+(labels), other columns as strings, and only an empty cell is missing (None). datasets' progress bars stay off
+while it reads (zoo.runtime.quiet_datasets).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import datasets
 
 from zoo.data import shakespeare
 from zoo.errors import ZooDataError
+from zoo.runtime import quiet_datasets
 
 
 def _builtin_texts() -> list[str]:
@@ -134,7 +136,7 @@ def load_hub(cfg) -> datasets.Dataset:
     name, config = parse_hub(cfg.source)
     online = hub_reachable()
     try:
-        with contextlib.nullcontext() if online else _offline():
+        with contextlib.nullcontext() if online else _offline(), quiet_datasets():
             return datasets.load_dataset(name, config, split=cfg.split)
     except Exception as e:
         why = "" if online else f"; {hub_host()[0]} is unreachable and it is not in the local cache"
@@ -149,7 +151,8 @@ def load_local(cfg) -> datasets.Dataset:
     # Local files are read once per store, so their Arrow copy stays beside the stores, not in the HF cache.
     cache = os.path.join(os.path.expanduser(cfg.cache_dir), "hf")
     try:
-        ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cache, **kwargs)
+        with quiet_datasets():
+            ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cache, **kwargs)
     except Exception as e:
         raise ZooDataError(f"data.source={cfg.source!r} could not be read as {kind} ({_short(e)})") from None
     if kind in ("csv", "tsv"):
@@ -199,7 +202,8 @@ def load_documents(cfg) -> datasets.Dataset:
     ds = ds.select_columns([col])
     if col != "text":
         ds = ds.rename_column(col, "text")
-    ds = ds.filter(lambda b: [bool(t and t.strip()) for t in b["text"]], batched=True)
+    with quiet_datasets():
+        ds = ds.filter(lambda b: [bool(t and t.strip()) for t in b["text"]], batched=True)
     if len(ds) == 0:
         raise ZooDataError(f"data.source={cfg.source!r} has no non-empty text in column {col!r}")
     return ds

@@ -20,6 +20,7 @@ import numpy as np
 from zoo.data.corpus import NAMED, load_documents, local_files
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ZooDataError
+from zoo.runtime import quiet_datasets
 
 FORMAT_VERSION = 1  # bump when the store layout or the train/val split changes: old stores are then ignored
 DOCS_PER_PROC = 1000  # below this many documents per process, forking costs more than it saves
@@ -107,14 +108,15 @@ def _build(cfg, tokenizer, key: str, tmp: str) -> None:
                 "u": [doc_hash(t) for t in batch["text"]]}
 
     num_proc = min(cfg.num_proc, max(1, len(docs) // DOCS_PER_PROC))
-    tokenized = docs.map(
-        tokenize, batched=True, batch_size=1000, num_proc=num_proc if num_proc > 1 else None,
-        remove_columns=docs.column_names,
-        features=datasets.Features({"ids": datasets.List(datasets.Value(dtype.name)),
-                                    "u": datasets.Value("float64")}),
-        # The Arrow intermediate lives in the temp dir, so it vanishes with it; a given fingerprint
-        # spares datasets from hashing the tokenizer (a BPE table) to name the cache file.
-        cache_file_name=os.path.join(tmp, "arrow", "ids.arrow"), new_fingerprint=key, desc="tokenizing")
+    with quiet_datasets():  # its "tokenizing" bar
+        tokenized = docs.map(
+            tokenize, batched=True, batch_size=1000, num_proc=num_proc if num_proc > 1 else None,
+            remove_columns=docs.column_names,
+            features=datasets.Features({"ids": datasets.List(datasets.Value(dtype.name)),
+                                        "u": datasets.Value("float64")}),
+            # The Arrow intermediate lives in the temp dir, so it vanishes with it; a given fingerprint
+            # spares datasets from hashing the tokenizer (a BPE table) to name the cache file.
+            cache_file_name=os.path.join(tmp, "arrow", "ids.arrow"), new_fingerprint=key, desc="tokenizing")
     is_val = val_documents(tokenized.data.column("u").to_numpy(), cfg.val_fraction)
     counts = _write_tokens(tokenized, is_val, tmp, dtype)
     del tokenized

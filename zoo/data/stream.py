@@ -28,6 +28,7 @@ from datasets.distributed import split_dataset_by_node
 from zoo.data import batches, corpus
 from zoo.data.store import doc_hash
 from zoo.errors import ZooDataError
+from zoo.runtime import quiet_datasets
 
 STATE_FORMAT = 1  # bump when the saved stream state changes meaning
 
@@ -40,7 +41,7 @@ def open_stream(cfg) -> datasets.IterableDataset:
         name, config = corpus.parse_hub(cfg.source)
         online = corpus.hub_reachable()
         try:
-            with contextlib.nullcontext() if online else corpus._offline():
+            with contextlib.nullcontext() if online else corpus._offline(), quiet_datasets():
                 return datasets.load_dataset(name, config, split=cfg.split, streaming=True)
         except Exception as e:
             why = "" if online else f"; {corpus.hub_host()[0]} is unreachable and it is not in the local cache"
@@ -49,7 +50,8 @@ def open_stream(cfg) -> datasets.IterableDataset:
     files = corpus.local_files(cfg.source)
     builder, kwargs = corpus.READERS[corpus.BUILDERS[corpus._ext(files[0])]]
     try:
-        return datasets.load_dataset(builder, data_files=files, split="train", streaming=True, **kwargs)
+        with quiet_datasets():  # its "Resolving data files" bar
+            return datasets.load_dataset(builder, data_files=files, split="train", streaming=True, **kwargs)
     except Exception as e:
         raise ZooDataError(f"data.source={cfg.source!r} could not be streamed ({corpus._short(e)})") from None
 
