@@ -10,6 +10,7 @@
     zoo-eval runs/ner --data test.jsonl --text-column tokens --label-column ner_tags  # entity P/R/F1 per type
     zoo-eval runs/mlm --data held_out.txt               # a masked-LM run: pseudo-accuracy on masked tokens
     zoo-eval runs/s2s --data pairs.jsonl --beam 4       # an encoder-decoder run: BLEU and exact match
+    zoo-eval MINILM --task retrieval scifact/          # embeddings on a BEIR folder: nDCG@10, MRR@10, recall@k
 
 Run the same command on every process of a multi-host job (zoo.distributed: started by itself on SLURM, Open
 MPI and TPU pods, or by --coordinator/--num-processes/--process-id): each scores its share of the documents
@@ -27,7 +28,9 @@ token-classification run (task bert_tokens) is scored on a word-tagged source (-
 accuracy: zoo.tasks.token_classify.evaluate_source, zoo.tasks.entities. A masked-LM run (bert_mlm) reports
 its pseudo-accuracy, loss and perplexity on masked tokens of a held-out source: zoo.eval.mlm. An encoder-decoder
 run (seq2seq) decodes a source/target file (--source-column, --target-column; greedy or --beam N) and reports
-corpus BLEU and exact match, printing the worst rows: zoo.eval.seq2seq.
+corpus BLEU and exact match, printing the worst rows: zoo.eval.seq2seq. Any encoder or decoder embeds the queries
+and the corpus of a BEIR-layout folder (Pretrained.embed) and is scored by exact cosine search: nDCG@10, MRR@10
+and recall@1/10/100, zoo.eval.retrieval.
 """
 
 from __future__ import annotations
@@ -44,14 +47,15 @@ from zoo import runtime
 from zoo.cli import BAD_INPUT, error
 from zoo.cli.eval_table import table
 
-TASKS = ("perplexity", "choice", "generate", "classify", "tokens", "mlm", "translate")
+TASKS = ("perplexity", "choice", "generate", "classify", "tokens", "mlm", "translate", "retrieval")
 # A run of these tasks is scored by its own kind of evaluation.
 RUN_TASKS = {"bert_cls": "classify", "bert_tokens": "tokens", "bert_mlm": "mlm", "seq2seq": "translate"}
 NEEDS_DATA = {"classify": "a labelled file, directory or hub:NAME to classify",
               "tokens": "a labelled file, directory or hub:NAME to tag",
               "mlm": "a held-out text source (builtin, a file, a directory, hub:NAME) to mask and predict",
               "translate": "a source/target file, directory or hub:NAME to translate",
-              "perplexity": "a text source to score (builtin, a file, a directory, hub:NAME)"}
+              "perplexity": "a text source to score (builtin, a file, a directory, hub:NAME)",
+              "retrieval": "a BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--held-out", action="store_true",
                     help="perplexity: only the documents a zoo run's training held out (its data.val_fraction, "
                          "split by document hash as the token store splits)")
-    ap.add_argument("--split", default="train", help="the split of a hub or local dataset (default: %(default)s)")
+    ap.add_argument("--split", help="the split of a hub or local dataset (default: train; retrieval: the qrels' test)")
     ap.add_argument("--max-docs", type=int, help="score the first N documents (questions with --task choice)")
     ap.add_argument("--stride", type=int, help="tokens between window starts (default: half the context)")
     ap.add_argument("--delimiter", default=" ", help="choice: put between context and each choice "
@@ -96,6 +100,9 @@ def _check_args(a) -> None:
     from zoo.errors import ZooDataError
     if a.task == "perplexity" and _run_task(a.workdir) in RUN_TASKS:  # a classifier has no perplexity
         a.task = RUN_TASKS[_run_task(a.workdir)]
+    a.split = a.split or ("test" if a.task == "retrieval" else "train")
+    if a.task == "retrieval" and a.file and not a.data:  # zoo-eval MODEL --task retrieval DIR
+        a.data, a.file = a.file, None
     if a.task in NEEDS_DATA and not a.data:
         raise ZooDataError(f"give --data SOURCE: {NEEDS_DATA[a.task]}")
     if a.held_out and a.task != "perplexity":
@@ -174,6 +181,17 @@ def classify(a) -> dict:
     if _gather("classify", {}) is None:  # several processes: each scored every row; process 0 prints
         return None
     return {"run": a.workdir, "data": a.data, **out}
+
+
+def retrieval(a) -> dict:
+    import zoo
+    from zoo.eval import retrieval as beir
+    if not os.path.isdir(a.data):
+        raise FileNotFoundError(f"--data {a.data!r}: no such folder ({NEEDS_DATA['retrieval']})")
+    out = beir.evaluate(zoo.load(a.workdir), a.data, split=a.split, batch_size=a.batch_size, max_docs=a.max_docs)
+    if _gather("retrieval", {}) is None:  # several processes: each searched every query; process 0 prints
+        return None
+    return {"run": a.workdir, "data": a.data, "split": a.split, **out}
 
 
 def tokens(a) -> dict:
@@ -358,7 +376,7 @@ def main(argv=None) -> int:
         if several:  # several processes: jax.distributed before any other jax call
             distributed.start(a)
         result = {"choice": choice, "generate": generate, "perplexity": perplexity, "classify": classify,
-                  "tokens": tokens, "mlm": mlm, "translate": translate}[a.task](a)
+                  "tokens": tokens, "mlm": mlm, "translate": translate, "retrieval": retrieval}[a.task](a)
     except (*BAD_INPUT, distributed.DistributedError, TrainError) as e:
         return error(e)
     if result is None:  # not process 0: it prints the sums

@@ -7,6 +7,11 @@ def table(r: dict) -> str:
     """What zoo-eval prints for a result (without --json): a header naming the run, the data and how it was scored,
     then the metrics of its kind (token classification, masked LM, translation, classification, generation,
     multiple choice or perplexity) and, where the kind has them, the worst rows."""
+    if "ndcg@10" in r:
+        rows = [("queries", f"{r['queries']:,}"), ("documents", f"{r['documents']:,}")]
+        rows += [(k, f"{v:.4f}") for k, v in r.items() if "@" in k]
+        return "\n".join([f"{r['run']} on {r['data']} (retrieval, split {r['split']}, exact cosine search)",
+                          *(f"  {k:<11}{v}" for k, v in rows)])
     if "per_type" in r:
         lines = [f"{r['run']} on {r['data']} (token classification, {r['examples']:,} examples, {r['words']:,} "
                  f"words, {r['truncated']} truncated)",
