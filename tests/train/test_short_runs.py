@@ -43,7 +43,8 @@ def test_a_short_run_logs_about_ten_times_and_says_so(capsys):
     assert (cfg.train.steps, cfg.train.log_every) == (23, 2)
     line = capsys.readouterr().out.strip()
     assert line.startswith("train.epochs=3: 23 steps of 8 rows over 15 training rows (60 examples packed; ")
-    assert "23 updates unpacked, and 6 packed" in line and "drawn about 12.3 times" in line
+    assert "packed rows would be 6 steps" in line and "unpacked would (23), up to 30: each row drawn about 12.3 times" \
+        in line
     assert line.endswith("a line every 2 steps (train.log_every=2)")
     long = sizing.steps_of_epochs(Config(train=RECIPE), 1000, False)
     assert (long.train.steps, long.train.log_every) == (375, 10)  # never raised

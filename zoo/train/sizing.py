@@ -43,9 +43,10 @@ def steps_of_epochs(cfg: Config, rows: int, main: bool = True, examples: int = 0
         if min(MIN_UPDATES, unpacked) > steps:
             steps = min(MIN_UPDATES, unpacked)
             line = (f"train.epochs={t.epochs:g}: {steps} steps of {t.batch_size} rows over {rows} training rows "
-                    f"({examples} examples packed; {t.epochs:g} epochs of them would be {unpacked} updates unpacked, "
-                    f"and {math.ceil(t.epochs * rows / t.batch_size)} packed: a small set trains at least "
-                    f"{MIN_UPDATES}, each row drawn about {steps * t.batch_size / rows:.1f} times)")
+                    f"({examples} examples packed; {t.epochs:g} epochs of the packed rows would be "
+                    f"{math.ceil(t.epochs * rows / t.batch_size)} steps, so a small set trains as many as "
+                    f"{t.epochs:g} epochs of its examples unpacked would ({unpacked}), up to {MIN_UPDATES}: each row "
+                    f"drawn about {steps * t.batch_size / rows:.1f} times)")
     log_every = max(1, min(t.log_every, steps // SHORT_LOG))
     if log_every != t.log_every:
         line += f"; a line every {log_every} step{'s' * (log_every > 1)} (train.log_every={log_every})"
