@@ -9,7 +9,8 @@ fine-tune's. The data stays SRC's (the built-in corpus for a converted checkpoin
 Before anything is converted, the data and settings a fine-tune names are checked against the config it will
 train (`precheck`): a wrong column, file type or task setting is reported in seconds, not after minutes of
 conversion. A start stopped during or after the conversion (a signal, kill -9) leaves a workdir the same command
-goes on in: a complete base (base/CONVERTED) is reused, an incomplete one converted again.
+goes on in: a complete base (base/CONVERTED) is reused, an incomplete one converted again. A GGUF file is
+converted once, into zoo.load's cache, and each run's base is linked from there (`from_cache`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ def base_run(src: str, workdir: str, dry: bool = False):
     if dry and adapter:
         return peft.from_peft(src, base, dry=True)["config"], base
     if dry and gguf:
+        from zoo.api.load import converted_path
+        if os.path.isdir(os.path.join(converted_path(src), "checkpoints")):  # zoo.load's conversion: nothing to do
+            return runs.load_config(converted_path(src)), base
         import tempfile
         with tempfile.TemporaryDirectory(prefix="zoo-print-config-") as tmp:
             from_gguf(src, os.path.join(tmp, "base"), verbose=False)
@@ -88,7 +92,7 @@ def base_run(src: str, workdir: str, dry: bool = False):
         shutil.rmtree(base, ignore_errors=True)  # what a start killed while converting left
         try:
             if gguf:
-                from_gguf(src, base)
+                from_cache(src, base)
             elif adapter:
                 peft.from_peft(src, base)
             else:
@@ -98,6 +102,35 @@ def base_run(src: str, workdir: str, dry: bool = False):
             shutil.rmtree(workdir if created else base, ignore_errors=True)  # nothing half-converted stays behind
             raise
     return runs.load_config(base), base
+
+
+def from_cache(src: str, base: str) -> None:
+    """WORKDIR/base of the GGUF file `src` from zoo.load's cached conversion of it (zoo.api.load.converted_gguf,
+    which converts it there first when absent, so a later zoo.load or run is free too): every file hard-linked
+    (copied across file systems) into a temporary directory beside `base`, renamed into place once whole. The
+    cache is never written through the links: a run only reads its base, and converted.json is a new file."""
+    import tempfile
+    import time
+    from zoo.api.load import converted_gguf, converted_path
+    had = os.path.isdir(os.path.join(converted_path(src), "checkpoints"))
+    t0 = time.perf_counter()
+    cached = converted_gguf(src)
+    tmp = tempfile.mkdtemp(prefix=".base-", dir=os.path.dirname(os.path.abspath(base)))
+    try:
+        shutil.copytree(cached, os.path.join(tmp, "base"), copy_function=_link_or_copy)
+        os.replace(os.path.join(tmp, "base"), base)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    how = "made earlier by zoo.load or a run: nothing converted" if had else \
+        f"converted now, in {time.perf_counter() - t0:.0f} s; the next run or zoo.load reuses it"
+    print(f"{base}: linked from {cached}, zoo's conversion of {src} ({how})", flush=True)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links refused: a copy
+        shutil.copy2(src, dst)
 
 
 CONVERTED = "converted.json"  # in WORKDIR/base, written last: {"source": what was converted into it}
