@@ -77,7 +77,7 @@ class Watch:
 def _values(xs: list[float]) -> str:
     """A metric's course in a few values: the first, up to 3 middle ones, the last."""
     show = xs if len(xs) <= 5 else [xs[0], *xs[1:-1][-3:], xs[-1]]
-    return " -> ".join(f"{x:.3g}" for x in show)
+    return " -> ".join(f"{x:.4g}" for x in show)
 
 
 class RewardWatch(Watch):
