@@ -216,7 +216,7 @@ HOSTILE = [  # (what, path, body: a dict, raw bytes or an iterator of bytes (sen
      "model_not_found"),
     ("a chat template that fails", CHAT, {"messages": [{"role": "user", "content": "boom"}]}, 400,
      "the chat template (chat_template.jinja) failed: TemplateError: no boom here", "messages", None),
-    ("an unknown route", "/v1/embeddings", {"input": "x"}, 404, "Invalid URL (POST /v1/embeddings)", None, None),
+    ("an unknown route", "/v1/rerank", {"input": "x"}, 404, "Invalid URL (POST /v1/rerank)", None, None),
     *[(f"'{name}', not implemented", path, {**base, name: value}, 400, f"'{name}' is not implemented", name,
        "unsupported_parameter")
       for name, value, path, base in [("tools", [{"type": "function", "function": {"name": "f"}}], CHAT, {}),
@@ -308,3 +308,12 @@ def test_ctrl_c_stops_the_server_promptly(server):
     _, err = p.communicate(timeout=30)
     assert time.perf_counter() - t < 8.0 and p.returncode == 0
     assert "Traceback" not in err, err[-2000:]
+
+
+def test_a_decoders_server_answers_embeddings_between_decode_chunks(server):
+    """/v1/embeddings on the decoder's server: its last token's hidden state, as Pretrained.embed gives it."""
+    url, _, run = server
+    want = zoo.load(run).embed(["Hi there", "x"])
+    r = client(url).embeddings.create(model="run", input=["Hi there", "x"])
+    import numpy as np
+    np.testing.assert_allclose(np.asarray([d.embedding for d in r.data]), want, atol=1e-5)

@@ -5,12 +5,14 @@
     python -c "import openai; c = openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='x'); \\
         print(c.chat.completions.create(model='chat', messages=[{'role': 'user', 'content': 'Hi'}]))"
 
-SOURCE is a zoo run, a Hugging Face directory, a GGUF file or a PEFT adapter directory (whatever zoo.load reads);
-a decoder only (a BERT or encoder-decoder is refused in one line). The address is taken first, so a port in use
-is one `error:` line before anything loads; the chat template is rendered once on a tiny conversation before the
-server answers (a template that fails is one line, not a 500 for each chat request). Every program is compiled
-before the server answers (the prefill of each prompt-length bucket and of a long prompt's pieces, and the decode
-chunk: zoo.serve.engine), said in one line with how long it took. Needs the serve extra: pip install -e '.[serve]' (FastAPI and uvicorn).
+SOURCE is a zoo run, a Hugging Face directory, a GGUF file or a PEFT adapter directory (whatever zoo.load reads); a
+decoder, or a BERT-family encoder (all-MiniLM-L6-v2), which answers /v1/embeddings alone (an encoder-decoder is
+refused in one line). A decoder answers /v1/embeddings too, with its last token's hidden state. The address is taken
+first, so a port in use is one `error:` line before anything loads; the chat template is rendered once on a tiny
+conversation before the server answers (a template that fails is one line, not a 500 for each chat request). Every
+program is compiled before the server answers (the prefill of each prompt-length bucket and of a long prompt's
+pieces, and the decode chunk: zoo.serve.engine), said in one line with how long it took. Needs the serve extra: pip
+install -e '.[serve]' (FastAPI and uvicorn).
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ def main(argv=None) -> int:
         from zoo.serve.app import create_app
         from zoo.serve.engine import Engine
         lm = zoo.load(a.source)
+        if lm.config.model.family == "bert":  # an embedding model: /v1/embeddings alone, no engine
+            return _serve_encoder(a, lm, sock, uvicorn)
         decoder.require_decoder(lm, "serve")
         decoder.prompt_tokens(lm, conversations=[[{"role": "user", "content": "Hi"}]])  # the chat template renders
         engine = Engine(lm, slots=a.slots, max_len=a.max_len or min(lm.config.window, 2048), chunk=a.chunk,
@@ -103,6 +107,26 @@ def main(argv=None) -> int:
         pass
     finally:
         engine.stop()
+    print("stopped", flush=True)
+    return 0
+
+
+def _serve_encoder(a, lm, sock, uvicorn) -> int:
+    """An encoder (all-MiniLM-L6-v2, any BERT-family checkpoint) served for /v1/embeddings; its first batch
+    compiled before the port answers."""
+    from zoo.serve.app import create_app
+    lm.embed(["warm"])
+    model_id = a.model_id or os.path.basename(os.path.normpath(a.source))
+    print(f"serving {model_id} on http://{a.host}:{a.port}/v1 (embeddings, {lm.model.cfg.d_model} dimensions); "
+          f"Ctrl-C stops", flush=True)
+    app = create_app(None, lm=lm, model_id=model_id, api_key=a.api_key, max_request_bytes=a.max_request_bytes,
+                     max_prompts=a.max_prompts)
+    server = uvicorn.Server(uvicorn.Config(app, host=a.host, port=a.port, log_level="warning",
+                                           timeout_graceful_shutdown=1))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
     print("stopped", flush=True)
     return 0
 

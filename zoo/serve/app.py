@@ -8,6 +8,8 @@ one engine (zoo.serve.engine) and stream or gather what comes back; nothing here
     POST /v1/completions         prompt (a string or a list of them), the same settings, logprobs (k: each token's
                                  log-probability and the k likeliest at its position; with echo the prompt's tokens
                                  scored too, as zoo-eval scores them) and echo
+    POST /v1/embeddings          input (a string or a list of them), encoding_format (float, base64):
+                                 zoo.serve.embeddings; an encoder's server (no engine) answers this route alone
 
 Every response carries `usage` (prompt, completion and total tokens; a stream in its last chunk). Errors are
 OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 for a malformed body, a bad value, a field zoo
@@ -93,12 +95,21 @@ class Choice:
 
 
 def create_app(engine, *, model_id: str, api_key: str | None = None, max_request_bytes: int = 8 << 20,
-               max_prompts: int = 256):
+               max_prompts: int = 256, lm=None):
     """The FastAPI app serving `engine` (started by zoo.cli.serve): bodies over `max_request_bytes` and completion
-    requests of more than `max_prompts` prompts are refused with a 413."""
+    requests of more than `max_prompts` prompts are refused with a 413. An encoder has no engine (None): its `lm`
+    answers /v1/embeddings alone."""
     from zoo.api import decoder
+    from zoo.serve import embeddings
     app = FastAPI(title="zoo-serve", docs_url=None, redoc_url=None)
-    lm, tok = engine.lm, engine.lm.tokenizer
+    lm = engine.lm if engine is not None else lm
+    tok = lm.tokenizer
+    one_at_a_time = asyncio.Lock()  # an encoder's embeddings, without an engine to take turns on
+
+    def decoding() -> None:
+        if engine is None:
+            raise ApiError(400, f"'{model_id}' is an embedding model (an encoder): this server answers "
+                                f"/v1/embeddings only")
 
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
@@ -127,6 +138,8 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
 
     @app.get("/health")
     async def health():
+        if engine is None:
+            return {"status": "ok", "model": model_id, "serves": "embeddings"}
         return {"status": "ok" if not engine.stopping.is_set() else "stopping", "model": model_id,
                 "slots": engine.slots, "active": engine.active(), "waiting": engine.waiting.qsize(),
                 "chunks": engine.batches, "sequences": engine.admitted, "scored": engine.scored}
@@ -253,6 +266,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
+        decoding()
         body = await body_of(request, CHAT_NOT_IMPLEMENTED)
         s = sampling(body, None)
         messages = body.get("messages")
@@ -289,6 +303,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
 
     @app.post("/v1/completions")
     async def completions(request: Request):
+        decoding()
         body = await body_of(request, COMPLETION_NOT_IMPLEMENTED)
         prompt = body.get("prompt")
         texts = [prompt] if isinstance(prompt, str) else prompt
@@ -329,6 +344,20 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
         usage_ = usage(prompts, choices, s["n"])
         answer = (completion_response, tok, rid, model_id, rows, scored, echo, logprobs, usage_)
         return answer[0](*answer[1:]) if small and scored is None else await asyncio.to_thread(*answer)
+
+    @app.post("/v1/embeddings")
+    async def embed(request: Request):
+        body = await body_of(request, {})
+        texts = embeddings.texts_of(body, max_prompts)
+        if engine is None:
+            async with one_at_a_time:
+                vectors = await asyncio.to_thread(lm.embed, texts)
+        else:  # between two decode chunks, on the engine's thread
+            try:
+                vectors = await asyncio.wrap_future(engine.job(lambda: lm.embed(texts)))
+            except RuntimeError as e:
+                raise ApiError(503, str(e), "server_error") from None
+        return await asyncio.to_thread(embeddings.response, lm, body, texts, vectors, model_id)
 
     return app
 
