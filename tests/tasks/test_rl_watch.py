@@ -82,8 +82,10 @@ def test_the_users_dpo_run_pushing_the_chosen_answers_down_is_warned_of_and_a_ca
     assert "dpo.beta" in lines[0] and capsys.readouterr().err.splitlines() == lines
     calm = [dpo_records([-3.5, -3.2, -3.0, -2.9], [0.0, 0.4, 0.9, 1.3]),  # chosen up, margin up: as meant
             dpo_records([-3.5, -5.8, -4.0, -6.0], [0.0, 0.5, 0.6, 0.7]),  # one noisy batch under the bound
-            dpo_records([-3.5, -6.0, -7.0, -8.0], [0.0, -0.1, -0.3, -0.5])]  # both down, the margin too: no gain
-    assert [watched(objective_watch.PreferenceWatch(), r) for r in calm] == [[], [], []]
+            dpo_records([-3.5, -6.0, -7.0, -8.0], [0.0, -0.1, -0.3, -0.5]),  # both down, the margin too: no gain
+            # long answers (the shipped config's): summed over ~100 tokens, a healthy run's small drop per token
+            dpo_records([-60.0, -63.0, -68.0, -74.0], [0.0, 10.0, 30.0, 60.0])]
+    assert [watched(objective_watch.PreferenceWatch(), r) for r in calm] == [[], [], [], []]
 
 
 def test_the_watch_follows_the_tasks_watch_name():

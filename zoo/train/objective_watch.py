@@ -35,9 +35,13 @@ KL_MAX = 1.0
 # (repeating 'free free free') has all of them there. Warned only when the share rose to it: a run that starts
 # there has a cap too short for its answers, not a collapse.
 CAP_SHARE = 0.9
-# DPO: the chosen answers' summed log-probability this many nats under where it started while the margin rose: both
-# answers pushed down, the chosen less (the user's: -3.5 -> -7.3); greedy answers get worse although accuracy holds.
+# DPO: the chosen answers' summed log-probability this many nats under where it started, and by more than
+# CHOSEN_SHARE of its starting size, while the margin rose: both answers pushed down, the chosen less (the user's:
+# -3.5 -> -7.3, more than doubled); greedy answers get worse although accuracy holds. A healthy run lowers the
+# chosen answers' summed log-probability a little too (a 100-token answer losing 0.02 nats a token is 2 nats): the
+# share keeps long answers from being warned of for that.
 CHOSEN_DROP = 2.0
+CHOSEN_SHARE = 0.5
 SUSTAINED = 2  # logged records in a row a condition must hold before it is said (one noisy batch is not a trend)
 
 
@@ -175,7 +179,7 @@ class PreferenceWatch(Watch):
         self.chosen.append(float(record["logps/chosen"]))
         self.margins.append(float(record["rewards/margins"]))
         c0, c, m0, m = self.chosen[0], self.chosen[-1], self.margins[0], self.margins[-1]
-        if self._held("chosen", c < c0 - CHOSEN_DROP and m > m0):
+        if self._held("chosen", c < c0 - max(CHOSEN_DROP, CHOSEN_SHARE * abs(c0)) and m > m0):
             self._say("chosen", f"warning: step {step}: the chosen answers' log-probability fell {c0 - c:.3g} nats "
                                 f"({_values(self.chosen)}) while the margin rose ({m0:.3g} -> {m:.3g}): DPO is pushing "
                                 f"the chosen answers down with the rejected ones, and greedy answers get worse; try a "
