@@ -68,9 +68,11 @@ def test_every_convert_subcommand_ends_with_what_it_wrote_where(tmp_path, capsys
 
     back = str(tmp_path / "back")
     assert convert.main(["to-hf", lora, back, "--adapter"]) == 0
-    assert sorted(os.listdir(back)) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert sorted(os.listdir(back)) == ["adapter_config.json", "adapter_model.safetensors", "tokenizer.json",
+                                        "tokenizer_config.json"]  # the run's tokenizer (bytes) beside the adapter
     assert last_line(capsys) == (
-        f"wrote {back}: adapter_config.json, adapter_model.safetensors (PEFT LoRA r=4 on 2 layers; "
+        f"wrote {back}: adapter_config.json, adapter_model.safetensors, tokenizer.json, tokenizer_config.json "
+        f"(PEFT LoRA r=4 on 2 layers; "
         f"{params_in(os.path.join(back, 'adapter_model.safetensors')):,} params of {lora}, step 0) for the base "
         f"{os.path.abspath(hf_dir)} (the Hugging Face checkpoint {os.path.join(lora, 'base')} was converted from); "
         f"load it with peft.AutoPeftModelForCausalLM.from_pretrained({back!r})")
