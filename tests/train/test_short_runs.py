@@ -97,5 +97,9 @@ def test_a_small_packed_chat_set_sized_in_epochs_trains_its_floor_and_logs_each_
     every = max(1, want // 10)
     assert (out["setup"].cfg.train.steps, out["setup"].cfg.train.log_every) == (want, every)
     assert [r["step"] for r in out["records"]] == sorted({s for s in range(1, want + 1) if s % every == 0} | {want})
-    assert f"train.epochs=3: {want} steps of 8 rows over {rows} training rows ({examples} examples packed" in \
-        capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"train.epochs=3: {want} steps of 8 rows over {rows} training rows ({examples} examples packed" in said
+    # No bar off a terminal: each logged step is said as it goes (no evaluation here to say it instead).
+    lines = [x for x in said.splitlines() if re.match(r"step \d+ of ", x)]
+    assert [int(x.split()[1]) for x in lines] == [r["step"] for r in out["records"]]
+    assert lines[0] == f"step {every} of {want}: loss {out['records'][0]['loss']:.4g}, lr {out['records'][0]['lr']:.2e}"

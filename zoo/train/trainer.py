@@ -351,6 +351,8 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                                     tok_s=f"{record.get('tokens_per_s', 0):.0f}", refresh=False)
                     if do_eval:
                         say(eval_line(record))
+                    elif cfg.train.epochs and bar.disable:  # a run sized in epochs (a fine-tune) is said as it goes
+                        say(f"step {step} of {last}: loss {record['loss']:.4g}, lr {record['lr']:.2e}")
                     if do_save:
                         _save(mngr, state, cfg, workdir, data, step)
             if pending is not None:
