@@ -85,9 +85,13 @@ class DataConfig:
 SCHEDULES = ("cosine", "linear", "noam", "constant", "wsd")
 
 
+OPTIMIZERS = ("adamw", "muon")
+
+
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-    """AdamW with global-norm clipping and a warmup schedule from the registry in zoo.train.optim."""
+    """AdamW (or Muon on the hidden kernels) with global-norm clipping and a warmup schedule from the registry in
+    zoo.train.optim."""
 
     lr: float = 3e-4  # peak learning rate (for noam: the scale factor in front of the formula)
     schedule: str = "cosine"  # cosine | linear | noam | constant | wsd
@@ -102,8 +106,19 @@ class OptimConfig:
     # Params new to a fine-tune (the init_from checkpoint lacks them: a fresh classifier head) learn at lr times
     # this: a zero-initialised head at a pretrained encoder's small lr barely leaves uniform in a short run.
     head_lr_mult: float = 1.0
+    name: str = "adamw"  # adamw | muon (Muon on the hidden kernels, this AdamW on embeddings, head, norms, biases)
+    muon_beta: float = 0.95  # muon: the momentum's decay (Nesterov), modded-nanogpt's and optax's 0.95
+    muon_ns_steps: int = 5  # muon: Newton-Schulz iterations
+    # muon: the RMS of a Muon update before lr (Moonlight's consistent RMS): 0.2 is AdamW's typical update RMS, so
+    # optim.lr and optim.weight_decay mean what they mean for AdamW
+    muon_rms: float = 0.2
 
     def __post_init__(self):
+        _check(self.name in OPTIMIZERS, f"optim.name={self.name!r} is unknown; choose one of {', '.join(OPTIMIZERS)}")
+        _check(0.0 <= self.muon_beta < 1.0, f"optim.muon_beta={self.muon_beta} must be in [0, 1) (momentum)")
+        _check(self.muon_ns_steps >= 1, f"optim.muon_ns_steps={self.muon_ns_steps} must be >= 1")
+        _check(math.isfinite(self.muon_rms) and self.muon_rms > 0,
+               f"optim.muon_rms={self.muon_rms} must be a positive number (0.2: AdamW's update RMS)")
         _check(self.schedule in SCHEDULES,
                f"optim.schedule={self.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
         for name in ("lr", "warmup", "eps", "weight_decay", "clip_norm"):
