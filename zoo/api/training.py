@@ -167,7 +167,7 @@ def optimizer_state(cfg):
     abstract = freeze.split(abstract, runs.trainable_of(cfg, abstract, getattr(task, "seen", ())))[0]
     from zoo.train.trainer import new_params
     tx = optim.make_optimizer(cfg.optim, optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model),
-                              optim.decay_mask(abstract), new_params(cfg, abstract))
+                              optim.decay_mask(abstract), new_params(cfg, abstract), boxed=abstract)
     return jax.tree.structure(jax.eval_shape(tx.init, abstract))
 
 

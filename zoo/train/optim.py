@@ -5,19 +5,26 @@ it) to a learning rate; they are composed from optax's own (warmup_cosine_decay_
 join_schedules of linear and constant pieces) except Noam's formula. Warmup is linear from 0; its
 length is resolved once by `OptimConfig.warmup_steps`. Weight decay applies only to matrices (rank >= 2 once a scanned
 `layers` axis is discounted): biases, norms' scales and offsets are never decayed.
+
+optim.name=muon (`muon`): Muon (momentum orthogonalised by Newton-Schulz, optax.contrib's pieces) on the hidden
+kernels, each seen as one matrix [inputs, outputs] named by its logical axes (`muon_dims`), and the same AdamW as
+above on the rest: embeddings, the output head, norms, biases.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
 from zoo.config import OptimConfig
 from zoo.errors import ConfigError
+from zoo.nn import lora
 
 
 def _warmup(cfg: OptimConfig, W: int):
@@ -85,15 +92,97 @@ def decay_mask(boxed_params):
                         is_leaf=lambda p: isinstance(p, nn.Partitioned))
 
 
-def make_optimizer(cfg: OptimConfig, schedule: Callable, mask, new=None) -> optax.GradientTransformation:
-    """AdamW (decay on `mask`), after global-norm clipping; the updates of `new` (a tree of bools like the params:
-    params the fine-tune's checkpoint lacks) scaled by optim.head_lr_mult, when it is not 1 and some are new."""
+def make_optimizer(cfg: OptimConfig, schedule: Callable, mask, new=None, boxed=None) -> optax.GradientTransformation:
+    """AdamW (decay on `mask`), or with optim.name=muon Muon on the kernels of `boxed` (the boxed params: their
+    logical names pick the leaves and their matrices, `muon_dims`) and AdamW on the rest, after global-norm clipping;
+    the updates of `new` (a tree of bools like the params: params the fine-tune's checkpoint lacks) scaled by
+    optim.head_lr_mult, when it is not 1 and some are new."""
     adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=mask)
+    if cfg.name == "muon":
+        if boxed is None:
+            raise ValueError("make_optimizer: optim.name='muon' needs the boxed params (boxed=) for muon_dims")
+        adamw = muon(cfg, schedule, mask, muon_dims(boxed))
     parts = [optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm > 0 else []
     parts.append(adamw)
     if cfg.head_lr_mult != 1 and new is not None and any(jax.tree.leaves(new)):
         parts.append(optax.masked(optax.scale(cfg.head_lr_mult), new))
     return optax.chain(*parts) if len(parts) > 1 else adamw
+
+
+# Muon's coefficients, Keller Jordan's (modded-nanogpt, optax's default): 5 steps take the normalised momentum's
+# singular values into about [0.7, 1.2] rather than exactly 1, which trains as well and converges faster.
+NS_COEFFS = (3.4445, -4.775, 2.0315)
+# The axes Muon may see as rows or columns of a kernel's matrix, and those it treats as a batch of matrices (a
+# scanned `layers` axis, MoE experts): each layer's (expert's) matrix is orthogonalised on its own.
+MATRIX_AXES = ("embed", "mlp", "heads", "kv")
+BATCH_AXES = ("layers", "expert")
+
+
+def _is_dims(x) -> bool:
+    return x is None or isinstance(x, MuonDimensionNumbers)
+
+
+def kernel_dims(names) -> MuonDimensionNumbers | None:
+    """The matrix Muon orthogonalises for a leaf with logical axes `names`, or None (AdamW): the `embed` axis is
+    one side, every other hidden axis the other (q/k/v [D, N, H] -> [D, N*H], out [N, H, D] -> [N*H, D], MLP [D, F]
+    and [F, D]), the input side first as the kernel's einsum reads it. None for what is not a hidden kernel: a
+    vocab axis (embeddings, the untied head), an unnamed axis (position tables, classifier heads, LoRA's rank
+    axis), or fewer than two matrix axes (norms, biases, a router [D, E])."""
+    rest = [i for i, n in enumerate(names) if n not in BATCH_AXES]
+    if "embed" not in names or len(rest) < 2 or any(names[i] not in MATRIX_AXES for i in rest):
+        return None
+    e = names.index("embed")
+    others = tuple(i for i in rest if i != e)
+    if e == rest[0]:
+        return MuonDimensionNumbers(reduction_axis=(e,), output_axis=others)
+    return MuonDimensionNumbers(reduction_axis=others, output_axis=(e,))
+
+
+def muon_dims(boxed_params):
+    """`kernel_dims` of every leaf of the boxed params (a leaf without names: None, AdamW). LoRA adapters are
+    refused: their rank-r factors are not the kernels Muon's scaling assumes, and Muon on A and B apart is not
+    Muon on the update A B."""
+    is_box = lambda p: isinstance(p, nn.Partitioned)  # noqa: E731
+    paths = jax.tree_util.tree_flatten_with_path(boxed_params, is_leaf=is_box)[0]
+    if any(getattr(k[-1], "key", None) in lora.LEAVES for k, _ in paths):
+        raise ConfigError("optim.name='muon' does not train LoRA adapters (model.lora_rank > 0); use "
+                          "optim.name=adamw for a LoRA run")
+    return jax.tree.map(lambda p: kernel_dims(p.names) if is_box(p) else None, boxed_params, is_leaf=is_box)
+
+
+def scale_by_shape(dims, rms: float) -> optax.GradientTransformation:
+    """Moonlight's consistent RMS (optax.contrib.muon's consistent_rms): an orthogonalised [m, n] update has RMS
+    about 1/sqrt(max(m, n)); times sqrt(max(fan_in, fan_out)) * rms its RMS is `rms`, whatever the shape."""
+    def scale(u, d):
+        fan_in = math.prod(u.shape[a] for a in d.reduction_axis)
+        fan_out = math.prod(u.shape[a] for a in d.output_axis)
+        return u * (math.sqrt(max(fan_in, fan_out)) * rms)
+
+    def update(updates, state, params=None):
+        return jax.tree.map(scale, updates, dims, is_leaf=_is_dims), state
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def muon(cfg: OptimConfig, schedule: Callable, mask, dims) -> optax.GradientTransformation:
+    """Muon on the leaves whose `dims` is not None, AdamW (decay on `mask`) on the others, as optax.contrib.muon
+    composes it (Nesterov momentum, Newton-Schulz, shape scaling, decoupled decay, learning rate) but with zoo's
+    AdamW on the rest: optax's own decays every AdamW leaf (norms too) and uses Nesterov there.
+
+    The rate: Moonlight's convention (optax's consistent_rms, optim.muon_rms=0.2), not modded-nanogpt's
+    sqrt(max(1, fan_out / fan_in)) at lr 0.02-0.05 beside a separate Adam rate (0.008 for its embeddings). Scaled
+    to AdamW's typical update RMS, a Muon leaf takes optim.lr, the schedule and optim.weight_decay (times lr, as
+    AdamW's) as the AdamW leaves do: one rate serves both, and an AdamW run's settings carry over."""
+    labels = jax.tree.map(lambda d: "adamw" if d is None else "muon", dims, is_leaf=_is_dims)
+    on_muon = jax.tree.map(lambda d: optax.MaskedNode() if d is None else d, dims, is_leaf=_is_dims)
+    on_adamw = jax.tree.map(lambda m, d: m if d is None else optax.MaskedNode(), mask, dims, is_leaf=_is_dims)
+    matrices = optax.chain(
+        scale_by_muon(NS_COEFFS, cfg.muon_ns_steps, cfg.muon_beta, cfg.eps, nesterov=True,
+                      weight_dimension_numbers=on_muon),
+        scale_by_shape(on_muon, cfg.muon_rms),
+        optax.add_decayed_weights(cfg.weight_decay),  # every Muon leaf is a matrix: all decay
+        optax.scale_by_learning_rate(schedule))
+    adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=on_adamw)
+    return optax.partition({"muon": matrices, "adamw": adamw}, labels)
 
 
 def new_mask(boxed_params, base_shapes: dict):
