@@ -198,12 +198,9 @@ def token_logprobs(lm, texts: list[str], batch_size: int = 8) -> list[np.ndarray
                                    batch_size=batch_size)
 
 
-def logprobs(lm, texts, *, answers=None, batch_size: int = 8):
-    """See Pretrained.logprobs (with `answers`: zoo.api.answers)."""
+def logprobs(lm, texts, *, batch_size: int = 8):
+    """See Pretrained.logprobs (with `answers`, Pretrained calls zoo.api.answers instead)."""
     require_decoder(lm, "logprobs")
-    if answers is not None:
-        from zoo.api.answers import answer_logprobs
-        return answer_logprobs(lm, texts, answers, batch_size)
     items, single = texts_of(texts, "texts")
     out = token_logprobs(lm, items, batch_size)
     return out[0] if single else out

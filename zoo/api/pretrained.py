@@ -101,7 +101,11 @@ class Pretrained:
         assistant's answer (a string, or a list of messages), rendered with the checkpoint's chat template, its
         end-of-turn token scored. One prompt and one answer give one array, lists (one answer per prompt) a list;
         an array's sum is DPO's summed log-probability of that answer (logps/chosen). zoo.api.answers."""
-        return decoder.logprobs(self, texts, answers=answers, batch_size=batch_size)
+        if answers is not None:
+            from zoo.api.answers import answer_logprobs
+            decoder.require_decoder(self, "logprobs")
+            return answer_logprobs(self, texts, answers, batch_size)
+        return decoder.logprobs(self, texts, batch_size=batch_size)
 
     def loss(self, texts: str | list[str], *, batch_size: int = 8) -> float:
         """The mean next-token loss (negative log-likelihood per token, nats) of the texts together: zoo-eval's

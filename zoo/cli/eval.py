@@ -188,7 +188,10 @@ def retrieval(a) -> dict:
     from zoo.eval import retrieval as beir
     if not os.path.isdir(a.data):
         raise FileNotFoundError(f"--data {a.data!r}: no such folder ({NEEDS_DATA['retrieval']})")
-    out = beir.evaluate(zoo.load(a.workdir), a.data, split=a.split, batch_size=a.batch_size, max_docs=a.max_docs)
+    from zoo.api.embed import pooling_of
+    lm = zoo.load(a.workdir)
+    out = beir.evaluate(lm, a.data, split=a.split, batch_size=a.batch_size, max_docs=a.max_docs,
+                        prompts=[name for name, _ in pooling_of(lm).prompts])
     if _gather("retrieval", {}) is None:  # several processes: each searched every query; process 0 prints
         return None
     return {"run": a.workdir, "data": a.data, "split": a.split, **out}

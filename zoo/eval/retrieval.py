@@ -117,17 +117,18 @@ def metrics(ranked: dict, qrels: dict, k_values=K_VALUES) -> dict:
     return out
 
 
-def evaluate(lm, path: str, *, split: str = "test", batch_size: int = 32, max_docs: int | None = None) -> dict:
+def evaluate(lm, path: str, *, split: str = "test", batch_size: int = 32, max_docs: int | None = None,
+             prompts=()) -> dict:
     """The metrics of `lm`'s embeddings on the BEIR folder `path` (see the module's docstring); `max_docs` keeps the
-    first documents of the corpus (and the judgements on them) for a quick look."""
+    first documents of the corpus (and the judgements on them) for a quick look; `prompts` the names of the
+    checkpoint's prompts (zoo.api.embed.pooling_of(lm).prompts): "query" and "document" are used where named."""
     corpus, queries, qrels = read_beir(path, split)
     if max_docs:
         corpus = dict(list(corpus.items())[:max_docs])
         qrels = {q: {d: r for d, r in j.items() if d in corpus} for q, j in qrels.items()}
     qids = [q for q in qrels if q in queries]
     dids = list(corpus)
-    from zoo.api.embed import pooling_of
-    named = dict(pooling_of(lm).prompts)
+    named = set(prompts)
     q_QD = lm.embed([queries[q] for q in qids], batch_size=batch_size,
                     prompt_name="query" if "query" in named else None)
     c_ND = lm.embed([corpus[d] for d in dids], batch_size=batch_size,
