@@ -179,6 +179,25 @@ class PreferenceConfig:
         return self.reference if self.reference != "auto" else ("base" if lora else "precomputed")
 
 
+EMBED_POOLINGS = ("", "mean", "cls", "max", "mean_sqrt_len")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbedConfig:
+    """Contrastive fine-tuning of sentence embeddings (task=embed, zoo.tasks.embed): sentence-transformers'
+    MultipleNegativesRankingLoss over the whole global batch."""
+
+    scale: float = 20.0  # the cosine similarities' multiplier (1 / temperature; sentence-transformers' default 20)
+    symmetric: bool = False  # add the positive -> anchors direction and average (MultipleNegativesSymmetricRankingLoss)
+    pooling: str = ""  # "" as the init_from checkpoint's 1_Pooling/config.json says (else mean) | mean | cls | max
+    #   | mean_sqrt_len
+
+    def __post_init__(self):
+        _check(math.isfinite(self.scale) and self.scale > 0, f"embed.scale={self.scale} must be a positive number")
+        _check(self.pooling in EMBED_POOLINGS, f"embed.pooling={self.pooling!r} is unknown; choose one of "
+               f"{', '.join(repr(p) for p in EMBED_POOLINGS)}")
+
+
 RL_LOSSES = ("bnpo", "grpo", "dr_grpo")
 
 
@@ -314,7 +333,7 @@ class Config:
     """Everything a run needs. `task` picks the model family and loss (see zoo.tasks)."""
 
     task: str = "gpt_lm"  # gpt_lm | sft | bert_mlm | bert_cls | bert_tokens | bert_encoder (converted, not trainable)
-    #   | seq2seq
+    #   | seq2seq | embed
     model: typing.Any = field(default_factory=GptConfig)  # the family's model config
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -322,6 +341,7 @@ class Config:
     mesh: MeshConfig = field(default_factory=MeshConfig)
     dpo: PreferenceConfig = field(default_factory=PreferenceConfig)  # task=dpo's loss and reference
     grpo: RlConfig = field(default_factory=RlConfig)  # task=grpo's sampling, rewards and objective
+    embed: EmbedConfig = field(default_factory=EmbedConfig)  # task=embed's loss and pooling
     init_from: str = ""  # a zoo checkpoint dir whose params initialise the model (fine-tuning)
     # The longest sequence the weights have been trained on, their bases' training included (a converted
     # checkpoint: its positions); 0: data.seq_len. zoo-sample's context window.

@@ -132,7 +132,7 @@ def embed(lm, texts, *, batch_size: int = 32, normalize: bool | None = None, pro
     items, single = texts_of(texts, "texts")
     if batch_size < 1:
         raise ArgumentError(f"batch_size={batch_size} must be >= 1")
-    if lm.config.task not in ("bert_encoder", "bert_mlm", "bert_cls", "bert_tokens") and \
+    if lm.config.task not in ("bert_encoder", "bert_mlm", "bert_cls", "bert_tokens", "embed") and \
             lm.config.model.family == "bert":
         raise FamilyError(f".embed needs an encoder or a decoder; {lm.source!r} is a {lm.config.task} model")
     if lm.config.model.family not in ("bert", "gpt"):
