@@ -199,3 +199,23 @@ def test_a_resume_cannot_switch_the_optimizer(cache_dir):
     muon = replace(adamw, optim=dict(name="muon"))
     assert optimizer_state(muon) == optimizer_state(replace(muon, optim=dict(lr=1e-2)))
     assert optimizer_state(muon) != optimizer_state(adamw)
+
+
+def test_an_mlp_kernel_is_not_gathered_whole_on_an_fsdp_tensor_mesh():
+    """Newton-Schulz on [D, F] sharded (fsdp, tensor): XLA gathers the Gram matrix [D, D] (each step's X X^T,
+    all-reduced over F's shards), never the kernel [D, F] or [F, D]."""
+    import re
+    from jax.sharding import Mesh, NamedSharding
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("fsdp", "tensor"))
+    D, F = 64, 256
+    boxed = {"fc": nn.Partitioned(jax.ShapeDtypeStruct((D, F), jnp.float32), ("embed", "mlp")),
+             "proj": nn.Partitioned(jax.ShapeDtypeStruct((F, D), jnp.float32), ("mlp", "embed"))}
+    cfg = cfg_muon()
+    tx = optim.make_optimizer(cfg, optim.make_schedule(cfg, 10, 8), optim.decay_mask(boxed), boxed=boxed)
+    sh = {"fc": NamedSharding(mesh, PartitionSpec("fsdp", "tensor")),
+          "proj": NamedSharding(mesh, PartitionSpec("tensor", "fsdp"))}
+    params = {k: jax.ShapeDtypeStruct((D, F) if k == "fc" else (F, D), jnp.float32, sharding=sh[k]) for k in sh}
+    hlo = jax.jit(tx.update, out_shardings=(sh, None)).lower(params, jax.eval_shape(tx.init, params),
+                                                             params).compile().as_text()
+    gathered = set(re.findall(r"= f32\[([\d,]+)\]\S* all-gather(?:-start)?\(", hlo))
+    assert gathered and all(math.prod(map(int, s.split(","))) <= D * D for s in gathered), gathered
