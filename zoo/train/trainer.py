@@ -44,6 +44,7 @@ from zoo.train.metrics import MetricsWriter
 from zoo.train.prefetch import Prefetcher
 from zoo.train.records import duration, eval_line, summarise
 from zoo.train.run_errors import DISK_ERRNOS, disk_failure, diverged
+from zoo.train.first_step import compile_ahead
 from zoo.train.sizing import size_warning, steps_of_epochs
 from zoo.train.stops import Stopped, Stopper, stops_at_once  # noqa: F401 (Stopped, stops_at_once: read from here)
 from zoo.train.workdir import own_tokenizer, remove_new
@@ -255,7 +256,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
 
         buffered, eval_metrics, t0, t0_step, compile_s, pace = [], {}, time.perf_counter(), start, None, None
         pending = None  # metrics of the newest step, which may still be running
-        run_fn = step_fn  # the step compiled for the first batch's shapes (_compile), once it is
+        run_fn = step_fn  # the step compiled for the first batch's shapes (compile_ahead), once it is
         warn = optim.warmup_warning(cfg.optim, cfg.train.steps)
         if warn and main and start < last:  # said once, as training starts
             print(warn, file=sys.stderr, flush=True)
@@ -284,7 +285,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                         break
                     batch = to_device(batch, s.mesh)
                 if compile_s is None and run_fn is step_fn:  # compiled ahead, to say what compiled and its cost
-                    run_fn = _compile(step_fn, state, batch, cfg, say)
+                    run_fn = compile_ahead(step_fn, state, batch, cfg, say)
                 try:
                     state, m = run_fn(state, batch)
                 except TypeError:  # a batch unlike the first (no task's yet): the jitted step compiles for it
@@ -380,23 +381,6 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
     except BaseException:
         writer.abandon()  # a failed run (a full disk) leaves nothing to flush at exit
         raise
-
-
-def _compile(step_fn, state, batch, cfg: Config, say):
-    """step_fn lowered and compiled for the first batch (the compiled program runs every step), the two costs said:
-    a big model's first step spends minutes here before anything else prints."""
-    first = batch.get("inputs") if isinstance(batch, dict) else None
-    shape = tuple(getattr(first if first is not None else jax.tree.leaves(batch)[0], "shape", ()))
-    say(f"compiling the train step (batch {' x '.join(map(str, shape)) or '?'}"
-        f"{f', LoRA rank {cfg.model.lora_rank}' if cfg.model.lora_rank else ''}"
-        f"{f', {cfg.train.grad_accum} microbatches' if cfg.train.grad_accum > 1 else ''})")
-    t0 = time.perf_counter()
-    lowered = step_fn.lower(state, batch)
-    t1 = time.perf_counter()
-    compiled = lowered.compile()
-    t2 = time.perf_counter()
-    say(f"compiled the train step in {t2 - t0:.1f} s ({t1 - t0:.1f} s to trace and lower, {t2 - t1:.1f} s in XLA)")
-    return compiled
 
 
 def _save(mngr, state, cfg: Config, workdir: str, data, step: int, force: bool = False) -> None:

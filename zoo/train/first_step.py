@@ -1,0 +1,28 @@
+"""The train step compiled ahead for the first batch (zoo.train.trainer runs the compiled program every step), so a
+run says what is compiling and what it cost before its first step: a big model's first step spends minutes here
+before anything else prints."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+
+from zoo.config import Config
+
+
+def compile_ahead(step_fn, state, batch, cfg: Config, say):
+    """step_fn lowered and compiled for the first batch (the compiled program runs every step), the two costs said:
+    a big model's first step spends minutes here before anything else prints."""
+    first = batch.get("inputs") if isinstance(batch, dict) else None
+    shape = tuple(getattr(first if first is not None else jax.tree.leaves(batch)[0], "shape", ()))
+    say(f"compiling the train step (batch {' x '.join(map(str, shape)) or '?'}"
+        f"{f', LoRA rank {cfg.model.lora_rank}' if cfg.model.lora_rank else ''}"
+        f"{f', {cfg.train.grad_accum} microbatches' if cfg.train.grad_accum > 1 else ''})")
+    t0 = time.perf_counter()
+    lowered = step_fn.lower(state, batch)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    say(f"compiled the train step in {t2 - t0:.1f} s ({t1 - t0:.1f} s to trace and lower, {t2 - t1:.1f} s in XLA)")
+    return compiled
