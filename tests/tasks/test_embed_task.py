@@ -127,6 +127,19 @@ def test_bad_settings_are_refused_in_one_line(tmp_path):
         replace(cfg, embed=dict(pooling="last"))
 
 
+def test_the_pooling_is_read_from_the_checkpoint_and_kept_in_the_run(tmp_path):
+    st = embed_task.st_dir(minilm_dir())
+    assert embed_task.read_pooling(st, 512) == embed_task.Pooling("mean", True, 256)
+    embed_task.write_st_files(str(tmp_path), embed_task.Pooling("cls", False, 128), 32)
+    assert embed_task.read_pooling(str(tmp_path), 512) == embed_task.Pooling("cls", False, 128)
+    assert embed_task.read_pooling(None, 64) == embed_task.Pooling("mean", False, 64)
+    cfg = json.load(open(tmp_path / "1_Pooling" / "config.json"))
+    json.dump({**cfg, "pooling_mode_cls_token": False, "pooling_mode_lasttoken": True},
+              open(tmp_path / "1_Pooling" / "config.json", "w"))
+    with pytest.raises(ZooDataError, match=r"config.json asks for another pooling .*; set embed.pooling"):
+        embed_task.read_pooling(str(tmp_path), 512)
+
+
 # ---- the trainer's invariants ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def one_and_eight(tmp_path_factory):

@@ -22,12 +22,12 @@ sentence_bert_config.json in its workdir, so `zoo.load(run).embed` pools as it t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
 import os
 import re
-from types import SimpleNamespace
 
 import datasets
 import flax.linen as nn
@@ -47,6 +47,9 @@ from zoo.tasks.mlm import check_bert_vocab, check_ids
 
 # Column sets, first match wins: (anchor, positive, optional hard negative).
 COLUMNS = (("anchor", "positive", "negative"), ("query", "document", "negative"))
+# The poolings task=embed trains with -> their key in 1_Pooling/config.json.
+MODES = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
+         "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens"}
 MASKED = -1e9  # the logit of a padding row as a candidate: finite, so a padding row's own loss (weight 0) is not NaN
 
 
@@ -195,6 +198,44 @@ def st_dir(path: str, depth: int = 4) -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Pooling:
+    """What a checkpoint's sentence-transformers files say (as zoo.api.embed.pooling_of reads them for .embed)."""
+
+    mode: str  # mean | cls | max | mean_sqrt_len
+    normalize: bool  # modules.json lists a Normalize module
+    max_len: int  # sentence_bert_config.json's max_seq_length (else the model's positions)
+
+
+def _json(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def read_pooling(d: str | None, max_len: int) -> Pooling:
+    """The pooling of the sentence-transformers files in `d` (None: an encoder's default, mean, unnormalised)."""
+    if d is None:
+        return Pooling("mean", False, max_len)
+    modules = _json(os.path.join(d, "modules.json")) or []
+    types = {m.get("type", "").rsplit(".", 1)[-1]: m.get("path", "") for m in modules if isinstance(m, dict)}
+    mode = "mean"
+    if "Pooling" in types:
+        where = os.path.join(d, types["Pooling"], "config.json")
+        cfg = _json(where) or {}
+        chosen = [m for m, key in MODES.items() if cfg.get(key)]
+        if len(chosen) != 1 or any(cfg.get(k) for k in ("pooling_mode_lasttoken", "pooling_mode_weightedmean_tokens")):
+            raise ZooDataError(f"{where} asks for another pooling than one of {', '.join(MODES)}, which task=embed "
+                               f"trains with; set embed.pooling")
+        mode = chosen[0]
+    st = _json(os.path.join(d, "sentence_bert_config.json")) or {}
+    if st.get("max_seq_length"):
+        max_len = min(max_len, int(st["max_seq_length"]))
+    return Pooling(mode, "Normalize" in types, max_len)
+
+
 class EmbedTask(_Encoder):
     """Contrastive sentence embeddings: MNRL over the global batch (weight = anchors); metrics loss, accuracy."""
 
@@ -205,16 +246,10 @@ class EmbedTask(_Encoder):
         self.cfg, self.model = cfg, Embedder(cfg.model)
 
     @functools.cached_property
-    def pooling(self):
-        """zoo.api.embed.Pooling of the init_from checkpoint (mean, unnormalised without one), embed.pooling's mode."""
-        import dataclasses
-        from zoo.api.embed import pooling_of
-        d = st_dir(self.cfg.init_from)
-        lm = SimpleNamespace(config=self.cfg, model=SimpleNamespace(cfg=self.cfg.model), run_dir=d, source=None)
-        pool = pooling_of(lm)
-        if pool.mode == "last":
-            raise ZooDataError(f"{d}/1_Pooling asks for last-token pooling; task=embed trains encoders pooled by "
-                               f"mean, cls, max or mean_sqrt_len (set embed.pooling)")
+    def pooling(self) -> Pooling:
+        """The init_from checkpoint's pooling (mean, unnormalised without sentence-transformers files), with
+        embed.pooling's mode when set."""
+        pool = read_pooling(st_dir(self.cfg.init_from), self.cfg.model.max_len)
         return dataclasses.replace(pool, mode=self.cfg.embed.pooling or pool.mode)
 
     def loss(self, params, batch, rng, train):
@@ -270,16 +305,14 @@ class EmbedTask(_Encoder):
             write_st_files(workdir, self.pooling, self.cfg.model.d_model)
 
 
-def write_st_files(workdir: str, pool, dim: int) -> None:
+def write_st_files(workdir: str, pool: Pooling, dim: int) -> None:
     """modules.json, 1_Pooling/config.json (and 2_Normalize/ when normalised), sentence_bert_config.json."""
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
     if pool.normalize:
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
         os.makedirs(os.path.join(workdir, "2_Normalize"), exist_ok=True)
-    modes = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens", "max": "pooling_mode_max_tokens",
-             "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens"}
-    pooling = {"word_embedding_dimension": dim, **{k: pool.mode == m for m, k in modes.items()},
+    pooling = {"word_embedding_dimension": dim, **{k: pool.mode == m for m, k in MODES.items()},
                "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": False, "include_prompt": True}
     os.makedirs(os.path.join(workdir, "1_Pooling"), exist_ok=True)
     for name, obj in (("modules.json", modules), ("1_Pooling/config.json", pooling),
