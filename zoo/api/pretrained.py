@@ -30,7 +30,7 @@ OFFERS = {"gpt_lm": ("generate", "chat", "logprobs", "loss", "embed"),
           "dpo": ("generate", "chat", "logprobs", "loss", "embed"),
           "grpo": ("generate", "chat", "logprobs", "loss", "embed"),
           "bert_cls": ("classify", "embed"), "bert_mlm": ("fill_mask", "embed"), "bert_tokens": ("tag", "embed"),
-          "seq2seq": ("translate",), "bert_encoder": ("embed",)}
+          "seq2seq": ("translate",), "bert_encoder": ("embed",), "embed": ("embed",)}
 
 
 @dataclasses.dataclass(eq=False, repr=False)
