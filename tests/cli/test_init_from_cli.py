@@ -100,7 +100,8 @@ def test_a_bare_bert_encoder_trains_as_mlm_or_as_a_classifier(hf_bert, tmp_path,
 def test_a_task_of_another_family_is_refused(hf_bert, tmp_path, capsys):
     assert train_main(["--init-from", hf_bert, "--workdir", str(tmp_path / "ft"), "--set", "task=gpt_lm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == "error: --set task='gpt_lm': a bert model trains as one of bert_mlm, bert_cls, bert_encoder, bert_tokens"
+    assert err[-1] == ("error: --set task='gpt_lm': a bert model trains as one of bert_mlm, bert_cls, bert_encoder, "
+                      "bert_tokens, embed")
 
 
 @pytest.mark.slow

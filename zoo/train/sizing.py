@@ -64,8 +64,9 @@ def size_warning(cfg: Config, rows: int) -> str | None:
     t, lr, lora = cfg.train, cfg.optim.lr, cfg.model.lora_rank > 0
     said = []
     if t.steps < FEW_UPDATES:
-        said.append(f"this fine-tune makes only {t.steps} optimizer steps: likely too few to change the model; set train.steps="
-                    f"{MIN_UPDATES} or more (or raise train.epochs, lower train.batch_size={t.batch_size})")
+        said.append(f"this fine-tune makes only {t.steps} optimizer step{'s' if t.steps != 1 else ''}: likely too few "
+                    f"to change the model; set train.steps={MIN_UPDATES} or more (or raise train.epochs, lower "
+                    f"train.batch_size={t.batch_size})")
     if lr > (1e-3 if lora else 1e-4):
         said.append(f"optim.lr={lr:g} is high for a {'LoRA' if lora else 'full'} fine-tune (usual: "
                     f"{'1e-4 to 3e-4' if lora else '1e-5 to 5e-5'}); lower optim.lr")
