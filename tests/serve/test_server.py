@@ -298,7 +298,16 @@ def test_a_client_gone_mid_stream_frees_its_row_and_a_flood_is_turned_away_with_
     assert turned.status_code == 200 and json.loads(turned.text)["usage"]["completion_tokens"] >= 1
 
 
-def test_ctrl_c_stops_the_server_promptly(server):
+def test_a_decoders_server_answers_embeddings_between_decode_chunks(server):
+    """/v1/embeddings on the decoder's server: its last token's hidden state, as Pretrained.embed gives it."""
+    url, _, run = server
+    want = zoo.load(run).embed(["Hi there", "x"])
+    r = client(url).embeddings.create(model="run", input=["Hi there", "x"])
+    import numpy as np
+    np.testing.assert_allclose(np.asarray([d.embedding for d in r.data]), want, atol=1e-5)
+
+
+def test_ctrl_c_stops_the_server_promptly(server):  # last in the file: it stops the module's server
     """Ctrl-C ends the server cleanly within its 1 s graceful shutdown, not when its clients' keep-alive connections
     close. The bound is wide (a busy 2-core host took 2.1-3.4 s for the ~1.7 s a quiet one takes): what it catches is
     a server that waits for its connections (uvicorn's default) or hangs in the engine's thread."""
@@ -308,12 +317,3 @@ def test_ctrl_c_stops_the_server_promptly(server):
     _, err = p.communicate(timeout=30)
     assert time.perf_counter() - t < 8.0 and p.returncode == 0
     assert "Traceback" not in err, err[-2000:]
-
-
-def test_a_decoders_server_answers_embeddings_between_decode_chunks(server):
-    """/v1/embeddings on the decoder's server: its last token's hidden state, as Pretrained.embed gives it."""
-    url, _, run = server
-    want = zoo.load(run).embed(["Hi there", "x"])
-    r = client(url).embeddings.create(model="run", input=["Hi there", "x"])
-    import numpy as np
-    np.testing.assert_allclose(np.asarray([d.embedding for d in r.data]), want, atol=1e-5)
