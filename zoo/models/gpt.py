@@ -12,6 +12,8 @@ add a (1 + w) RMSNorm (norm `rmsnorm_plus1`), a tanh-GELU-gated MLP (`geglu`), e
 sqrt(d_model), norms after each sublayer too, soft-capped attention and output logits, an attention scale of
 their own, and local (windowed) layers beside global ones (`global_every`, with a rope base of their own);
 those that differ by layer reach the blocks through `per_layer` (zoo.nn.stack), traced flags when scanned.
+The GPT-2 speedrun (modded-nanogpt) adds a relu2 MLP, residual projections initialised to zero, U-net skips
+and value embeddings (GPT_SPEEDRUN; each off by default, leaving the model as it was).
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ from zoo.nn.stack import residual_std, stack_blocks
 
 POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus1")
-MLPS = ("gelu", "swiglu", "gelu_exact", "geglu")
+MLPS = ("gelu", "swiglu", "gelu_exact", "geglu", "relu2")
 ROPE_SCALINGS = ("none", "llama3", "linear")
 MLP_ACTIVATIONS = {"gelu": layers.gelu_tanh, "gelu_exact": layers.gelu_exact,
-                   "geglu": layers.gelu_tanh}  # the rest: silu (gated)
+                   "geglu": layers.gelu_tanh, "relu2": layers.relu_squared}  # the rest: silu (gated)
 GATED_MLPS = ("swiglu", "geglu")
 
 
@@ -64,7 +66,7 @@ class GptConfig(ModelConfig):
     rope_original_max_len: int = 8192  # llama3 scaling: the context length the frequencies were trained for
     norm: str = "layernorm"  # layernorm | rmsnorm | rmsnorm_plus1 (scaled by 1 + w: Gemma)
     mlp: str = "gelu"  # gelu (GPT-2's tanh GELU, 2 matrices) | swiglu (silu-gated, 3 matrices, Llama) | gelu_exact
-    #   (erf GELU, 2 matrices: GPT-NeoX, Pythia)
+    #   (erf GELU, 2 matrices: GPT-NeoX, Pythia) | relu2 (relu(x)^2, 2 matrices: modded-nanogpt's speedrun)
     num_kv_heads: int = 0  # key/value heads K for grouped-query (1: multi-query) attention; 0: num_heads
     qkv_bias: bool = True  # biases on the query/key/value projections (GPT-2, Qwen2: yes; Llama: no)
     out_bias: bool = True  # bias on the attention output projection
@@ -91,6 +93,15 @@ class GptConfig(ModelConfig):
     final_softcap: float = 0.0  # > 0: output logits cap * tanh(logits / cap), in the fused loss too; 0: off
     global_every: int = 0  # N > 0: layers N-1, 2N-1, ... global, the rest windowed by sliding_window; 0: all alike
     rope_local_theta: float = 0.0  # with global_every: the rope base of the windowed layers; 0: rope_theta
+    # The GPT-2 speedrun's parts (KellerJordan/modded-nanogpt; configs/gpt_speedrun.py): mlp relu2, qk_norm and
+    # final_softcap above, and these. Off, the model is the same, bit for bit.
+    zero_init_proj: bool = False  # each block's attention output and MLP down projections start at zero, so every
+    #   block starts as the identity (modded-nanogpt's `proj.weight.zero_()`); off: normal(0.02 / sqrt(2L))
+    unet_skips: bool = False  # U-net: block i's output (i < L // 2) is added, times a learned scalar skip_weights[i]
+    #   (init 1), to the input of its mirror, block L-1-i (modded-nanogpt); the looped stack only (not scan_layers)
+    value_embeds: int = 0  # E > 0: E more token tables [V, K*H] (value_embed_0..); table j's row of each token is
+    #   mixed into the attention values of layers j and L-E+j, v -> l0 v + l1 row, l learned (init 0.5); the first
+    #   and last E layers (modded-nanogpt's value embeddings); 2E <= L, the looped stack only; 0: none
 
     def __post_init__(self):
         super().__post_init__()
@@ -124,6 +135,15 @@ class GptConfig(ModelConfig):
             check(getattr(self, name) >= 0, f"model.{name}={getattr(self, name)} must be >= 0 (0: off)")
         check(not self.global_every or self.sliding_window > 0,
               f"model.global_every={self.global_every} needs model.sliding_window > 0 (the local layers' window)")
+        check(not self.unet_skips or not self.scan_layers,
+              "model.unet_skips=true needs model.scan_layers=false (a scan cannot carry the first half's outputs)")
+        check(not self.unet_skips or self.num_layers >= 2,
+              f"model.unet_skips=true needs model.num_layers >= 2 (got {self.num_layers}): nothing to mirror")
+        check(0 <= self.value_embeds and 2 * self.value_embeds <= self.num_layers,
+              f"model.value_embeds={self.value_embeds} must be in 0..num_layers/2 (the first and last E layers; "
+              f"num_layers={self.num_layers})")
+        check(not self.value_embeds or not self.scan_layers,
+              "model.value_embeds > 0 needs model.scan_layers=false (the layers without a table differ in kind)")
         check(not self.attn_softcap or self.attention_impl != "cudnn",
               f"model.attn_softcap={self.attn_softcap} cannot run on model.attention_impl=cudnn (cuDNN cannot cap "
               f"logits); use auto, xla or einsum")
@@ -227,12 +247,25 @@ GEMMA2_2B = GptConfig(vocab_size=256000, max_len=8192, num_layers=26, d_model=23
 GEMMA3_1B = GptConfig(vocab_size=262144, max_len=32768, num_layers=26, d_model=1152, num_heads=4, num_kv_heads=1,
                       d_kv=256, d_ff=6912, rope_theta=1e6, rope_local_theta=1e4, post_norms=True, qk_norm=True,
                       query_pre_attn_scalar=256, sliding_window=512, global_every=6, **_GEMMA)
+# The GPT-2 speedrun's architecture (modded-nanogpt; configs/gpt_speedrun.py): GPT-2 124M's depth and width with
+# 6 heads of 128, rope, RMSNorm, QK-norm, a relu2 MLP, no biases, an untied head (the vocabulary padded to
+# 50304), zero-initialised projections, U-net skips, value embeddings on the first and last quarter of the layers
+# and output logits capped at 15. Not here: the speedrun's attention windows and its zero-initialised head.
+_SPEEDRUN = dict(positions="rope", norm="rmsnorm", mlp="relu2", qkv_bias=False, out_bias=False, mlp_bias=False,
+                 tie_embeddings=False, qk_norm=True, zero_init_proj=True, unet_skips=True, final_softcap=15.0,
+                 dropout=0.0)
+GPT_SPEEDRUN = GptConfig(vocab_size=50304, max_len=1024, num_layers=12, d_model=768, num_heads=6, d_ff=3072,
+                         value_embeds=3, **_SPEEDRUN)
+# gpt_tiny's shape: a CPU model (configs/gpt_speedrun_tiny.py).
+GPT_SPEEDRUN_TINY = GptConfig(vocab_size=384, max_len=256, num_layers=4, d_model=128, num_heads=4, d_ff=512,
+                              value_embeds=1, **_SPEEDRUN)
 PRESETS = {"gpt_tiny": GPT_TINY, "gpt2_small": GPT2_SMALL, "gpt2_medium": GPT2_MEDIUM,
            "gpt2_large": GPT2_LARGE, "gpt2_xl": GPT2_XL, "llama_tiny": LLAMA_TINY, "smollm2_135m": SMOLLM2_135M,
            "llama3_1b": LLAMA3_1B, "qwen2_0_5b": QWEN2_0_5B, "qwen3_0_6b": QWEN3_0_6B,
            "mistral_7b": MISTRAL_7B, "phi3_mini": PHI3_MINI, "pythia_160m": PYTHIA_160M,
            "moe_tiny": MOE_TINY, "mixtral_8x7b": MIXTRAL_8X7B, "qwen3_30b_a3b": QWEN3_30B_A3B,
-           "gemma2_2b": GEMMA2_2B, "gemma3_1b": GEMMA3_1B}
+           "gemma2_2b": GEMMA2_2B, "gemma3_1b": GEMMA3_1B, "gpt_speedrun": GPT_SPEEDRUN,
+           "gpt_speedrun_tiny": GPT_SPEEDRUN_TINY}
 
 
 class Gpt(nn.Module):
@@ -277,20 +310,37 @@ class Gpt(nn.Module):
             Block, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, remat_policy=cfg.remat_policy, name="h",
             num_heads=cfg.num_heads, head_dim=cfg.head_dim, d_ff=cfg.d_ff, dropout=cfg.dropout, ln_eps=cfg.ln_eps,
             pre_ln=True, norm_names=("ln_1", "ln_2"), activation=MLP_ACTIVATIONS.get(cfg.mlp, nn.silu),
-            out_std=residual_std(cfg.num_layers), dtype=dtype, param_dtype=param_dtype,
+            # zero_init_proj: normal(0) draws the same keys as normal(std), so every other parameter is unchanged
+            out_std=0.0 if cfg.zero_init_proj else residual_std(cfg.num_layers), dtype=dtype, param_dtype=param_dtype,
             implementation=cfg.attention_impl, norm=cfg.norm, gated=cfg.mlp in GATED_MLPS,
             num_kv_heads=cfg.kv_heads, qkv_bias=cfg.qkv_bias, out_bias=cfg.out_bias, mlp_bias=cfg.mlp_bias,
             rope=cfg.rope(), sliding_window=cfg.sliding_window, qk_norm=cfg.qk_norm,
             parallel_residual=cfg.parallel_residual, num_experts=cfg.num_experts,
             experts_per_token=cfg.experts_per_token, moe_norm_topk=cfg.moe_norm_topk, **gemma_block_kw(cfg))
+        skips = {}
+        if cfg.unet_skips:  # float32 scalars, one per mirrored pair; 1: the encoder half's output added as it is
+            skips["skip_weights"] = self.param("skip_weights", layers.ones((None,)), (cfg.num_layers // 2,),
+                                               param_dtype)
+        if cfg.value_embeds:
+            skips["layer_kw"] = self._value_embed_kw(ids_BT)
         # mask None + is_causal: the attention backend builds the causal mask (cheapest on cuDNN).
-        x_BTD = blocks(x_BTD, None, deterministic, decode, positions, segment_ids_BT)
+        x_BTD = blocks(x_BTD, None, deterministic, decode, positions, segment_ids_BT, **skips)
         x_BTD = layers.make_norm(cfg.norm)(cfg.ln_eps, dtype, param_dtype, name="ln_f")(x_BTD)
         if hidden:
             return x_BTD
         head = wte if cfg.tie_embeddings else layers.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
                                                            param_dtype=param_dtype, name="lm_head")
         return layers.softcap(head.attend(x_BTD), cfg.final_softcap)
+
+    def _value_embed_kw(self, ids_BT) -> list:
+        """Each layer's block keywords: {value_embed_BTKH} for the first and last E layers (table j: layers j and
+        L-E+j), None between. Tables N(0, 1), as modded-nanogpt's nn.Embedding: the scale of the values."""
+        cfg, dtype = self.cfg, jnp.dtype(self.cfg.dtype)
+        K, H, E, L = cfg.kv_heads, cfg.head_dim, cfg.value_embeds, cfg.num_layers
+        rows = [layers.Embed(cfg.vocab_size, K * H, std=1.0, dtype=dtype, param_dtype=jnp.dtype(cfg.param_dtype),
+                             name=f"value_embed_{j}")(ids_BT) for j in range(E)]
+        rows = [{"value_embed_BTKH": r_BTx.reshape(*ids_BT.shape, K, H)} for r_BTx in rows]  # [B, T, K*H] -> KH
+        return rows + [None] * (L - 2 * E) + rows
 
 
 def gemma_block_kw(cfg: GptConfig) -> dict:

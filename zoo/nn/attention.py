@@ -233,10 +233,11 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x_BTD, mask_B1TS=None, *, kv_BSD=None, is_causal=False, decode=False,
-                 positions_T=None, bias_BNTS=None, segment_ids_BT=None, local=None):
+                 positions_T=None, bias_BNTS=None, segment_ids_BT=None, local=None, value_embed_BTKH=None):
         """`local` (alternating local/global layers): None, every call windowed when sliding_window > 0; a
         Python bool, or a traced bool scalar (a scanned stack), whether this layer is windowed (and rotates
-        with `rope_local`)."""
+        with `rope_local`). `value_embed_BTKH` (self-attention; modded-nanogpt's value embeddings): the values
+        become l0 v + l1 value_embed, l (`value_lambdas`) learned and initialised to 0.5 each."""
         D = x_BTD.shape[-1]
         K = self.num_kv_heads or self.num_heads
         q_BTNH = self._proj("query", D, self.num_heads, x_BTD)
@@ -246,6 +247,10 @@ class Attention(nn.Module):
             src_BSD = x_BTD if kv_BSD is None else kv_BSD
             k_BSKH = self._proj("key", src_BSD.shape[-1], K, src_BSD)
             v_BSKH = self._proj("value", src_BSD.shape[-1], K, src_BSD)
+        if value_embed_BTKH is not None:
+            lambdas = self.param("value_lambdas", nn.with_logical_partitioning(nn.initializers.constant(0.5), (None,)),
+                                 (2,), self.param_dtype).astype(self.dtype)
+            v_BSKH = lambdas[0] * v_BSKH + lambdas[1] * value_embed_BTKH.astype(self.dtype)
         if self.qk_norm_eps is not None:  # over H, per head and position: the same weight for every head
             kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, axis="kv")
             qk_norm = rms_norm_plus1 if self.qk_norm_plus1 else rms_norm

@@ -25,8 +25,8 @@ from zoo.nn.positions import Rope
 class Block(nn.Module):
     """x -> sublayer(Attn) -> sublayer(Mlp). Causal when called with mask None (the backend builds the
     causal mask); `decode` runs self-attention against the KV cache; `segment_ids_BT` (packed examples) keeps
-    attention within each example and `positions_T` may then be per row ([B, T]). Returns (x, None) when
-    scanned."""
+    attention within each example and `positions_T` may then be per row ([B, T]); `value_embed_BTKH` is mixed
+    into the attention's values (zoo.nn.attention.Attention). Returns (x, None) when scanned."""
 
     num_heads: int
     d_ff: int
@@ -68,7 +68,7 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x_BTD, mask_B1TS, deterministic: bool, decode: bool = False, positions_T=None,
-                 segment_ids_BT=None, per_layer=None):
+                 segment_ids_BT=None, per_layer=None, value_embed_BTKH=None):
         # per_layer: a scanned stack's values of the attributes that differ by layer (zoo.nn.stack)
         local = self.local if per_layer is None else per_layer["local"]
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
@@ -89,7 +89,8 @@ class Block(nn.Module):
                           **kw)
         res = dict(pre_ln=self.pre_ln, dropout=self.dropout, deterministic=deterministic)
         attend = lambda h: attn(h, mask_B1TS, is_causal=mask_B1TS is None, decode=decode,  # noqa: E731
-                                positions_T=positions_T, segment_ids_BT=segment_ids_BT, local=local)
+                                positions_T=positions_T, segment_ids_BT=segment_ids_BT, local=local,
+                                value_embed_BTKH=value_embed_BTKH)
         if self.post_norms:  # Gemma 2/3's sandwich: x + post_norm(f(norm(x)))
             post_attn, post_mlp = (norm_cls(self.ln_eps, name=f"post_{n}", **kw) for n in self.norm_names)
             attend = lambda h, f=attend: post_attn(f(h))  # noqa: E731

@@ -233,6 +233,11 @@ def gelu_exact(x):
     return jax.nn.gelu(x, approximate=False)
 
 
+def relu_squared(x):
+    """relu(x)^2 (Primer; modded-nanogpt's GPT-2 speedrun MLP): as cheap as ReLU, smoother at 0, sparse."""
+    return jnp.square(jax.nn.relu(x))
+
+
 # Activation names as model configs spell them -> functions (GPT-2's "gelu_new" is gelu_tanh).
 ACTIVATIONS = {"relu": nn.relu, "gelu": gelu_exact, "gelu_tanh": gelu_tanh, "silu": nn.silu}
 

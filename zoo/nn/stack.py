@@ -27,6 +27,10 @@ def stack_blocks(block_cls, num_layers: int, *, scan: bool, remat: bool, name: s
     ({attribute: L values}, e.g. Gemma's local/global layers) sets block attributes that differ by layer:
     looped, block i gets value i as a (static) attribute; scanned, the block is called with one more
     positional arg, the dict of this layer's values (traced scalars), which it reads in their place.
+    The looped stack's callable also takes `skip_weights` (n <= L/2 values; modded-nanogpt's U-net): the
+    output of block i < n is added, times skip_weights[i], to the input of its mirror, block L-1-i; and
+    `layer_kw`, L dicts (or None) of keyword arguments for each block's call alone (modded-nanogpt's value
+    embeddings).
     """
     cls = block_cls
     if remat:
@@ -54,9 +58,15 @@ def stack_blocks(block_cls, num_layers: int, *, scan: bool, remat: bool, name: s
     blocks = [cls(name=f"{name}_{i}", **block_kw, **{k: v[i] for k, v in per_layer.items()})
               for i in range(num_layers)]
 
-    def run(x, *args):
-        for b in blocks:
-            x = b(x, *args)
+    def run(x, *args, skip_weights=None, layer_kw=None):
+        n = 0 if skip_weights is None else skip_weights.shape[0]
+        skips = []  # the outputs of blocks 0..n-1, the last on top: block L-1-i pops block i's
+        for i, b in enumerate(blocks):
+            if i >= num_layers - n:
+                x = x + skip_weights[num_layers - 1 - i].astype(x.dtype) * skips.pop()
+            x = b(x, *args, **((layer_kw[i] or {}) if layer_kw else {}))
+            if i < n:
+                skips.append(x)
         return x
     return run
 
