@@ -19,36 +19,16 @@ handful of programs; a progress bar goes to stderr for PROGRESS_AT texts or more
 from __future__ import annotations
 
 import functools
-import json
 import os
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from zoo.errors import ArgumentError, FamilyError
+from zoo.tasks.embed import Pooling, pool_hidden, st_pooling, unit
 
-POOLINGS = ("mean", "cls", "max", "mean_sqrt_len", "last")
 PROGRESS_AT = 1024  # texts from which a progress bar is shown
-
-
-@dataclass(frozen=True)
-class Pooling:
-    """How hidden states become one vector: `mode` (POOLINGS), L2-normalised or not, the longest text in tokens,
-    and the checkpoint's named prompts."""
-
-    mode: str
-    normalize: bool
-    max_len: int
-    prompts: tuple = ()
-
-
-def _read(path: str) -> dict | list | None:
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 def checkpoint_dir(lm) -> str | None:
@@ -61,32 +41,10 @@ def checkpoint_dir(lm) -> str | None:
 
 
 def pooling_of(lm) -> Pooling:
-    """`lm`'s pooling: its sentence-transformers files where it has them, else its family's default."""
-    decoder = lm.config.model.family != "bert"
-    max_len = lm.model.cfg.max_len
-    d = checkpoint_dir(lm)
-    if d is None:
-        return Pooling("last" if decoder else "mean", False, max_len)
-    modules = _read(os.path.join(d, "modules.json")) or []
-    types = {m.get("type", "").rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
-    mode = "last" if decoder else "mean"
-    if "Pooling" in types:
-        cfg = _read(os.path.join(d, types["Pooling"], "config.json")) or {}
-        modes = {"cls": cfg.get("pooling_mode_cls_token"), "mean": cfg.get("pooling_mode_mean_tokens"),
-                 "max": cfg.get("pooling_mode_max_tokens"),
-                 "mean_sqrt_len": cfg.get("pooling_mode_mean_sqrt_len_tokens"),
-                 "last": cfg.get("pooling_mode_lasttoken")}
-        chosen = [k for k, on in modes.items() if on]
-        if len(chosen) != 1:
-            where = os.path.join(d, types["Pooling"], "config.json")
-            raise FamilyError(f"{where} asks for pooling {chosen or 'none'}; zoo pools with exactly one of "
-                              f"{', '.join(POOLINGS)}")
-        mode = chosen[0]
-    st = _read(os.path.join(d, "sentence_bert_config.json")) or {}
-    if st.get("max_seq_length"):
-        max_len = min(max_len, int(st["max_seq_length"]))
-    prompts = (_read(os.path.join(d, "config_sentence_transformers.json")) or {}).get("prompts") or {}
-    return Pooling(mode, "Normalize" in types, max_len, tuple(sorted(prompts.items())))
+    """`lm`'s pooling: its sentence-transformers files where it has them, else its family's default (read as
+    task=embed reads them, with a decoder's last token besides)."""
+    default = "mean" if lm.config.model.family == "bert" else "last"
+    return st_pooling(checkpoint_dir(lm), lm.model.cfg.max_len, default)
 
 
 def _rows(lm, texts: list[str], pool: Pooling) -> list[list[int]]:
@@ -107,21 +65,8 @@ def _pool(params, ids_BT, valid_BT, *, model, mode: str, normalize: bool, decode
     else:
         from zoo.models.bert import Bert
         h_BTD = Bert(model.cfg).apply({"params": params["bert"]}, ids_BT, jnp.zeros_like(ids_BT), valid_BT, True)
-    h_BTD = h_BTD.astype(jnp.float32)
-    m_BT1 = valid_BT[..., None].astype(jnp.float32)
-    n_B1 = jnp.maximum(m_BT1.sum(1), 1.0)
-    if mode == "cls":
-        e_BD = h_BTD[:, 0]
-    elif mode == "max":
-        e_BD = jnp.max(jnp.where(m_BT1 > 0, h_BTD, -jnp.inf), 1)
-    elif mode == "last":
-        last_B = valid_BT.sum(1) - 1
-        e_BD = jnp.take_along_axis(h_BTD, last_B[:, None, None], 1)[:, 0]
-    else:
-        e_BD = (h_BTD * m_BT1).sum(1) / (n_B1 if mode == "mean" else jnp.sqrt(n_B1))
-    if normalize:
-        e_BD = e_BD / jnp.maximum(jnp.linalg.norm(e_BD, axis=-1, keepdims=True), 1e-12)
-    return e_BD
+    e_BD = pool_hidden(h_BTD, valid_BT, mode)
+    return unit(e_BD) if normalize else e_BD
 
 
 def embed(lm, texts, *, batch_size: int = 32, normalize: bool | None = None, prompt: str | None = None,

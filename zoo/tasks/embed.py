@@ -50,6 +50,8 @@ COLUMNS = (("anchor", "positive", "negative"), ("query", "document", "negative")
 # The poolings task=embed trains with -> their key in 1_Pooling/config.json.
 MODES = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
          "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens"}
+# Every pooling zoo pools with -> its key (last: a decoder's last token, Pretrained.embed's only).
+POOLINGS = {**MODES, "last": "pooling_mode_lasttoken"}
 MASKED = -1e9  # the logit of a padding row as a candidate: finite, so a padding row's own loss (weight 0) is not NaN
 
 
@@ -139,7 +141,7 @@ def eval_batches(pairs: Pairs, global_batch: int, num_batches: int, process_inde
 
 
 def pool_hidden(h_BTD, valid_BT, mode: str):
-    """float32[B, D]: the hidden states pooled as zoo.api.embed pools them (mean, cls, max, mean_sqrt_len)."""
+    """float32[B, D]: the hidden states pooled as `mode` (POOLINGS) says; Pretrained.embed pools with this too."""
     h_BTD = h_BTD.astype(jnp.float32)
     m_BT1 = valid_BT[..., None].astype(jnp.float32)
     n_B1 = jnp.maximum(m_BT1.sum(1), 1.0)
@@ -147,14 +149,21 @@ def pool_hidden(h_BTD, valid_BT, mode: str):
         return h_BTD[:, 0]
     if mode == "max":
         return jnp.max(jnp.where(m_BT1 > 0, h_BTD, -jnp.inf), 1)
+    if mode == "last":
+        last_B = valid_BT.sum(1) - 1
+        return jnp.take_along_axis(h_BTD, last_B[:, None, None], 1)[:, 0]
     return (h_BTD * m_BT1).sum(1) / (n_B1 if mode == "mean" else jnp.sqrt(n_B1))
+
+
+def unit(x_BD):
+    """Each row L2-normalised, with torch's cos_sim / Normalize eps."""
+    return x_BD / jnp.maximum(jnp.linalg.norm(x_BD, axis=-1, keepdims=True), 1e-12)
 
 
 def mnrl(a_BD, docs_CD, w_B, scale: float, symmetric: bool):
     """(ce_B, correct_B): MultipleNegativesRankingLoss per anchor (its symmetric variant with `symmetric`) of
     anchors a_BD against candidates docs_CD (positives first, then each negative column; C = B * (K - 1)); rows of
     weight 0 are no candidates."""
-    unit = lambda x: x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)  # torch's cos_sim eps
     a_BD, docs_CD = unit(a_BD), unit(docs_CD)
     B = a_BD.shape[0]
     real_C = jnp.tile(w_B > 0, docs_CD.shape[0] // B)
@@ -200,11 +209,12 @@ def st_dir(path: str, depth: int = 4) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class Pooling:
-    """What a checkpoint's sentence-transformers files say (as zoo.api.embed.pooling_of reads them for .embed)."""
+    """What a checkpoint's sentence-transformers files say (read for task=embed and for Pretrained.embed)."""
 
-    mode: str  # mean | cls | max | mean_sqrt_len
+    mode: str  # mean | cls | max | mean_sqrt_len | last (POOLINGS)
     normalize: bool  # modules.json lists a Normalize module
     max_len: int  # sentence_bert_config.json's max_seq_length (else the model's positions)
+    prompts: tuple = ()  # config_sentence_transformers.json's named prompts, ((name, text), ...) sorted
 
 
 def _json(path: str):
@@ -215,25 +225,34 @@ def _json(path: str):
         return None
 
 
-def read_pooling(d: str | None, max_len: int) -> Pooling:
-    """The pooling of the sentence-transformers files in `d` (None: an encoder's default, mean, unnormalised)."""
+def st_pooling(d: str | None, max_len: int, default: str = "mean", modes=tuple(POOLINGS), hint: str = "") -> Pooling:
+    """The pooling of the sentence-transformers files in `d` (None, or no Pooling module: `default`,
+    unnormalised); a Pooling module that asks for none, several or another than one of `modes` is refused in one
+    line (ending with `hint`)."""
     if d is None:
-        return Pooling("mean", False, max_len)
+        return Pooling(default, False, max_len)
     modules = _json(os.path.join(d, "modules.json")) or []
     types = {m.get("type", "").rsplit(".", 1)[-1]: m.get("path", "") for m in modules if isinstance(m, dict)}
-    mode = "mean"
+    mode = default
     if "Pooling" in types:
         where = os.path.join(d, types["Pooling"], "config.json")
         cfg = _json(where) or {}
-        chosen = [m for m, key in MODES.items() if cfg.get(key)]
-        if len(chosen) != 1 or any(cfg.get(k) for k in ("pooling_mode_lasttoken", "pooling_mode_weightedmean_tokens")):
-            raise ZooDataError(f"{where} asks for another pooling than one of {', '.join(MODES)}, which task=embed "
-                               f"trains with; set embed.pooling")
+        chosen = [m for m, key in POOLINGS.items() if cfg.get(key)]
+        chosen += ["weightedmean"] if cfg.get("pooling_mode_weightedmean_tokens") else []
+        if len(chosen) != 1 or chosen[0] not in modes:
+            raise ZooDataError(f"{where} asks for another pooling ({', '.join(chosen) or 'none'}) than exactly one "
+                               f"of {', '.join(modes)}{hint}")
         mode = chosen[0]
     st = _json(os.path.join(d, "sentence_bert_config.json")) or {}
     if st.get("max_seq_length"):
         max_len = min(max_len, int(st["max_seq_length"]))
-    return Pooling(mode, "Normalize" in types, max_len)
+    prompts = (_json(os.path.join(d, "config_sentence_transformers.json")) or {}).get("prompts") or {}
+    return Pooling(mode, "Normalize" in types, max_len, tuple(sorted(prompts.items())))
+
+
+def read_pooling(d: str | None, max_len: int) -> Pooling:
+    """task=embed's pooling of the sentence-transformers files in `d` (None: mean, unnormalised): one of MODES."""
+    return st_pooling(d, max_len, modes=tuple(MODES), hint=", which task=embed trains with; set embed.pooling")
 
 
 class EmbedTask(_Encoder):
@@ -312,8 +331,8 @@ def write_st_files(workdir: str, pool: Pooling, dim: int) -> None:
     if pool.normalize:
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
         os.makedirs(os.path.join(workdir, "2_Normalize"), exist_ok=True)
-    pooling = {"word_embedding_dimension": dim, **{k: pool.mode == m for m, k in MODES.items()},
-               "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": False, "include_prompt": True}
+    pooling = {"word_embedding_dimension": dim, **{k: pool.mode == m for m, k in POOLINGS.items()},
+               "pooling_mode_weightedmean_tokens": False, "include_prompt": True}
     os.makedirs(os.path.join(workdir, "1_Pooling"), exist_ok=True)
     for name, obj in (("modules.json", modules), ("1_Pooling/config.json", pooling),
                       ("sentence_bert_config.json", {"max_seq_length": pool.max_len, "do_lower_case": False})):
