@@ -191,9 +191,11 @@ class Pretrained:
     def save(self, out_dir: str, format: str = "zoo", *, params=None, verbose: bool = True) -> str:
         """Write the model into a new or empty directory: "zoo" a weights-only zoo run (zoo.load, --init-from and
         every command read it), "hf" a transformers directory (config.json, model.safetensors, tokenizer files),
-        "peft" a LoRA run's adapters as a PEFT adapter (adapter_config.json + adapter_model.safetensors). `params`
-        (default: self.params) saves other weights of the same model, e.g. those a loop of one's own trained.
-        Returns out_dir; prints one `wrote` line unless verbose=False."""
+        "peft" a LoRA run's adapters as a PEFT adapter (adapter_config.json + adapter_model.safetensors),
+        "sentence-transformers" a BERT-family encoder as a folder SentenceTransformer(out_dir) loads and encodes
+        as .embed does (the transformer, modules.json, 1_Pooling, 2_Normalize when normalised, its
+        max_seq_length). `params` (default: self.params) saves other weights of the same model, e.g. those a loop
+        of one's own trained. Returns out_dir; prints one `wrote` line unless verbose=False."""
         return save.save(self, out_dir, format, params=params, verbose=verbose)
 
     def tokenize(self, text: str) -> list[int]:

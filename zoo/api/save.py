@@ -1,7 +1,7 @@
-"""Pretrained.save: a loaded (or tuned) model written as a zoo run, a Hugging Face directory or a PEFT adapter
-(with its tokenizer's files), by the writers `zoo-convert` uses (zoo.hf.convert.export, zoo.hf.peft_export.to_peft,
-zoo.train.checkpoint.save_weights). Every format writes into a new or empty directory and checks everything before
-it writes."""
+"""Pretrained.save: a loaded (or tuned) model written as a zoo run, a Hugging Face directory, a PEFT adapter or
+(an encoder) a sentence-transformers folder (with its tokenizer's files), by the writers `zoo-convert` uses
+(zoo.hf.convert.export, zoo.hf.peft_export.to_peft, zoo.train.checkpoint.save_weights) and zoo.hf.st_export. Every
+format writes into a new or empty directory and checks everything before it writes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import shutil
 
 from zoo.errors import ArgumentError, ConversionError
 
-FORMATS = ("zoo", "hf", "peft")
+FORMATS = ("zoo", "hf", "peft", "sentence-transformers")
 
 
 def save(lm, out_dir: str, format: str = "zoo", *, params=None, verbose: bool = True) -> str:
@@ -28,12 +28,19 @@ def save(lm, out_dir: str, format: str = "zoo", *, params=None, verbose: bool = 
             raise ArgumentError(f"format='peft' writes a LoRA run's adapters; {lm.source!r} holds none (train LoRA "
                                 f"with zoo.train(..., overrides={{'model.lora_rank': 16}}) or save with format='hf')")
         if params is not lm.params:
-            raise ArgumentError("format='peft' writes the adapters the run trained; params= applies to 'zoo' and 'hf'")
+            raise ArgumentError("format='peft' writes the adapters the run trained; params= applies to 'zoo', 'hf' "
+                                "and 'sentence-transformers'")
         peft_export.to_peft(lm.lora_run, out_dir, verbose=verbose)
     elif format == "hf":
         from zoo.hf.convert import export
         what = f"{lm.source}" + (f", step {lm.step}" if lm.step is not None else "")
         export(lm.config, params, out_dir, run_dir=lm.run_dir, what=what, verbose=verbose)
+    elif format == "sentence-transformers":
+        from zoo.api.embed import pooling_of
+        from zoo.hf import st_export
+        what = f"{lm.source}" + (f", step {lm.step}" if lm.step is not None else "")
+        st_export.check(lm.config, lm.source)
+        st_export.to_st(lm.config, params, out_dir, pooling_of(lm), run_dir=lm.run_dir, what=what, verbose=verbose)
     else:
         _zoo(lm, out_dir, params, verbose)
     return out_dir
