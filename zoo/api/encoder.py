@@ -48,9 +48,9 @@ def class_names(lm) -> list[str]:
 
 
 def class_probs(lm, texts: list[str], pairs: list[str] | None = None, *, batch_size: int = 32,
-                where=None) -> np.ndarray:
-    """probs [N, C] of a bert_cls model for N texts (and their pairs: a second text each, or None for a single
-    text); `where(i)` names text i in errors."""
+                where=None, softmax: bool = True) -> np.ndarray:
+    """probs [N, C] (logits with softmax=False) of a bert_cls model for N texts (and their pairs: a second text
+    each, or None for a single text); `where(i)` names text i in errors."""
     from zoo.infer.encoder import class_probs as run
     from zoo.tasks.classify import frame
     from zoo.tasks.mlm import bert_specials, check_ids
@@ -67,7 +67,7 @@ def class_probs(lm, texts: list[str], pairs: list[str] | None = None, *, batch_s
         check_ids(ids, lm.model.cfg.vocab_size, lm.tokenizer, where(i))
         rows.append(check_length(ids, lm.model.cfg.max_len, where(i)))
         seg_starts.append(seg_start)
-    return run(lm.model, lm.params, rows, seg_starts, pad_id=sp.pad, batch_size=batch_size)
+    return run(lm.model, lm.params, rows, seg_starts, pad_id=sp.pad, batch_size=batch_size, softmax=softmax)
 
 
 def classify(lm, texts, pairs=None, *, batch_size: int = 32):
@@ -82,6 +82,25 @@ def classify(lm, texts, pairs=None, *, batch_size: int = 32):
     names = class_names(lm)
     out = [{"label": names[int(np.argmax(p))], "probs": {n: float(x) for n, x in zip(names, p)}} for p in probs_NC]
     return out[0] if single else out
+
+
+def rerank(lm, query: str, documents, *, top_k: int | None = None, batch_size: int = 32) -> list[dict]:
+    """See Pretrained.rerank."""
+    from zoo.api.decoder import texts_of
+    require(lm, "bert_cls", "rerank")
+    if lm.model.cfg.num_classes != 1:
+        raise FamilyError(f".rerank needs a cross-encoder (one output); {lm.source!r} classifies into "
+                          f"{lm.model.cfg.num_classes} classes: use .classify")
+    if not isinstance(query, str):
+        raise ArgumentError(f"query must be a string, not {type(query).__name__}")
+    docs, _ = texts_of(documents, "documents")
+    if top_k is not None and top_k < 1:
+        raise ArgumentError(f"top_k={top_k} must be >= 1")
+    logits_N1 = class_probs(lm, [query] * len(docs), docs, batch_size=batch_size, softmax=False,
+                            where=lambda i: f"the query or document {i}")
+    scores_N = 1 / (1 + np.exp(-logits_N1[:, 0].astype(np.float64)))  # CrossEncoder's Sigmoid for one label
+    order = np.argsort(-scores_N, kind="stable")[:top_k]
+    return [{"corpus_id": int(i), "score": float(scores_N[i])} for i in order]
 
 
 def fill_mask_ids(lm, texts: list[str], top_k: int = 5, *, batch_size: int = 32, where=None):

@@ -29,7 +29,8 @@ OFFERS = {"gpt_lm": ("generate", "chat", "logprobs", "loss", "embed"),
           "sft": ("generate", "chat", "logprobs", "loss", "embed"),
           "dpo": ("generate", "chat", "logprobs", "loss", "embed"),
           "grpo": ("generate", "chat", "logprobs", "loss", "embed"),
-          "bert_cls": ("classify", "embed"), "bert_mlm": ("fill_mask", "embed"), "bert_tokens": ("tag", "embed"),
+          "bert_cls": ("classify", "rerank", "embed"), "bert_mlm": ("fill_mask", "embed"),
+          "bert_tokens": ("tag", "embed"),
           "seq2seq": ("translate",), "bert_encoder": ("embed",), "embed": ("embed",)}
 
 
@@ -119,6 +120,12 @@ class Pretrained:
         class, "probs": {class: probability}}; `pairs` the second texts of sentence pairs. Class names come from
         the run's labels.json, else its config."""
         return encoder.classify(self, texts, pairs, batch_size=batch_size)
+
+    def rerank(self, query: str, documents: list[str], *, top_k: int | None = None, batch_size: int = 32) -> list:
+        """A cross-encoder's (a bert_cls model with one output, e.g. ms-marco-MiniLM) ranking of `documents` for
+        `query`: [{"corpus_id": index in documents, "score": sigmoid of the logit of ([CLS] query [SEP] document
+        [SEP])}], best first, the first `top_k`; as sentence-transformers' CrossEncoder.rank."""
+        return encoder.rerank(self, query, documents, top_k=top_k, batch_size=batch_size)
 
     def fill_mask(self, texts: str | list[str], *, top_k: int = 5, batch_size: int = 32) -> list:
         """A masked LM's (task bert_mlm) top_k tokens at each "[MASK]" of a text: a list (one per [MASK]) of

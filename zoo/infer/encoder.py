@@ -48,20 +48,21 @@ def pad_rows(rows: list[list[int]], seg_starts: list[int], pad_id: int, batch_si
     return ids_BT, segment_ids_BT, valid_BT
 
 
-@functools.partial(jax.jit, static_argnames=("model",))
-def _class_probs(params, ids_BT, segment_ids_BT, valid_BT, *, model):
-    logits_BC = model.apply({"params": params}, ids_BT, segment_ids_BT, valid_BT)
-    return jax.nn.softmax(logits_BC.astype(jnp.float32), axis=-1)
+@functools.partial(jax.jit, static_argnames=("model", "softmax"))
+def _class_probs(params, ids_BT, segment_ids_BT, valid_BT, *, model, softmax: bool = True):
+    logits_BC = model.apply({"params": params}, ids_BT, segment_ids_BT, valid_BT).astype(jnp.float32)
+    return jax.nn.softmax(logits_BC, axis=-1) if softmax else logits_BC
 
 
 def class_probs(model, params, rows: list[list[int]], seg_starts: list[int], *, pad_id: int,
-                batch_size: int = 32) -> np.ndarray:
-    """probs [N, C] of a BertClassifier for N framed rows; segment 1 of row i starts at seg_starts[i]."""
+                batch_size: int = 32, softmax: bool = True) -> np.ndarray:
+    """probs [N, C] of a BertClassifier for N framed rows (its logits with softmax=False); segment 1 of row i
+    starts at seg_starts[i]."""
     out = [None] * len(rows)
     for idx in batches([len(r) for r in rows], batch_size):
         arrays = pad_rows([rows[i] for i in idx], [seg_starts[i] for i in idx], pad_id, batch_size,
                           model.cfg.max_len)
-        probs_BC = np.asarray(_class_probs(params, *map(jnp.asarray, arrays), model=model))
+        probs_BC = np.asarray(_class_probs(params, *map(jnp.asarray, arrays), model=model, softmax=softmax))
         for b, i in enumerate(idx):
             out[i] = probs_BC[b]
     return np.stack(out)
