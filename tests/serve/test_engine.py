@@ -4,6 +4,7 @@ by one."""
 
 import threading
 
+import jax
 import numpy as np
 import pytest
 
@@ -48,7 +49,9 @@ def test_decoding_reads_a_length_bucket_that_grows_with_the_row_and_answers_as_s
 
     def spy(*a, **kw):
         lengths.append(kw["L"])
+        steps.append((int(a[-1]), kw["K"]))  # (steps run, the program's chunk)
         return decode(*a, **kw)
+    steps = []
     engine._decode = spy
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 256, 100).tolist(), rng.integers(1, 256, 30).tolist()]
@@ -60,6 +63,26 @@ def test_decoding_reads_a_length_bucket_that_grows_with_the_row_and_answers_as_s
                                vocab_limit=lm.tokenizer.n_vocab)[0]
         assert sum(chunks, []) == want
     assert lengths[0] == 128 and lengths[-1] == 256 and sorted(lengths) == lengths  # 100 + 60 tokens pass 128
+    # one program per rows and length: a new row's single first step runs the chunk's program, stopped after one
+    assert steps[0] == (1, 8) and {k for _, k in steps} == {8} and {n for n, _ in steps} == {1, 8}
+    assert engine.programs() == len(engine.warm_plan()) and sum(p[0] == "decode" for p in engine.warm_plan()) == 4
+
+
+def test_the_layers_looped_or_scanned_decode_the_same_tokens(lm):
+    """The engine decodes with the layers one after another (zoo.infer.sample.unscanned) unless asked to scan them:
+    the same greedy tokens either way, and unscanned undoes scanned."""
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(1, 256, n).tolist() for n in (40, 70)]
+    got = []
+    for scan in (False, True):
+        engine = Engine(lm, slots=2, max_len=128, chunk=4, scan_layers=scan)
+        assert engine.model.cfg.scan_layers == scan
+        got.append(_run(engine, [Sequence(prompt=p, max_tokens=20, temperature=0.0) for p in prompts]))
+    assert [sum(c, []) for c in got[0]] == [sum(c, []) for c in got[1]] and len(sum(got[0][0], [])) == 20
+    model, params = sample.unscanned(*sample.scanned(lm.model, lm.params))
+    assert model.cfg == lm.model.cfg
+    assert all((a == b).all() for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(lm.params)))
+    assert jax.tree.structure(params) == jax.tree.structure(lm.params)
 
 
 def test_a_streaming_row_gets_its_tokens_one_at_a_time(lm):

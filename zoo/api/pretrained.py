@@ -216,13 +216,16 @@ class Pretrained:
         """The text of token ids."""
         return self.tokenizer.decode(list(ids))
 
-    def decoding(self):
-        """(model, params) that generation and scoring run: the layers as one scan (zoo.infer.sample.scanned: one
-        layer compiled instead of L), made on first use and kept; the same outputs as (model, params)."""
-        if "_decoding_" not in self.__dict__:
-            from zoo.infer.sample import scanned
-            self.__dict__["_decoding_"] = scanned(self.model, self.params)
-        return self.__dict__["_decoding_"]
+    def decoding(self, scan: bool = True):
+        """(model, params) that generation and scoring run, made on first use and kept; the same outputs as
+        (model, params). scan True: the layers as one scan (zoo.infer.sample.scanned: one layer compiled instead of
+        L); False: one layer after another (zoo.infer.sample.unscanned: faster decoding steps, longer compiles;
+        zoo-serve's engine)."""
+        key = "_decoding_" if scan else "_decoding_looped_"
+        if key not in self.__dict__:
+            from zoo.infer.sample import scanned, unscanned
+            self.__dict__[key] = (scanned if scan else unscanned)(self.model, self.params)
+        return self.__dict__[key]
 
     def _task(self):
         if "_task_" not in self.__dict__:

@@ -50,6 +50,9 @@ def main(argv=None) -> int:
                     "decode, is prefilled this many tokens between two decode chunks (default: %(default)s)")
     ap.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt whole, even where another "
                     "row holds its leading tokens (a shared system prompt) already")
+    ap.add_argument("--scan-layers", action="store_true", help="decode with the layers as one scan: each program "
+                    "compiles one layer (a start-up 2-3x faster) but every step copies each layer's weights out of "
+                    "their stack (1.3-1.5x slower decoding)")
     ap.add_argument("--compile-for", metavar="TARGET", help="compile the engine's programs (decode chunk, prefill) for a "
                     "TPU topology (v5e:2x2, v5e-8, ...) and print the report instead of serving: does it fit a chip? "
                     "SOURCE: a preset name or a zoo run; nothing loaded (needs libtpu: pip install -e '.[tpu]')")
@@ -87,7 +90,8 @@ def main(argv=None) -> int:
         decoder.require_decoder(lm, "serve")
         decoder.prompt_tokens(lm, conversations=[[{"role": "user", "content": "Hi"}]])  # the chat template renders
         engine = Engine(lm, slots=a.slots, max_len=a.max_len or min(lm.config.window, 2048), chunk=a.chunk,
-                        max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, prefill_chunk=a.prefill_chunk)
+                        max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, prefill_chunk=a.prefill_chunk,
+                        scan_layers=a.scan_layers)
     except BAD_INPUT as e:
         if sock is not None:
             sock.close()

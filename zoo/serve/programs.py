@@ -41,11 +41,14 @@ def _filtered(logits_V, top_k, top_p):
 def _sample(logits_BV, keys, temp_B, topk_B, topp_B):
     """One token per row: greedy at temperature 0, else sampling at its temperature, filtered by its top-k and
     top-p (the sorting only when some row asks for a filter)."""
-    scaled_BV = logits_BV / jnp.maximum(temp_B, 1e-6)[:, None]
-    need = jnp.any((topk_B > 0) | (topp_B < 1.0))
-    scaled_BV = jax.lax.cond(need, lambda x: jax.vmap(_filtered)(x, topk_B, topp_B), lambda x: x, scaled_BV)
-    sampled_B = jax.vmap(jax.random.categorical)(keys, scaled_BV)
-    return jnp.where(temp_B == 0, jnp.argmax(logits_BV, -1), sampled_B).astype(jnp.int32)
+    greedy_B = jnp.argmax(logits_BV, -1).astype(jnp.int32)
+
+    def sampled(logits_BV):  # only when some row samples: its Gumbel noise and arg-max over [B, V] cost as much
+        scaled_BV = logits_BV / jnp.maximum(temp_B, 1e-6)[:, None]  # as the rest of a 32-row step's sampling
+        need = jnp.any((topk_B > 0) | (topp_B < 1.0))
+        scaled_BV = jax.lax.cond(need, lambda x: jax.vmap(_filtered)(x, topk_B, topp_B), lambda x: x, scaled_BV)
+        return jnp.where(temp_B == 0, greedy_B, jax.vmap(jax.random.categorical)(keys, scaled_BV).astype(jnp.int32))
+    return jax.lax.cond(jnp.any(temp_B > 0), sampled, lambda x: greedy_B, logits_BV)
 
 
 def prefill_row(model, ax: int, params, cache, logits_BV, row, ids_1P, length, start, *, P: int, S: int):
@@ -75,25 +78,29 @@ def copy_prefix(ax: int, cache, src, dst, *, S: int):
 
 
 def decode_chunk(model, vocab: int, ax: int, params, cache, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2,
-                 steps_B, *, B: int, K: int, L: int):
-    """K steps of the first B rows (a bucket holding every active row): sample from each row's logits, feed the
-    token back at its position. The rows' first L slots (a length bucket holding every position the K steps
-    write) are all the steps read and write: attention over L keys, not the cache's whole length. Returns the
-    whole cache and logits with those rows updated, and the tokens [B, K] (rows free within B, position -1,
-    compute nothing anyone reads). `vocab`: the tokenizer's, the ids sampled from (a model may pad its output)."""
+                 steps_B, n=None, *, B: int, K: int, L: int):
+    """n steps (at most K; None: K) of the first B rows (a bucket holding every active row): sample from each row's
+    logits, feed the token back at its position. One program runs a chunk or a single step (a new row's first
+    token, a streaming row): n is traced, K is not. The rows' first L slots (a length bucket holding every
+    position the steps write) are all the steps read and write: attention over L keys, not the cache's whole
+    length. Returns the whole cache and logits with those rows updated, and the tokens [B, K] (the first n
+    columns sampled; rows free within B, position -1, compute nothing anyone reads). `vocab`: the tokenizer's, the
+    ids sampled from (a model may pad its output)."""
     rowwise = lambda c: c.ndim > ax  # noqa: E731
     full_cache, full_logits = cache, logits_BV
     cache = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.slice_in_dim(c, 0, B, axis=ax), 0, L, axis=ax + 1)
                          if rowwise(c) else c, cache)
     logits_BV = logits_BV[:B]
 
-    def step(carry, i):
-        cache, logits_BV, pos_B = carry
+    def step(i, carry):
+        cache, logits_BV, pos_B, toks_KB = carry
         keys = jax.vmap(jax.random.fold_in)(keys_B2, steps_B + i)
         tok_B = _sample(logits_BV[:, :vocab], keys, temp_B, topk_B, topp_B)
         out, upd = model.apply({"params": params, "cache": cache}, tok_B[:, None], decode=True,
                                positions_BT=pos_B[:, None], mutable=["cache"])
-        return (upd["cache"], out[:, -1, :].astype(jnp.float32), jnp.where(pos_B >= 0, pos_B + 1, -1)), tok_B
-    (cache, logits_BV, _), toks_KB = jax.lax.scan(step, (cache, logits_BV, positions_B), jnp.arange(K))
+        return (upd["cache"], out[:, -1, :].astype(jnp.float32), jnp.where(pos_B >= 0, pos_B + 1, -1),
+                toks_KB.at[i].set(tok_B))
+    init = (cache, logits_BV, positions_B, jnp.zeros((K, B), jnp.int32))
+    cache, logits_BV, _, toks_KB = jax.lax.fori_loop(0, K if n is None else jnp.minimum(n, K), step, init)
     cache = jax.tree.map(lambda c, s: _put(c, s, ax, 0) if rowwise(c) else s, full_cache, cache)
     return cache, full_logits.at[:B].set(logits_BV), toks_KB.T
