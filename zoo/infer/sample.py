@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from zoo.errors import ConfigError
+
 
 def sample_logits(logits_BV, rng, temperature: float, top_k: int, top_p: float):
     """One token per row. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
@@ -202,11 +204,15 @@ def scanned(model, params):
     """(the same decoder with its layers as one nn.scan, its params with the layers stacked): what generation and
     scoring run. XLA then compiles one layer instead of L (SmolLM2-135M's 30: a decode program in 2.0 s instead
     of 7.5 s on a 2-core CPU, and 0.83 instead of 0.94 s for 32 tokens); the outputs are the same. The stacked
-    params are a copy (as large as the layers' params); a model already scanned comes back as it is."""
+    params are a copy (as large as the layers' params); a model already scanned, or one that only loops (the
+    speedrun's U-net skips and value embeddings: its config refuses scan_layers), comes back as it is."""
     cfg = model.cfg
     if cfg.scan_layers or cfg.num_layers < 2:
         return model, params
-    twin = type(model)(dataclasses.replace(cfg, scan_layers=True))
+    try:
+        twin = type(model)(dataclasses.replace(cfg, scan_layers=True))
+    except ConfigError:  # a stack that only loops
+        return model, params
     out = {k: v for k, v in params.items() if not (k.startswith("h_") and k[2:].isdigit())}
     out["h"] = jax.tree.map(lambda *xs: jnp.stack(xs), *[params[f"h_{i}"] for i in range(cfg.num_layers)])
     return twin, out
