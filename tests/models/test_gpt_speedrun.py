@@ -209,3 +209,17 @@ def test_unet_skips_and_value_embeds_keep_causality_and_cached_decoding():
 def test_bad_speedrun_switches_are_one_line_errors(bad, fragment):
     with pytest.raises(ConfigError, match=fragment):
         GptConfig(**{**dataclasses.asdict(GPT_TINY), **bad})
+
+
+@pytest.mark.parametrize("switch", [dict(unet_skips=True), dict(value_embeds=1)])
+def test_a_hugging_face_export_of_the_zoo_only_parts_is_refused_in_one_line(switch):
+    """No Hugging Face architecture has U-net skips or value embeddings: an export would drop their weights."""
+    from zoo.errors import ConversionError
+    from zoo.hf.convert import export_converter
+    cfg = _tiny(num_layers=4, positions="rope", norm="rmsnorm", mlp="swiglu", qkv_bias=False, out_bias=False,
+                mlp_bias=False, tie_embeddings=False, **switch)
+    assert export_converter(dataclasses.replace(cfg, unet_skips=False, value_embeds=0)).__name__ == "zoo.hf.llama"
+    name = next(iter(switch))
+    with pytest.raises(ConversionError, match=rf"^this gpt model has no Hugging Face equivalent: .*model\.{name} "
+                                              r"\(=.*\).*; save it with format='zoo'$"):
+        export_converter(cfg)

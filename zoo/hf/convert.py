@@ -34,12 +34,20 @@ def converters() -> dict[str, Converter]:
     return {t: check(importlib.import_module(ref)) for f in FAMILIES.values() for t, ref in f.hf.items()}
 
 
+ZOO_ONLY = ("unet_skips", "value_embeds")  # GptConfig switches with weights of their own no HF model reads
+
+
 def export_converter(model_cfg) -> Converter:
     """The converter a zoo model exports with: the first of its family's that `exports` it (an
     encoder-decoder: relative positions -> T5, learned -> BART; a GPT: learned positions -> GPT-2, rotary
     ones -> Qwen3 by its q/k norms, else Qwen2, Mistral or Llama by its biases and window). A converter
     registered under several model types (t5: also mt5) is asked once, as its first."""
     mods = [check(importlib.import_module(ref)) for ref in dict.fromkeys(FAMILIES[model_cfg.family].hf.values())]
+    zoo_only = [k for k in ZOO_ONLY if getattr(model_cfg, k, False)]
+    if zoo_only:  # parts no Hugging Face architecture has: an export would drop their weights silently
+        raise ConversionError(f"this {model_cfg.family} model has no Hugging Face equivalent: no Hugging Face "
+                              f"architecture has model.{zoo_only[0]} (={getattr(model_cfg, zoo_only[0])}), whose "
+                              f"weights an export would drop; save it with format='zoo'")
     for mod in mods:
         if mod.exports(model_cfg):
             return mod
