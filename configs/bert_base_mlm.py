@@ -11,7 +11,7 @@ Not measured: this needs the network (dataset, tokenizer) and an accelerator; no
 
 import dataclasses
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.bert import BERT_BASE
 
 

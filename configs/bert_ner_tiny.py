@@ -26,7 +26,7 @@ The model has configs/bert_tiny_mlm.py's shapes, so `--set init_from=runs/mlm` s
 
 import dataclasses
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.bert import BERT_TINY
 
 # 257 byte ids + [CLS] [SEP] [MASK] [PAD], rounded up, as bert_tiny_mlm; 7 tags: O and B-/I- of PER, LOC, ORG.

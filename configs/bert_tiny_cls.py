@@ -16,7 +16,7 @@ the count is printed at start.
 
 import dataclasses
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.bert import BERT_TINY
 
 # Must match configs/bert_tiny_mlm.py in every shape but the head, so init_from copies the encoder.

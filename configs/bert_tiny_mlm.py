@@ -15,7 +15,7 @@ this run takes 3000 steps: with 1000 it ends at eval_loss ~2.7 and answers ' ' t
 
 import dataclasses
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.bert import BERT_TINY
 
 # 257 byte ids (256 bytes + the document separator) + [CLS] [SEP] [MASK] [PAD] = 261 rows, rounded up.

@@ -12,7 +12,7 @@ Expect (`python -m zoo.cli.results encdec_tiny`, 2-core CPU, 2026-11-26): 5m55s 
 96.89; 12,735 tokens/s, MFU 0.28.
 """
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.encdec import ENCDEC_TINY
 
 

@@ -6,7 +6,7 @@
 Expect, on 8 GPUs for ~100k steps: validation loss ~3.0 (nanoGPT's reproduction of GPT-2 124M).
 """
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.gpt import GPT2_SMALL
 
 

@@ -15,7 +15,7 @@ Expect: not yet run in zoo (the speedrun's target is 3.28 FineWeb validation los
 starting point (Muon's update RMS set to AdamW's, optim.muon_rms), not tuned.
 """
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.gpt import GPT_SPEEDRUN
 
 

@@ -10,7 +10,7 @@ Expect: not yet measured over the whole run (tests/train/test_gpt_speedrun_confi
 sees the loss fall).
 """
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.gpt import GPT_SPEEDRUN_TINY
 
 

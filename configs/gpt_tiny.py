@@ -6,7 +6,7 @@ Expect (`python -m zoo.cli.results gpt_tiny`, 2-core CPU, 2026-11-27): 2m21s wal
 over 800 steps, eval_loss 1.617, eval_accuracy 0.5355; 12,800 tokens/s, MFU 0.39.
 """
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.gpt import GPT_TINY
 
 

@@ -9,7 +9,7 @@ Expect (`python -m zoo.cli.results llama_tiny`, 2-core CPU, 2026-11-27): 2m18s w
 1.16 over 800 steps, eval_loss 1.27, eval_accuracy 0.6331; 13,105 tokens/s, MFU 0.35.
 """
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.gpt import LLAMA_TINY
 
 

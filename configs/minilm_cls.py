@@ -23,7 +23,7 @@ and are truncated.
 
 import dataclasses
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.errors import ConfigError
 from zoo.models.bert import MINILM_L6
 

@@ -10,7 +10,7 @@ Expect (`python -m zoo.cli.results moe_tiny`, 2-core CPU, 2026-11-27): 1m13s wal
 over 200 steps, eval_loss 1.928, eval_accuracy 0.476, moe_aux_loss 2.009; 7,665 tokens/s, MFU 0.21.
 """
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.gpt import MOE_TINY
 
 

@@ -27,7 +27,7 @@ Sample (that run's, as train.py prints it at the end: temperature 0.8, top-k 40)
     To grest, all not please sto in shiced
 """
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.gpt import GPT_TINY
 
 

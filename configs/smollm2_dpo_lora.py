@@ -45,7 +45,7 @@ Answers (that run's, greedy: zoo-sample RUN --chat --temperature 0), before -> a
 
 import dataclasses
 
-from zoo.config import Config, DataConfig, OptimConfig, PreferenceConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, PreferenceConfig, TrainConfig
 from zoo.hf.packaged import smollm2_gguf
 from zoo.models.gpt import SMOLLM2_135M
 

@@ -14,7 +14,7 @@ Expect: not measured in this repository yet (CPU only so far; at 60M params the 
 an accelerator to finish in minutes).
 """
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.encdec import T5_SMALL
 
 

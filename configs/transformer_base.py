@@ -17,7 +17,7 @@ newstest2014 en-de after 100k steps on 8 P100s; de-en with a byte-level BPE of 1
 
 import dataclasses
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.encdec import TRANSFORMER_BASE, with_vocab
 
 

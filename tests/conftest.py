@@ -10,7 +10,7 @@ import sys
 # learned_seq2seq below: 126 vs 58 s), so the few runs long enough to lose more than they gain train in a
 # process of their own at level 1 (tests/helpers/processes.train_alone). Level 0 computes the same operations,
 # with float results that may differ from level 2's in the last bits: every comparison in the suite is between
-# runs of the same session or within a tolerance. zoo.train.run_once's programs (initialisation, checksums) take
+# runs of the same session or within a tolerance. zoo.training.run_once's programs (initialisation, checksums) take
 # level 0 too (their level 1 is a ceiling); a user's runs keep XLA's defaults.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
                            " --xla_backend_optimization_level=0")
@@ -32,7 +32,7 @@ import pytest  # noqa: E402
 
 from tests.helpers import shared, time_profile, tiny_configs  # noqa: E402
 from tests.helpers.processes import train_alone  # noqa: E402
-from zoo.train import runs  # noqa: E402
+from zoo.training import runs  # noqa: E402
 
 
 # Python's cyclic garbage collector at its defaults spent 4.6% of a worker's time (test_lora + test_trainer: 8.3 of

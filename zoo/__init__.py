@@ -27,11 +27,10 @@ runtime.quiet_libtpu()
 
 __all__ = ["load", "Pretrained", "train", "config", "Run", "from_pretrained", "compile_for", "errors"]
 
-# name -> "module:attribute" (or a module), imported when first asked for (PEP 562). zoo.train and zoo.config
-# are the package of the trainer and the module of Config, which calling makes zoo.api.training's train and
-# config (zoo.callable_module): `import zoo.train.trainer` sets the same object as zoo.train.
+# name -> "module:attribute" (or a module), imported when first asked for (PEP 562). zoo.train and zoo.config are
+# plain functions (zoo.api.training); the trainer's package is zoo.training and Config's module zoo.configuration.
 _LAZY = {"load": "zoo.api.load:load", "Pretrained": "zoo.api.pretrained:Pretrained", "Run": "zoo.api.training:Run",
-         "train": "zoo.train", "config": "zoo.config", "compile_for": "zoo.aot.train:compile_for"}
+         "train": "zoo.api.training:train", "config": "zoo.api.training:config", "compile_for": "zoo.aot.train:compile_for"}
 
 
 def __getattr__(name: str):

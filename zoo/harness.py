@@ -42,7 +42,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from tqdm import tqdm
 
-from zoo.config import from_dict as config_from_dict
+from zoo.configuration import from_dict as config_from_dict
 from zoo.data.tokenizers import encode_text
 from zoo.errors import ConfigError, FamilyError, ZooDataError
 from zoo.eval.loglik import Row, pad_batch, prefix_token

@@ -2,7 +2,7 @@
 (`cache_root`), JAX's persistent compilation cache there, and XLA's C++ log lines kept off the console.
 
 - Cache root: $ZOO_CACHE_DIR, else $XDG_CACHE_HOME/zoo, else ~/.cache/zoo. It holds the CPU's measured matmul
-  peak (zoo.train.flops), checkpoints converted once (zoo.load of a .gguf file: converted/) and compiled
+  peak (zoo.training.flops), checkpoints converted once (zoo.load of a .gguf file: converted/) and compiled
   programs (jax/).
 - Compiled programs: every command and zoo.load / zoo.train turn on JAX's persistent compilation cache in
   CACHE_ROOT/jax, so a program compiled once (a decoder's generation loop, a train step) is read back by the

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from zoo.aot import pods, report, target as targets
-from zoo.train import sharding
+from zoo.training import sharding
 
 EXPECT = {  # row -> (model layers, seq_len, chips, slices, mesh (data, fsdp, tensor, expert))
     "gpt2_small": (12, 1024, 8, 1, (8, 1, 1, 1)),

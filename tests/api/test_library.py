@@ -25,7 +25,7 @@ from zoo import tasks  # noqa: E402
 from zoo.api import decoder  # noqa: E402
 from zoo.cli import sample as zoo_sample  # noqa: E402
 from zoo.errors import ArgumentError, CheckpointError, ConfigError, FamilyError  # noqa: E402
-from zoo.train import checkpoint, runs  # noqa: E402
+from zoo.training import checkpoint, runs  # noqa: E402
 
 one_torch_thread = hf_runs.one_torch_thread  # autouse
 PROMPTS = ["Hi", "The cat sat", "0123456789 abcdef"]
@@ -253,8 +253,8 @@ def test_save_as_zoo_and_as_hugging_face_round_trips(llama, tmp_path):
 
 
 def test_presets_dtype_and_a_mesh(llama):
-    from zoo.config import MeshConfig
-    from zoo.train import sharding
+    from zoo.configuration import MeshConfig
+    from zoo.training import sharding
     lm = zoo.load(llama[1], dtype="bfloat16")
     assert {x.dtype.name for x in jax.tree.leaves(lm.params)} == {"bfloat16"} and lm.config.model.dtype == "bfloat16"
     assert isinstance(lm.generate("Hi", max_new_tokens=3), str)

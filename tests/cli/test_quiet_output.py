@@ -14,7 +14,7 @@ from tests.helpers.shared_runs import smollm2_gguf_run_fixture  # noqa: F401
 from zoo.api import configs
 from zoo.cli import bench, convert
 from zoo.cli.train import train_main
-from zoo.train import runs
+from zoo.training import runs
 
 LLAMA = dict(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=1)

@@ -8,7 +8,7 @@ from conftest import replace
 from tests.helpers.runs import run
 import zoo
 from zoo.cli import translate
-from zoo.train import runs
+from zoo.training import runs
 from zoo.data.tokenizers import ByteTokenizer
 from zoo.tasks import seq2seq_data
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.helpers.tiny_configs import data_cfg
-from zoo.config import DataConfig
+from zoo.configuration import DataConfig
 from zoo.data import corpus
 from zoo.errors import ZooDataError
 

@@ -1,4 +1,4 @@
-"""data.streaming=true (zoo.data.stream, zoo.train.data_state): a local source read as a stream, each process
+"""data.streaming=true (zoo.data.stream, zoo.training.data_state): a local source read as a stream, each process
 tokenizing its own shard of the documents, training rows shuffled in pools; a resumed run continues bit for
 bit, also across the stream's epochs; the split by document matches the token store's; the limits refuse
 in one line."""
@@ -12,12 +12,12 @@ import pytest
 from conftest import replace
 from tests.helpers import tiny_configs
 from tests.helpers.runs import losses, run, write_jsonl
-from zoo.config import Config, DataConfig
+from zoo.configuration import Config, DataConfig
 from zoo.data import stream
 from zoo.data.store import doc_hash
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ConfigError, TrainError, ZooDataError
-from zoo.train import data_state
+from zoo.training import data_state
 
 TOK = get_tokenizer("bytes")
 

@@ -13,7 +13,7 @@ from tests.helpers.runs import run, write_jsonl
 from zoo import hf
 from zoo.cli import eval as zoo_eval
 import zoo
-from zoo.config import DataConfig
+from zoo.configuration import DataConfig
 from zoo.eval import mlm as mlm_eval
 from zoo.eval import seq2seq as s2s_eval
 from zoo.infer.bleu import corpus_scores

@@ -15,7 +15,7 @@ def config_file(cfg, tmp_path) -> str:
     """A config file (`get_config()`) that returns `cfg`, for commands that take one: written in tmp_path."""
     (tmp_path / "cfg.json").write_text(cfg.to_json())
     path = tmp_path / "cfg.py"
-    path.write_text(f"from zoo.config import load_json\n\ndef get_config():\n    return load_json({str(tmp_path / 'cfg.json')!r})\n")
+    path.write_text(f"from zoo.configuration import load_json\n\ndef get_config():\n    return load_json({str(tmp_path / 'cfg.json')!r})\n")
     return str(path)
 
 

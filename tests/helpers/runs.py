@@ -3,7 +3,7 @@
 import json
 import os
 
-from zoo.train import trainer
+from zoo.training import trainer
 
 
 def run(cfg, workdir, **kw):

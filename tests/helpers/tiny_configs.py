@@ -7,7 +7,7 @@ the checks written once for every task (tests/train/test_invariants.py)."""
 import dataclasses
 import functools
 
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.models.bert import BERT_TINY
 from zoo.models.encdec import EncDecConfig
 from zoo.models.gpt import GptConfig
@@ -105,7 +105,7 @@ def sums(n: int = 64) -> list[dict]:
 def grpo(cache_dir):
     """gpt_lm's model (dropout on) trained from rewards on sums' prompts: 4 prompts x 4 completions of up to 8 bytes
     a step, rewarded for digits (tests/helpers/tiny_rewards); full fine-tuning, so no KL penalty (grpo.beta=0)."""
-    from zoo.config import RlConfig
+    from zoo.configuration import RlConfig
     path = jsonl(cache_dir, "sums.jsonl", sums())
     cfg = gpt_lm(cache_dir)
     return dataclasses.replace(cfg, task="grpo", data=dataclasses.replace(cfg.data, source=path, val_fraction=0.1),

@@ -19,7 +19,7 @@ from zoo import hf  # noqa: E402
 from zoo.tasks import seq2seq_data
 from zoo.tasks.seq2seq import Seq2SeqTask  # noqa: E402
 from zoo.cli import translate  # noqa: E402
-from zoo.config import Config, DataConfig  # noqa: E402
+from zoo.configuration import Config, DataConfig  # noqa: E402
 from zoo.data.tokenizers import get_tokenizer  # noqa: E402
 from zoo.hf import bart  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402

@@ -25,7 +25,7 @@ from zoo.api import encoder  # noqa: E402
 from zoo import hf  # noqa: E402
 from zoo.tasks import mlm  # noqa: E402
 from zoo import tasks  # noqa: E402
-from zoo.config import Config, DataConfig  # noqa: E402
+from zoo.configuration import Config, DataConfig  # noqa: E402
 from zoo.errors import ConfigError  # noqa: E402
 from zoo.errors import ZooDataError  # noqa: E402
 from zoo.data.tokenizers import get_tokenizer  # noqa: E402

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 from tests.helpers import shared, tiny_configs  # noqa: E402
 from zoo import hf, tasks  # noqa: E402
-from zoo.config import Config, DataConfig  # noqa: E402
+from zoo.configuration import Config, DataConfig  # noqa: E402
 from zoo.data.tokenizers import get_tokenizer  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
 from zoo.hf import tokenizer_export  # noqa: E402
@@ -26,7 +26,7 @@ from zoo.models.encdec import EncDecConfig  # noqa: E402
 from zoo.models.gpt import GptConfig  # noqa: E402
 from zoo.tasks import mlm  # noqa: E402
 from zoo.tasks.seq2seq_data import framing  # noqa: E402
-from zoo.train import checkpoint, runs  # noqa: E402
+from zoo.training import checkpoint, runs  # noqa: E402
 from tests.helpers.hf_runs import one_torch_thread  # noqa: F401,E402  (autouse fixture)
 
 TEXTS = ["The if statement is used for conditional execution.", "  spaces\tand\nnewlines  \n\n",

@@ -27,7 +27,7 @@ from zoo.hf.convert import export_converter  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402
 from zoo.models.gpt import PRESETS, Gpt, GptConfig  # noqa: E402
 from zoo.nn import losses as zoo_losses  # noqa: E402
-from zoo.train import runs as run_reader  # noqa: E402
+from zoo.training import runs as run_reader  # noqa: E402
 
 V = 300
 # N * H = 60 != D = 42; initializer_range 0.2: attention far from uniform, logits past the caps.

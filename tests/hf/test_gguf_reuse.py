@@ -14,7 +14,7 @@ from conftest import replace
 from zoo.api import fine_tune
 from zoo.api.load import converted_path
 from zoo.hf import gguf
-from zoo.train import runs, trainer
+from zoo.training import runs, trainer
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from zoo.hf import gpt_neox, io, table  # noqa: E402
 from zoo.hf.convert import export_converter  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402
 from zoo.models.gpt import PYTHIA_160M, Gpt, GptConfig  # noqa: E402
-from zoo.train import runs as run_reader  # noqa: E402
+from zoo.training import runs as run_reader  # noqa: E402
 
 V = 300
 # 3 heads of width 16 (rope on 4 or 8 of them), MLP width 100; initializer_range 0.2: attention far from

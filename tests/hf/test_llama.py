@@ -22,15 +22,15 @@ from tests.helpers import hf_runs, tiny_configs  # noqa: E402
 from tests.helpers.hf_runs import convert_all  # noqa: E402
 from tests.helpers.runs import run  # noqa: E402
 from zoo import hf, tasks  # noqa: E402
-from zoo.config import Config, DataConfig  # noqa: E402
+from zoo.configuration import Config, DataConfig  # noqa: E402
 from zoo.data.hf_tokenizers import Pretrained  # noqa: E402
 from zoo.data.tokenizers import get_tokenizer  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
 from zoo.hf.convert import export_converter  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402
 from zoo.models.gpt import GptConfig  # noqa: E402
-from zoo.train import checkpoint  # noqa: E402
-from zoo.train import runs as run_reader  # noqa: E402
+from zoo.training import checkpoint  # noqa: E402
+from zoo.training import runs as run_reader  # noqa: E402
 
 one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
 hf_logits = hf_runs.hf_logits

@@ -23,7 +23,7 @@ from zoo import hf  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
 from zoo.hf.convert import export_converter  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402
-from zoo.train import runs as run_reader  # noqa: E402
+from zoo.training import runs as run_reader  # noqa: E402
 
 V = 300
 # initializer_range 0.2: routing far from uniform, so a wrong top-k, renormalisation or expert order shows.

@@ -29,11 +29,11 @@ from tests.helpers.runs import run  # noqa: E402
 from zoo import hf, tasks  # noqa: E402
 from zoo.cli import convert as convert_cli  # noqa: E402
 from zoo.cli import train as train_cli  # noqa: E402
-from zoo.config import DataConfig, OptimConfig, TrainConfig  # noqa: E402
+from zoo.configuration import DataConfig, OptimConfig, TrainConfig  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
 from zoo.hf import peft as zoo_peft  # noqa: E402
 from zoo.hf import peft_export  # noqa: E402
-from zoo.train import checkpoint, freeze, runs  # noqa: E402
+from zoo.training import checkpoint, freeze, runs  # noqa: E402
 
 V = 300
 LLAMA = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

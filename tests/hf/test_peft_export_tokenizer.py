@@ -24,7 +24,7 @@ from tests.helpers.hf_runs import one_torch_thread  # noqa: F401,E402  (autouse 
 from zoo import hf, tasks  # noqa: E402
 from zoo.data.tokenizers import get_tokenizer  # noqa: E402
 from zoo.hf import convert, peft_export  # noqa: E402
-from zoo.train import checkpoint, freeze, runs  # noqa: E402
+from zoo.training import checkpoint, freeze, runs  # noqa: E402
 
 V = 300
 LLAMA = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

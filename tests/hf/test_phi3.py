@@ -25,7 +25,7 @@ from zoo.hf import io, phi3, table  # noqa: E402
 from zoo.hf.convert import export_converter  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402
 from zoo.models.gpt import PHI3_MINI, Gpt, GptConfig  # noqa: E402
-from zoo.train import runs as run_reader  # noqa: E402
+from zoo.training import runs as run_reader  # noqa: E402
 
 V = 300
 # 5 query heads of width 8 over width 40, MLP width 56; initializer_range 0.2: attention far from uniform.

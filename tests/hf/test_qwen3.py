@@ -26,7 +26,7 @@ from zoo.hf.convert import export_converter  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402
 from zoo.models.gpt import GptConfig  # noqa: E402
 from zoo.tasks.lm import LmTask  # noqa: E402
-from zoo.train import runs as run_reader  # noqa: E402
+from zoo.training import runs as run_reader  # noqa: E402
 
 V = 300
 # N * H = 72 != D = 40: every projection and reshape sees the head width, not D / N (13, odd).

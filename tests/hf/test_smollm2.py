@@ -9,7 +9,7 @@ from tests.helpers.hf_runs import one_torch_thread  # noqa: F401  (autouse fixtu
 from tests.helpers.shared_runs import SMOLLM2_GGUF as GGUF, smollm2_dir as gguf_dir, smollm2_gguf_run_fixture  # noqa: F401
 from zoo.cli import sample
 from zoo.infer.sample import generate
-from zoo.train.runs import load_run
+from zoo.training.runs import load_run
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -59,7 +59,7 @@ def test_generation_stops_at_the_end_of_turn_and_of_text_tokens(smollm2_gguf_run
     either (zoo.infer.sample.stop_ids), so a chat answer never runs on into a next turn."""
     from zoo.data.tokenizers import get_tokenizer
     from zoo.infer.sample import stop_ids
-    from zoo.train.runs import load_config
+    from zoo.training.runs import load_config
     tok = get_tokenizer(load_config(smollm2_gguf_run["run"]).data.tokenizer)
     ids = stop_ids(tok)
     one = {text: tok.encode_with_offsets(text)[0] for text in ("<|im_end|>", "<|endoftext|>")}

@@ -20,9 +20,9 @@ from zoo import hf  # noqa: E402
 from zoo.nn import positions  # noqa: E402
 from zoo.tasks import seq2seq_data
 from zoo.tasks.seq2seq import Seq2SeqTask  # noqa: E402
-from zoo.train import trainer  # noqa: E402
+from zoo.training import trainer  # noqa: E402
 from zoo.cli import translate  # noqa: E402
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig  # noqa: E402
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig  # noqa: E402
 from zoo.hf import t5  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
 from tests.helpers.hf_runs import one_torch_thread  # noqa: F401,E402  (autouse fixture)

@@ -7,11 +7,11 @@ import numpy as np
 from pydoc_data.topics import topics
 
 from tests.helpers.processes import train_alone
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.data.tokenizers import ByteTokenizer
 from zoo.infer.sample import generate
 from zoo.models.gpt import GptConfig
-from zoo.train import runs
+from zoo.training import runs
 
 WINDOW, NEW, INSIDE = 32, 120, 28  # trained length, tokens sampled, of which inside the first window
 

@@ -50,8 +50,8 @@ def test_a_step_traced_for_a_tpu_mesh_takes_the_tpu_budget_over_its_own_rows():
     import jax
 
     from zoo.aot import target
-    from zoo.config import MeshConfig
-    from zoo.train import sharding
+    from zoo.configuration import MeshConfig
+    from zoo.training import sharding
     mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=2, tensor=1, expert=1),
                               target.devices(target.parse("v5e:2x2")))
     with jax.set_mesh(mesh):

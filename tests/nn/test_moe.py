@@ -153,7 +153,7 @@ MOE_COUNTS = {"mixtral_8x7b": (46_702_792_704, 12_879_925_248), "qwen3_30b_a3b":
 
 @pytest.mark.parametrize("name", sorted(MOE_COUNTS))
 def test_presets_have_the_published_counts_and_mfu_counts_the_active_params(name):
-    from zoo.config import Config, DataConfig
+    from zoo.configuration import Config, DataConfig
     from zoo.models.gpt import PRESETS
     from zoo.tasks.lm import LmTask
     m = dataclasses.replace(PRESETS[name], scan_layers=True)  # the same counts, traced faster

@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from zoo.models.gpt import MOE_TINY, Gpt
 from zoo.nn import attention as attn, moe, tpu_kernels
 from zoo.nn.layers import target_platform
-from zoo.train import sharding
+from zoo.training import sharding
 
 TOL = 1e-5
 

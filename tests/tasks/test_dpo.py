@@ -16,10 +16,10 @@ from tests.helpers import tiny_configs
 from tests.helpers.runs import run, write_jsonl
 from zoo import tasks
 from zoo.cli.train import train_main
-from zoo.config import OptimConfig, PreferenceConfig
+from zoo.configuration import OptimConfig, PreferenceConfig
 from zoo.errors import ConfigError, ZooDataError
 from zoo.tasks import preference
-from zoo.train import runs
+from zoo.training import runs
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 from tests.helpers import hf_runs, tiny_lms  # noqa: E402
 from zoo import hf  # noqa: E402
-from zoo.config import PreferenceConfig  # noqa: E402
+from zoo.configuration import PreferenceConfig  # noqa: E402
 from zoo.tasks import preference  # noqa: E402
 
 one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
@@ -183,7 +183,7 @@ def bos_tokenizer_dir(path) -> str:
 def test_plain_text_pairs_start_with_the_bos_as_trls_and_give_its_logps(models, tmp_path):
     import datasets
     import json
-    from zoo.config import DataConfig
+    from zoo.configuration import DataConfig
     from zoo.data.tokenizers import get_tokenizer
     policy_dir, ref_dir, _, _, params, cfg, ref_params = models
     tok_dir = bos_tokenizer_dir(tmp_path / "tok")

@@ -18,11 +18,11 @@ from tests.helpers import tiny_configs
 from tests.helpers.runs import run, write_jsonl
 from zoo import rewards, tasks
 from zoo.cli.train import train_main
-from zoo.config import OptimConfig
+from zoo.configuration import OptimConfig
 from zoo.data import arithmetic, chat
 from zoo.errors import ConfigError, TrainError
 from zoo.tasks import rl
-from zoo.train import checkpoint, runs
+from zoo.training import checkpoint, runs
 
 
 @pytest.fixture(scope="module")

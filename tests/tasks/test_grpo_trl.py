@@ -31,11 +31,11 @@ transformers = pytest.importorskip("transformers")
 
 from tests.helpers import hf_runs, tiny_lms  # noqa: E402
 from zoo import hf, tasks  # noqa: E402
-from zoo.config import RlConfig  # noqa: E402
+from zoo.configuration import RlConfig  # noqa: E402
 from zoo.hf.convert import export  # noqa: E402
 from zoo.nn import lora  # noqa: E402
 from zoo.tasks import rl  # noqa: E402
-from zoo.train import freeze  # noqa: E402
+from zoo.training import freeze  # noqa: E402
 
 one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
 

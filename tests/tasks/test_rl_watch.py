@@ -1,4 +1,4 @@
-"""The watch over RL and preference runs (zoo.train.objective_watch, issue #54): the user's collapsed GRPO run (reward
+"""The watch over RL and preference runs (zoo.training.objective_watch, issue #54): the user's collapsed GRPO run (reward
 1.375 -> 2.0 -> 0.875 -> 0.0, KL 0.15 -> 5.07 -> 9.95 nats a token, every completion at the cap) and DPO run (chosen
 -3.5 -> -7.3 nats while the margin rose) are each warned of in one line naming the metric and what to try, calm runs
 are not; the checkpoint whose params sampled the best reward survives train.keep's rotation and is named at the
@@ -15,10 +15,10 @@ import pytest
 from tests.helpers import tiny_configs
 from tests.helpers.runs import run, write_jsonl
 from zoo import tasks
-from zoo.config import PreferenceConfig
+from zoo.configuration import PreferenceConfig
 from zoo.errors import ConfigError
 from zoo.tasks import preference
-from zoo.train import checkpoint, checkpoint_manager, objective_watch
+from zoo.training import checkpoint, checkpoint_manager, objective_watch
 
 
 def watched(watch, records: list[dict]) -> list[str]:

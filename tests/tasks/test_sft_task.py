@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.runs import run, write_jsonl
-from zoo.config import Config, DataConfig, OptimConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, OptimConfig, TrainConfig
 from zoo.errors import ZooDataError
 from zoo.models.gpt import GptConfig
 from zoo.tasks import sft

@@ -18,7 +18,7 @@ from tests.helpers.runs import run, write_jsonl
 from tests.helpers.tiny_configs import bert as cfg_for
 from zoo import tasks
 from zoo.cli import eval as eval_cli
-from zoo.config import DataConfig
+from zoo.configuration import DataConfig
 from zoo.data import ner
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ZooDataError

@@ -1,4 +1,4 @@
-"""zoo.train.checksums.fingerprint: the checksum each checkpoint keeps per array and the finiteness check that
+"""zoo.training.checksums.fingerprint: the checksum each checkpoint keeps per array and the finiteness check that
 keeps a blown-up state from being saved, against a plain numpy statement of the same sums; the same values
 however the arrays are sharded."""
 
@@ -9,7 +9,7 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from zoo.train.checksums import fingerprint
+from zoo.training.checksums import fingerprint
 
 
 def numpy_digest(a: np.ndarray) -> int:

@@ -11,8 +11,8 @@ import pytest
 from conftest import replace
 from tests.helpers import tiny_configs
 from tests.helpers.runs import losses, run
-from zoo.train import trainer
-from zoo.train.metrics import MetricsWriter, read_records
+from zoo.training import trainer
+from zoo.training.metrics import MetricsWriter, read_records
 
 LINE = re.compile(r"^step (\d+): loss [\d.e+-]+, eval_loss [\d.e+-]+(, eval_ppl [\d.e+-]+)?, "
                   r"eval_accuracy [\d.e+-]+(, \w+ [\d.e+-]+)*, tokens/s \d+, peak memory \d+ MB$")

@@ -29,8 +29,8 @@ from tests.helpers.runs import run
 from tests.train.test_faults import DAMAGE, copy_of
 from zoo.cli.train import train_main
 from zoo.hf import convert
-from zoo.train import checkpoint, runs, start, trainer
-from zoo.train.checksums import fingerprint
+from zoo.training import checkpoint, runs, start, trainer
+from zoo.training.checksums import fingerprint
 
 # The item of a step each kind of damage hits (a checksum that disagrees is the params' entry in digest/).
 HITS = {"truncated params data": "params", "random bytes in params": "params", "params item deleted": "params",

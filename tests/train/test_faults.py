@@ -21,8 +21,8 @@ from tests.helpers.runs import run
 from zoo.cli import train as train_cli
 from zoo.cli.train import train_main
 from zoo.errors import CheckpointError, TrainError
-from zoo.train import checkpoint, orbax_errors, runs, trainer
-from zoo.train.checksums import fingerprint
+from zoo.training import checkpoint, orbax_errors, runs, trainer
+from zoo.training.checksums import fingerprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -209,7 +209,7 @@ def test_a_non_finite_state_is_never_saved(base, tmp_path):
 
 HOLD = """
 import sys, time
-from zoo.train.workdir import claim
+from zoo.training.workdir import claim
 with claim(sys.argv[1]):
     print("held", flush=True)
     time.sleep(600)

@@ -8,7 +8,7 @@ import os
 import jax
 import pytest
 
-from zoo.train import flops
+from zoo.training import flops
 
 
 @pytest.fixture

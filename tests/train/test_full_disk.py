@@ -17,7 +17,7 @@ from conftest import replace
 from tests.helpers import tiny_configs
 from tests.helpers.processes import config_file
 from zoo.cli.train import train_main
-from zoo.train import checkpoint
+from zoo.training import checkpoint
 
 REAL_OPEN = builtins.open
 
@@ -104,7 +104,7 @@ def test_a_full_disk_at_each_write_is_one_line_and_loses_nothing(what, make, pat
         monkeypatch.setattr(builtins, "open", full_at(pattern))
     rc = train_main([path, "--workdir", work, "--quiet"])
     monkeypatch.undo()
-    # a 6-step fine-tune is also warned that it is short (zoo.train.sizing): only the error line is counted
+    # a 6-step fine-tune is also warned that it is short (zoo.training.sizing): only the error line is counted
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("warning: ")]
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith("error: writing ") and "No space left on device" in err[0], err

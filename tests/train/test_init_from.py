@@ -9,7 +9,7 @@ from conftest import replace
 from tests.helpers import tiny_configs
 from tests.helpers.runs import run
 from zoo.errors import ConfigError
-from zoo.train import checkpoint, trainer
+from zoo.training import checkpoint, trainer
 
 
 def gpt_weights(cfg, workdir):

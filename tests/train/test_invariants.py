@@ -10,7 +10,7 @@ import pytest
 from conftest import replace
 from tests.helpers import tiny_configs
 from tests.helpers.runs import losses, run
-from zoo.train import checkpoint
+from zoo.training import checkpoint
 
 # Every case trains two or three tiny runs end to end (up to a minute on two loaded cores): marked slow.
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ and never reports a healthy checkpoint as damaged (nor a run with checkpoints as
 moments of that race are also played exactly, with listings given in turn).
 
 Each run is a Python process of its own (DRIVER, `python -c`) that builds the test's config and calls
-zoo.train.trainer.train, with one hook that sends SIGKILL to itself at the chosen point; the last resume is
+zoo.training.trainer.train, with one hook that sends SIGKILL to itself at the chosen point; the last resume is
 `python train.py --resume`. The uninterrupted run to compare with is such a process too: every process sees
 one CPU device, as a user's run does (XLA's CPU code for the same one-device step differs in its last bits in
 a process with 8 emulated devices, as pytest's). The killed processes share a compilation cache of their own,
@@ -29,15 +29,15 @@ from conftest import replace
 from tests.helpers import tiny_configs
 from tests.helpers.runs import losses
 from zoo.errors import CheckpointError
-from zoo.train import checkpoint, runs, trainer
+from zoo.training import checkpoint, runs, trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DRIVER = r"""
 import json, os, random, signal, sys, threading, time
 import jax
-from zoo.config import from_dict
-from zoo.train import checkpoint, runs, trainer
+from zoo.configuration import from_dict
+from zoo.training import checkpoint, runs, trainer
 
 cfg, work, resume, kill = from_dict(json.loads(sys.argv[1])), sys.argv[2], sys.argv[3] == "resume", sys.argv[4]
 say = lambda line: print(line, flush=True)
@@ -215,7 +215,7 @@ READS = 20
 def test_a_reader_beside_a_run_that_keeps_one_checkpoint_reads_20_times_and_never_reports_damage(
         cache_dir, tmp_path, capfd, monkeypatch):
     """zoo-sample's reader (load_run) beside `train.keep=1, save_every=1`: the newest step is deleted soon after
-    the next one is saved (the last good one, zoo.train.guard, some saves later), often while it is read."""
+    the next one is saved (the last good one, zoo.training.guard, some saves later), often while it is read."""
     cfg = replace(tiny_configs.gpt_lm(cache_dir), train=dict(steps=100_000, save_every=1, keep=1, log_every=1),
                   mesh=dict(data=1, fsdp=1, tensor=1))
     work = str(tmp_path / "run")

@@ -17,7 +17,7 @@ from tests.helpers.runs import losses, run
 from zoo import tasks
 from zoo.errors import CheckpointError, ConfigError
 from zoo.nn import lora, quant
-from zoo.train import freeze, runs, trainer
+from zoo.training import freeze, runs, trainer
 
 
 @pytest.fixture(scope="module")

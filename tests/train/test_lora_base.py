@@ -13,7 +13,7 @@ from tests.helpers import shared, tiny_configs
 from tests.helpers.runs import run
 from zoo.cli.train import train_main
 from zoo.errors import CheckpointError
-from zoo.train import checkpoint, runs
+from zoo.training import checkpoint, runs
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 from conftest import replace
 from tests.helpers.processes import config_file, finish, free_port, start
 from tests.helpers.runs import losses, run
-from zoo.train import checkpoint, runs
+from zoo.training import checkpoint, runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -89,7 +89,7 @@ def test_a_resume_keeps_the_global_batch_unless_told(two, capsys):
 
 HOLD = """
 import sys, time
-from zoo.train.workdir import claim
+from zoo.training.workdir import claim
 with claim(sys.argv[1]):
     print("held", flush=True)
     time.sleep(600)

@@ -17,9 +17,9 @@ from conftest import replace
 from tests.helpers import tiny_configs
 from tests.helpers.runs import losses, run
 from zoo import tasks
-from zoo.config import OptimConfig, apply_overrides
+from zoo.configuration import OptimConfig, apply_overrides
 from zoo.errors import ConfigError
-from zoo.train import freeze, optim
+from zoo.training import freeze, optim
 
 LR, WD, RMS, BETA = 0.02, 0.1, 0.2, 0.95
 

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from zoo.train import optim
+from zoo.training import optim
 from zoo.errors import ConfigError
-from zoo.config import OptimConfig
+from zoo.configuration import OptimConfig
 
 TOTAL, LR = 1000, 1e-3
 STEPS = [0, 1, 50, 99, 100, 101, 500, 799, 800, 900, 999, 1000]

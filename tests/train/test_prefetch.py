@@ -2,7 +2,7 @@
 
 import pytest
 
-from zoo.train.prefetch import Prefetcher
+from zoo.training.prefetch import Prefetcher
 
 
 def test_prefetch_yields_each_step_in_order():

@@ -1,4 +1,4 @@
-"""Programs a run executes once compile cheaply (zoo.train.run_once) without changing a bit, and a
+"""Programs a run executes once compile cheaply (zoo.training.run_once) without changing a bit, and a
 checkpoint saved in one process compiles no per-shard slices (Orbax's replica-parallel writing is for
 several processes)."""
 
@@ -7,8 +7,8 @@ import numpy as np
 from jax import monitoring
 
 from tests.helpers import tiny_configs
-from zoo.train import checkpoint, run_once, trainer
-from zoo.train.checksums import _check
+from zoo.training import checkpoint, run_once, trainer
+from zoo.training.checksums import _check
 
 # XLA:CPU's own level (tests/conftest.py compiles the suite at level 0)
 XLA_DEFAULT = {"xla_backend_optimization_level": 2}

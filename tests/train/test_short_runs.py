@@ -10,10 +10,10 @@ import re
 from conftest import replace
 from tests.helpers.runs import write_jsonl
 from tests.tasks.test_sft_task import CHATS, sft_cfg
-from zoo.config import Config, OptimConfig, TrainConfig
+from zoo.configuration import Config, OptimConfig, TrainConfig
 from zoo.models.gpt import GptConfig
 from zoo.tasks import sft
-from zoo.train import sizing, trainer
+from zoo.training import sizing, trainer
 
 RECIPE = TrainConfig(epochs=3, batch_size=8, log_every=10)  # the fine-tuning defaults (zoo.api.fine_tune.FINE_TUNE)
 

@@ -12,8 +12,8 @@ import pytest
 from conftest import replace
 from tests.helpers.runs import run
 from zoo.errors import TrainError
-from zoo.train import checkpoint
-from zoo.train.guard import Guard
+from zoo.training import checkpoint
+from zoo.training.guard import Guard
 
 
 def steps(*losses, grads=None, finite=None):

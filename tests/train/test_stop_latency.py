@@ -15,7 +15,7 @@ import pytest
 
 from conftest import replace
 from tests.helpers.runs import run
-from zoo.train import checkpoint, trainer
+from zoo.training import checkpoint, trainer
 
 
 class SlowSteps:

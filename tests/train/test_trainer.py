@@ -12,7 +12,7 @@ from conftest import replace
 from tests.helpers.runs import run
 from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fixture finished_gpt)
 from zoo.errors import CheckpointError, ConfigError, TrainError
-from zoo.train import runs, trainer
+from zoo.training import runs, trainer
 
 
 def test_loss_on_a_repeated_batch_falls_below_ten_percent(tiny_cfg):

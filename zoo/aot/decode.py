@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from zoo.aot import report, target as targets
-from zoo.config import MeshConfig
+from zoo.configuration import MeshConfig
 from zoo.errors import ConfigError
 
 
@@ -30,7 +30,7 @@ def _config(source: str, dtype: str):
         model = PRESETS[source]
     elif os.path.isdir(source):
         from zoo.api.load import plain
-        from zoo.train import runs
+        from zoo.training import runs
         model = plain(runs.load_config(source)).model
     else:
         raise ConfigError(f"--compile-for generation of {source!r}: give a preset name ({', '.join(PRESETS)}) or "
@@ -47,7 +47,7 @@ def abstract_model(source: str, devices, dtype: str, mesh: MeshConfig | None):
     import jax.numpy as jnp
     import flax.linen as nn
     from zoo.models.gpt import Gpt
-    from zoo.train import sharding
+    from zoo.training import sharding
     model_cfg = _config(source, dtype)
     model = Gpt(model_cfg)
     mesh_ = sharding.make_mesh(mesh or MeshConfig(data=1, fsdp=1, tensor=-1, expert=1), devices)
@@ -66,7 +66,7 @@ def compile_generate(source: str, target: str, *, rows: int = 8, prompt_len: int
     import jax.numpy as jnp
     import flax.linen as nn
     from zoo.infer import sample
-    from zoo.train import sharding
+    from zoo.training import sharding
     t = targets.parse(target)
     devices = targets.devices(t)
     model_cfg, model, mesh_, params = abstract_model(source, devices, dtype, mesh)

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from zoo.aot import decode, report, target as targets
-from zoo.config import MeshConfig
+from zoo.configuration import MeshConfig
 from zoo.errors import ConfigError
 
 DEFAULT_MAX_LEN = 2048  # zoo-serve's cache length when --max-len is not given: the model's context, at most this
@@ -53,7 +53,7 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
     import jax
     import jax.numpy as jnp
     from zoo.serve import programs
-    from zoo.train import sharding
+    from zoo.training import sharding
     for name, v in (("slots", slots), ("chunk", chunk), ("max_len", max_len or 2)):
         if v < 1 or (name == "max_len" and v < 2):
             raise ConfigError(f"--{name.replace('_', '-')} {v} must be >= {2 if name == 'max_len' else 1}")

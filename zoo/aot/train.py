@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from zoo.aot import report, target as targets
-from zoo.config import Config, apply_overrides
+from zoo.configuration import Config, apply_overrides
 from zoo.errors import ConfigError
 
 
@@ -29,7 +29,7 @@ SHAPE_ONLY = ("gpt_lm", "bert_mlm")
 def _abstract_batch(s, cfg: Config) -> dict:
     """One global batch as ShapeDtypeStructs laid out over the data axes, shaped by the task's own pipeline."""
     import jax
-    from zoo.train import sharding
+    from zoo.training import sharding
     if hasattr(s.task, "rollout"):
         raise ConfigError(f"--compile-for: task={cfg.task} samples its batches inside the run (rollouts); compile "
                           f"its policy as task=sft, or its generation with zoo-serve --compile-for")
@@ -43,7 +43,7 @@ def _abstract_batch(s, cfg: Config) -> dict:
 
 def compile_step(cfg: Config, devices) -> tuple[dict, float]:
     """(the report's figures that do not depend on the chip table, compile seconds) of cfg's train step."""
-    from zoo.train import freeze, trainer
+    from zoo.training import freeze, trainer
     s = trainer.setup(cfg, devices, abstract_base=True)
     batch = _abstract_batch(s, cfg)
     st = s.abstract_state

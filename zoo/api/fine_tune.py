@@ -63,7 +63,7 @@ def base_run(src: str, workdir: str, dry: bool = False):
     one. A workdir that holds checkpoints, or a base converted from another source, is refused before anything
     is written in it."""
     from zoo.hf import peft
-    from zoo.train import runs
+    from zoo.training import runs
     if not needs_conversion(src):
         return runs.load_config(src), src
     from zoo import hf
@@ -83,7 +83,7 @@ def base_run(src: str, workdir: str, dry: bool = False):
     if dry:
         return hf.from_pretrained(src)[3], base
     import jax
-    from zoo.train.workdir import claim
+    from zoo.training.workdir import claim
     created = not os.path.exists(workdir)
     with claim(workdir, enabled=jax.process_count() == 1, check=lambda: _check_reusable(workdir, src)):
         if converted(workdir) is not None:
@@ -158,7 +158,7 @@ def _mark_converted(base: str, src: str) -> None:
 def _check_reusable(workdir: str, src: str) -> None:
     """Refuse a workdir a conversion may not go on in: one with checkpoints, or whose base is another source's."""
     from zoo.errors import ConfigError, TrainError
-    from zoo.train import checkpoint
+    from zoo.training import checkpoint
     if checkpoint.all_steps(workdir):
         raise TrainError(f"workdir {workdir!r} already holds checkpoints; continue it with "
                          f"`python train.py --resume {workdir}` or pick another --workdir")
@@ -181,7 +181,7 @@ def _source_task(src: str) -> str | None:
         base = peft.read_config(src).get("base_model_name_or_path")  # checked: a bad file is named in one line
         return _source_task(base) if isinstance(base, str) and os.path.isdir(base) and base != src else None
     if not is_hf_dir(src):
-        from zoo.train import runs
+        from zoo.training import runs
         return runs.load_config(src).task
     hf_cfg = io.read_config(src)
     conv = convert._converter(hf_cfg)  # an unsupported architecture is refused here, before any conversion
@@ -205,7 +205,7 @@ def _stand_in(src: str, task: str):
     """The config of a source not yet converted, as far as the data checks read it: its task and family, a
     model of that family's default shapes with the source's LoRA rank (an adapter's), room for any data.seq_len
     (the positions are checked after conversion) and a head that counts the labels."""
-    from zoo.config import Config
+    from zoo.configuration import Config
     from zoo.hf import peft
     from zoo.models import FAMILIES, TASK_FAMILY
     model = FAMILIES[TASK_FAMILY[task]].config()
@@ -257,7 +257,7 @@ def assemble(theirs, base: str, config: str | None, overrides):
     model and tokenizer from `theirs`; task, data, optim and train from CONFIG (its task when it is one of the
     model's family, its LoRA adapters when it has some: LORA_FIELDS), else FINE_TUNE and `theirs`' data; every
     --set last."""
-    from zoo.config import apply_overrides, load_config_file
+    from zoo.configuration import apply_overrides, load_config_file
     ours = load_config_file(configs.find(config)) if config else theirs
     task = _task(theirs.task, overrides, ours.task if config else None)
     model = theirs.model

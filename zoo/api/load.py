@@ -3,7 +3,7 @@
 Which kind `source` is, is decided from the path alone, before anything is read or built:
 
     a zoo run directory (checkpoints/)   its newest step that restores and verifies (`step`: that one);
-                                         a LoRA run's adapters merged into its base (zoo.train.runs)
+                                         a LoRA run's adapters merged into its base (zoo.training.runs)
     a Hugging Face directory             converted in memory, nothing written (zoo.hf.convert.from_pretrained)
     (config.json + weights)
     a PEFT adapter directory             its base (`base`, else adapter_config.json's base_model_name_or_path:
@@ -13,7 +13,7 @@ Which kind `source` is, is decided from the path alone, before anything is read 
     a preset name (zoo.models.PRESETS)   fresh weights from `seed`, the byte tokenizer
 
 `dtype` ("bfloat16", "float16", "float32") casts the floating params and computes in it; `mesh` (a
-jax.sharding.Mesh with zoo's axes) lays the params out by zoo's rules table (zoo.train.sharding; read on the host
+jax.sharding.Mesh with zoo's axes) lays the params out by zoo's rules table (zoo.training.sharding; read on the host
 first, then put on the devices).
 """
 
@@ -31,7 +31,7 @@ from zoo.errors import ArgumentError, CheckpointError
 KINDS = ("a zoo run directory (checkpoints/)", "a Hugging Face directory (config.json)",
          "a PEFT adapter directory (adapter_config.json)", "a .gguf file", "a preset name")
 DTYPES = ("float32", "bfloat16", "float16")
-MESH_AXES = ("data", "fsdp", "tensor", "expert")  # zoo.train.sharding.AXES (not imported: it imports jax)
+MESH_AXES = ("data", "fsdp", "tensor", "expert")  # zoo.training.sharding.AXES (not imported: it imports jax)
 
 
 def kind_of(source: str) -> str:
@@ -70,7 +70,7 @@ def check(source, dtype, step, base, mesh) -> str:
         raise ArgumentError(f"step={step!r} must be a checkpoint's step number (an int >= 0)")
     if mesh is not None and set(getattr(mesh, "axis_names", ())) != set(MESH_AXES):
         raise ArgumentError(f"mesh={mesh!r}: give a jax.sharding.Mesh with zoo's axes {', '.join(MESH_AXES)} "
-                            f"(zoo.train.sharding.make_mesh(zoo.config.MeshConfig(fsdp=...)) makes one)")
+                            f"(zoo.training.sharding.make_mesh(zoo.configuration.MeshConfig(fsdp=...)) makes one)")
     kind = kind_of(source)
     if step is not None and kind != "run":
         raise ArgumentError(f"step={step} picks a checkpoint of a zoo run; {source!r} is not one")
@@ -88,7 +88,7 @@ def load(source, *, dtype=None, step: int | None = None, base: str | None = None
     into zoo's cache, ~/.cache/zoo or $ZOO_CACHE_DIR, as `zoo-convert from-gguf` converts it, read from there after),
     or a preset name (zoo.models.PRESETS: fresh weights from `seed`, the byte tokenizer).
     dtype: "bfloat16", "float16" or "float32": params cast to it and computed in it (None: as saved).
-    mesh: a jax.sharding.Mesh with zoo's axes (data, fsdp, tensor, expert; zoo.train.sharding.make_mesh): the
+    mesh: a jax.sharding.Mesh with zoo's axes (data, fsdp, tensor, expert; zoo.training.sharding.make_mesh): the
     params laid out over it by zoo's rules table, as the trainer lays them out.
     Raises zoo.errors.CheckpointError (a missing path, a directory of no kind zoo reads, damage in every step),
     ArgumentError (a bad dtype, base or mesh; a step the run does not hold) before any weights are read.
@@ -126,7 +126,7 @@ def load(source, *, dtype=None, step: int | None = None, base: str | None = None
 
 
 def _run(path: str, step):
-    from zoo.train import checkpoint, runs
+    from zoo.training import checkpoint, runs
     if step is not None and step not in (steps := checkpoint.all_steps(path)):
         listed = ", ".join(map(str, steps[:8])) + (", ..." if len(steps) > 8 else "")
         raise ArgumentError(f"step={step}: {path!r} has no checkpoint of that step; its steps (newest first): "
@@ -185,7 +185,7 @@ def _adapter(path: str, base: str | None):
     """(config, merged params, the base's Pretrained) of a PEFT adapter on its base, in memory."""
     from zoo.hf import io, peft
     from zoo.nn import lora
-    from zoo.train import freeze
+    from zoo.training import freeze
     c = peft.read_config(path)
     src = base or c.get("base_model_name_or_path")
     if not isinstance(src, str) or not (os.path.exists(os.path.expanduser(src)) or _is_preset(src)):
@@ -208,7 +208,7 @@ def _preset(name: str, seed: int):
     import flax.linen as nn
     import jax
     from zoo import tasks
-    from zoo.config import Config, DataConfig
+    from zoo.configuration import Config, DataConfig
     from zoo.models import FAMILIES, PRESETS
     model = PRESETS[name]
     family = FAMILIES[model.family]
@@ -231,9 +231,9 @@ def _cast(cfg, params, dtype: str):
 
 
 def _laid_out(cfg, params, mesh):
-    """`params` over `mesh` as the trainer lays them out (logical axes -> mesh axes, zoo.train.sharding)."""
+    """`params` over `mesh` as the trainer lays them out (logical axes -> mesh axes, zoo.training.sharding)."""
     import jax
     from zoo import tasks
-    from zoo.train import sharding
+    from zoo.training import sharding
     boxed = jax.eval_shape(tasks.build(cfg).init, jax.random.PRNGKey(0))
     return jax.device_put(params, sharding.shardings(boxed, mesh))

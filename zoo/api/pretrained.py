@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from zoo.api import batches, decoder, encoder, save, seq2seq
-from zoo.config import Config
+from zoo.configuration import Config
 from zoo.errors import ArgumentError
 
 # What each task's model answers (besides apply, loss_fn, batch, save, tokenize).
@@ -37,7 +37,7 @@ OFFERS = {"gpt_lm": ("generate", "chat", "logprobs", "loss", "embed"),
 @dataclasses.dataclass(eq=False, repr=False)
 class Pretrained:
     """A loaded model: `model` (the Flax linen module), `params` (its parameter tree, a dict of jax arrays),
-    `tokenizer` (encode / decode; `n_vocab`, `eot_token`), `config` (the run's zoo.config.Config).
+    `tokenizer` (encode / decode; `n_vocab`, `eot_token`), `config` (the run's zoo.configuration.Config).
 
     `source` is what was loaded, `kind` which kind it was (run, hf, adapter, gguf, preset), `step` the
     checkpoint's step (a zoo run), `run_dir` the zoo run its chat template and class names come from, and

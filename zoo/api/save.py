@@ -1,6 +1,6 @@
 """Pretrained.save: a loaded (or tuned) model written as a zoo run, a Hugging Face directory, a PEFT adapter or
 (an encoder) a sentence-transformers folder (with its tokenizer's files), by the writers `zoo-convert` uses
-(zoo.hf.convert.export, zoo.hf.peft_export.to_peft, zoo.train.checkpoint.save_weights) and zoo.hf.st_export. Every
+(zoo.hf.convert.export, zoo.hf.peft_export.to_peft, zoo.training.checkpoint.save_weights) and zoo.hf.st_export. Every
 format writes into a new or empty directory and checks everything before it writes."""
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def _zoo(lm, out_dir: str, params, verbose: bool) -> None:
     import jax
     from zoo.data.chat import TEMPLATE_FILE
     from zoo.hf.convert import check_out_dir, count
-    from zoo.train import checkpoint
-    from zoo.train.workdir import own_tokenizer
+    from zoo.training import checkpoint
+    from zoo.training.workdir import own_tokenizer
     check_out_dir(out_dir)
     cfg = own_tokenizer(lm.config, out_dir, write=False)
     try:

@@ -6,7 +6,7 @@ it (train.py is a shell over `train`), and the Run it returns.
     run = zoo.train(workdir="runs/x", resume=True, overrides={"train.steps": 400})
     lm = run.load()
 
-A config is a shipped config's name (gpt_tiny), a config file's path, or a zoo.config.Config built in Python
+A config is a shipped config's name (gpt_tiny), a config file's path, or a zoo.configuration.Config built in Python
 (zoo.config(...) checks one without training); overrides are `train.py --set` assignments, as "key=value"
 strings or a {key: value} dict, checked the same way.
 """
@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from zoo.api import configs, fine_tune
-from zoo.config import Config, apply_overrides, load_config_file
+from zoo.configuration import Config, apply_overrides, load_config_file
 from zoo.errors import ArgumentError, ConfigError
 
 
@@ -88,7 +88,7 @@ def _base(source) -> Config:
         return source
     if not isinstance(source, (str, os.PathLike)):
         raise ArgumentError(f"config={source!r}: give a shipped config's name (e.g. 'gpt_tiny'), a config file's "
-                            f"path or a zoo.config.Config")
+                            f"path or a zoo.configuration.Config")
     return load_config_file(configs.find(os.fspath(source)))
 
 
@@ -134,7 +134,7 @@ def resolve(config=None, *, workdir: str, overrides=(), resume: bool = False, in
 def _resumed(workdir: str, sets: list[str], step: int | None, new_batch: bool) -> Config:
     import jax
     from zoo import tasks
-    from zoo.train import checkpoint, runs
+    from zoo.training import checkpoint, runs
     if step is not None and step not in checkpoint.all_steps(workdir):
         raise ConfigError(f"--step {step}: {workdir!r} holds checkpoints at steps "
                           f"{', '.join(map(str, sorted(checkpoint.all_steps(workdir)))) or 'none'}")
@@ -161,11 +161,11 @@ def optimizer_state(cfg):
     """The tree structure of a config's optimizer state (what a checkpoint's `train` item must match)."""
     import jax
     from zoo import tasks
-    from zoo.train import freeze, optim, runs
+    from zoo.training import freeze, optim, runs
     task = tasks.build(cfg)
     abstract = jax.eval_shape(task.init, jax.random.PRNGKey(0))
     abstract = freeze.split(abstract, runs.trainable_of(cfg, abstract, getattr(task, "seen", ())))[0]
-    from zoo.train.trainer import new_params
+    from zoo.training.trainer import new_params
     tx = optim.make_optimizer(cfg.optim, optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model),
                               optim.decay_mask(abstract), new_params(cfg, abstract), boxed=abstract)
     return jax.tree.structure(jax.eval_shape(tx.init, abstract))
@@ -175,7 +175,7 @@ def warn_restarted_schedule(old, new, workdir: str, step: int | None = None) -> 
     """Say once when a --resume with more train.steps makes the learning rate jump: the old schedule had
     decayed by the checkpoint's step, and the stretched one is back near its peak there."""
     import jax
-    from zoo.train import checkpoint, optim
+    from zoo.training import checkpoint, optim
     step = checkpoint.latest_step(workdir) if step is None else step
     if step is None or new.train.steps <= old.train.steps:
         return
@@ -227,21 +227,22 @@ def train(config=None, *, workdir: str | None = None, overrides=None, resume: bo
           devices=None) -> Run:
     """Train, exactly as `python train.py` does (the command is a shell over this call), and return the Run.
 
-    config: a shipped config's name ("gpt_tiny"), a config file's path, or a Config (zoo.config(...));
-    workdir: the run directory (default runs/<name>-<time>); overrides: `--set` assignments ("key=value" strings
-    or a dict); resume: go on with the run in workdir from its newest checkpoint that restores (step=: from that
-    one; new_batch=: with another train.batch_size); init_from: fine-tune a zoo run, Hugging Face directory, GGUF
-    file or PEFT adapter (with config=None: zoo's fine-tuning defaults, printed); quiet: no line per evaluation;
-    devices: the jax devices to train on (default: all). A run that fails before its first step leaves no
-    workdir behind. Raises zoo.errors.ConfigError / ZooDataError for bad settings or data and TrainError when
-    training cannot go on (non-finite loss, a workdir in use); a SIGTERM or Ctrl-C saves and returns the Run
-    with interrupted=True, or, before the first step (converting a base, building the data), raises
-    zoo.errors.Interrupted: a converted base is kept, and the same call goes on from it. resume=True on a run
-    stopped before its first save starts it again from step 0 (said in one line).
+    config: a shipped config's name ("gpt_tiny"), a config file's path, or a Config (zoo.config(...)); workdir: the
+    run directory (default runs/<name>-<time>); overrides: `--set` assignments ("key=value" strings or a dict) over
+    the sections task, model.*, data.*, optim.*, train.*, mesh.*, dpo.*, grpo.*, embed.*, context_len (`python
+    train.py CONFIG --print-config` shows every key a run resolves to); resume: go on with the run in workdir from
+    its newest checkpoint that restores (step=: from that one; new_batch=: with another train.batch_size);
+    init_from: fine-tune a zoo run, Hugging Face directory, GGUF file or PEFT adapter (with config=None: zoo's
+    fine-tuning defaults, printed); quiet: no line per evaluation; devices: the jax devices to train on (default:
+    all). A run that fails before its first step leaves no workdir behind. Raises zoo.errors.ConfigError /
+    ZooDataError for bad settings or data and TrainError when training cannot go on (non-finite loss, a workdir in
+    use); a SIGTERM or Ctrl-C saves and returns the Run with interrupted=True, or, before the first step (converting
+    a base, building the data), raises zoo.errors.Interrupted: a converted base is kept, and the same call goes on
+    from it. resume=True on a run stopped before its first save starts it again from step 0 (said in one line).
     """
     import jax
-    from zoo.train import trainer
-    from zoo.train.workdir import check_free
+    from zoo.training import trainer
+    from zoo.training.workdir import check_free
     from zoo.runtime import use_compile_cache
     check_arguments(config, resume, init_from, workdir, step, new_batch)
     use_compile_cache()
@@ -290,7 +291,7 @@ def _config_of(workdir: str, overrides):
 
     @functools.cache
     def config_of(step: int):
-        from zoo.train import runs
+        from zoo.training import runs
         return apply_overrides(runs.load_config(workdir, step), overrides)
     return config_of
 
@@ -300,9 +301,9 @@ def _never_saved(workdir: str) -> Config | None:
     written once its data was built); None for a workdir that is not such a run. One that holds a converted base
     alone (stopped earlier) is refused, naming the command that goes on from it."""
     import json
-    from zoo.config import from_dict
+    from zoo.configuration import from_dict
     from zoo.errors import TrainError
-    from zoo.train import checkpoint
+    from zoo.training import checkpoint
     if not os.path.isdir(workdir) or checkpoint.all_steps(workdir):
         return None
     path = os.path.join(workdir, "config.json")
@@ -325,7 +326,7 @@ def _interrupted(signum: int, workdir: str):
     """The one line of a run a signal stopped outside its loop: what it kept and what to run next."""
     import signal
     from zoo.errors import Interrupted
-    from zoo.train import checkpoint
+    from zoo.training import checkpoint
     name = signal.Signals(signum).name
     steps = checkpoint.all_steps(workdir) if os.path.isdir(workdir) else []
     if steps:
@@ -340,7 +341,7 @@ def _interrupted(signum: int, workdir: str):
 def _remove_unstarted(workdir: str) -> None:
     """Remove a workdir this call created whose run never finished a step (no checkpoint, no metrics logged):
     a converted base/ or a config.json alone would block the retry's workdir."""
-    from zoo.train import checkpoint
+    from zoo.training import checkpoint
     metrics = os.path.join(workdir, "metrics.jsonl")
     if os.path.isdir(workdir) and not checkpoint.all_steps(workdir) and \
             not (os.path.exists(metrics) and os.path.getsize(metrics)):  # e.g. a reward that failed the first step

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from zoo.train.memory import rss_mb  # noqa: F401 (the torch peer's peak memory)
+from zoo.training.memory import rss_mb  # noqa: F401 (the torch peer's peak memory)
 
 ROUND_SECONDS = 0.5  # a round repeats the step until it lasts about this long
 

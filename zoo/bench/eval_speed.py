@@ -53,9 +53,9 @@ class ZooScore:
         from jax import monitoring
         from zoo import hf, tasks
         from zoo.bench.model_report import apply_preset, compute_dtype, settings
-        from zoo.config import apply_overrides, load_config_file
+        from zoo.configuration import apply_overrides, load_config_file
         from zoo.eval import loglik
-        from zoo.train import checkpoint
+        from zoo.training import checkpoint
         self.jax, self.loglik = jax, loglik
         self.compiles = 0
         monitoring.register_event_duration_secs_listener(self._on_event)

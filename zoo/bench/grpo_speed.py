@@ -44,10 +44,10 @@ class ZooGrpo:
         import jax
         import zoo
         from zoo.bench.model_report import frozen_base
-        from zoo.config import apply_overrides, load_config_file
+        from zoo.configuration import apply_overrides, load_config_file
         from zoo.tasks.base import Data
         from zoo.tasks.rl import PromptSet
-        from zoo.train import trainer
+        from zoo.training import trainer
         self.jax, self.to_device, g = jax, trainer.to_device, spec["grpo"]
         cfg = load_config_file(spec["config"])
         over = [o for o in spec["overrides"] if not o.startswith("preset=")]

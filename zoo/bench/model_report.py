@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 
-from zoo.train.memory import peak_memory_mb
+from zoo.training.memory import peak_memory_mb
 
 
 def settings(model_cfg) -> dict:
@@ -59,7 +59,7 @@ def apply_preset(cfg, spec):
 
 
 def device_peak_memory_mb(device) -> float:
-    """The peak memory of one device (zoo.train.memory.peak_memory_mb)."""
+    """The peak memory of one device (zoo.training.memory.peak_memory_mb)."""
     return peak_memory_mb([device])
 
 
@@ -72,7 +72,7 @@ def frozen_base(cfg):
     import jax
     from zoo import tasks
     from zoo.nn import lora
-    from zoo.train import checkpoint
+    from zoo.training import checkpoint
     if lora.spec_of(cfg.model) is None or cfg.init_from:
         yield cfg
         return

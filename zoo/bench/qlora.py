@@ -13,7 +13,7 @@ Variants (rank 16, alpha 32, adapters on query,key,value,out,gate,fc,proj, AdamW
   qwix_*+shim     the same with two qwix 0.1.8 defects bypassed (see linen_einsum_shim): as released, qwix
                   stops at zoo's first adapted Einsum, and its row says why
 
-Every variant's state comes from zoo.train.step.state_init (trainable: the adapters) and its step from
+Every variant's state comes from zoo.training.step.state_init (trainable: the adapters) and its step from
 make_train_step, jitted with the state donated as the trainer does; a qwix variant is zoo's gpt_lm task whose
 model is the qwix-wrapped Gpt, so loss, optimizer and step are the same code. The base is the plain model's
 init from one rng everywhere (B starts at zero), so every first loss is the base model's loss.
@@ -45,11 +45,11 @@ except ImportError:
 
 from zoo import tasks
 from zoo.bench.common import median
-from zoo.config import Config, DataConfig, TrainConfig
+from zoo.configuration import Config, DataConfig, TrainConfig
 from zoo.models.gpt import SMOLLM2_135M
 from zoo.nn import lora
-from zoo.train import freeze, optim
-from zoo.train.step import make_train_step, state_init
+from zoo.training import freeze, optim
+from zoo.training.step import make_train_step, state_init
 
 RANK, ALPHA = 16, 32.0
 TARGETS = ("query", "key", "value", "out", "gate", "fc", "proj")

@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="attention.png", help="the PNG to write (default: %(default)s)")
     a = ap.parse_args(argv)
     from zoo.infer.attention import draw
-    from zoo.train.runs import load_run
+    from zoo.training.runs import load_run
     try:
         if not a.text:
             raise ValueError("--text is empty")

@@ -167,7 +167,7 @@ def _load(workdir: str, task: str = "gpt"):
 
 def classify(a) -> dict:
     from zoo.api.encoder import class_names
-    from zoo.config import DataConfig
+    from zoo.configuration import DataConfig
     from zoo.eval import classification
     if not sys.stderr.isatty():
         import datasets
@@ -199,7 +199,7 @@ def retrieval(a) -> dict:
 
 def tokens(a) -> dict:
     from zoo.api.encoder import class_names
-    from zoo.config import DataConfig
+    from zoo.configuration import DataConfig
     from zoo.tasks import token_classify
     if not sys.stderr.isatty():
         import datasets
@@ -216,7 +216,7 @@ def tokens(a) -> dict:
 
 
 def mlm(a) -> dict:
-    from zoo.config import DataConfig
+    from zoo.configuration import DataConfig
     from zoo.eval import mlm as mlm_eval
     from zoo.tasks import build
     _, params, tok, cfg = _load(a.workdir, "bert_mlm")
@@ -228,7 +228,7 @@ def mlm(a) -> dict:
 
 
 def translate(a) -> dict:
-    from zoo.config import DataConfig
+    from zoo.configuration import DataConfig
     from zoo.eval import seq2seq
     model, params, tok, cfg = _load(a.workdir, "seq2seq")
     data = DataConfig(source=a.data, source_column=a.source_column, target_column=a.target_column, split=a.split,
@@ -250,7 +250,7 @@ def _progress(total: int, what: str):
 
 
 def _documents(a) -> list[str]:
-    from zoo.config import DataConfig
+    from zoo.configuration import DataConfig
     from zoo.data.corpus import load_documents
     from zoo.errors import ZooDataError
     if not sys.stderr.isatty():
@@ -355,7 +355,7 @@ def _share(items: list) -> list:
 
 def _gather(name: str, value: dict) -> list[dict] | None:
     """Every process's `value` on process 0 (None elsewhere: it prints nothing)."""
-    from zoo.train import peers
+    from zoo.training import peers
     return peers.gather(name, value)
 
 

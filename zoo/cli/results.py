@@ -130,7 +130,7 @@ def preference_lines(name: str, workdir: str) -> list[str] | None:
     import numpy as np
     import zoo
     from zoo import tasks
-    from zoo.train import runs
+    from zoo.training import runs
     cfg = runs.load_config(workdir)
     with contextlib.redirect_stdout(io.StringIO()):  # the data line, said once by the run already
         held = tasks.build(cfg).make_data(cfg, 0, 1).examples["eval"]
@@ -152,7 +152,7 @@ def reward_lines(name: str, workdir: str, records: list[dict], wall: float) -> l
     import io
     import zoo
     from zoo import tasks
-    from zoo.train import runs
+    from zoo.training import runs
     cfg = runs.load_config(workdir)
     task = tasks.plain(cfg)
     with contextlib.redirect_stdout(io.StringIO()):  # the data line, said once by the run already

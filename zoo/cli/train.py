@@ -104,7 +104,7 @@ def train_main(argv=None) -> int:
         print(configs.listing())
         return 0
     from zoo.errors import TrainError
-    from zoo.train.workdir import check_free
+    from zoo.training.workdir import check_free
     try:
         several = distributed.wanted(a)
         if several and a.print_config:  # a dry run (of a launch script): say what would start, start nothing
@@ -195,7 +195,7 @@ def settings(a) -> dict:
     import json
     import os
     from zoo.api import training
-    from zoo.config import apply_overrides, from_dict
+    from zoo.configuration import apply_overrides, from_dict
     out = {"workdir": a.resume or a.workdir, "init_from": a.init_from, "step": a.step,
            "new_batch": a.new_batch}
     try:

@@ -9,7 +9,7 @@ disk whole, for corpora larger than the disk (or than the wait for a token store
   shuffled in pools of `data.shuffle_rows` rows, each pool permuted by (seed, process, pool number).
 - Exact resume: a step's data is a function of where the stream stood, which fits in a few numbers: the
   stream's own `state_dict()` before the current document (shard and offset), the offset in that
-  document's tokens, the pool number and the index in the pool. zoo.train.data_state keeps it beside
+  document's tokens, the pool number and the index in the pool. zoo.training.data_state keeps it beside
   every checkpoint; a resumed run seeks there (re-reading at most one pool) and continues bit for bit.
 - The limits, stated: the rows a step sees depend on the process count, so a streamed run resumes on the
   same count of processes (the global batch may change, with --new-batch); validation is the first

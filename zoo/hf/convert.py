@@ -104,7 +104,7 @@ def _seq_len(hf_cfg: dict, model_cfg) -> int:
 
 
 def _run_config(model_cfg, task: str, tokenizer: str | None, hf_cfg: dict | None = None, **data_fields):
-    from zoo.config import Config, DataConfig
+    from zoo.configuration import Config, DataConfig
     data = DataConfig(tokenizer=tokenizer or "bytes", seq_len=_seq_len(hf_cfg or {}, model_cfg), **data_fields)
     # The context the weights know: an exported zoo run's training length, else all of the model's positions.
     trained = (hf_cfg or {}).get(SEQ_LEN_KEY)
@@ -138,7 +138,7 @@ def from_hf(path_or_id: str, run_dir: str, *, verbose: bool = True, source: str 
     with one `wrote RUN_DIR: ...` line naming the source as `source` (default: path_or_id), which ORIGIN_FILE
     records with its `kind`. (A PEFT LoRA adapter directory converts with zoo.hf.peft.from_peft.)"""
     from zoo import tasks
-    from zoo.train import checkpoint
+    from zoo.training import checkpoint
     src = io.resolve(path_or_id)
     hf_cfg = io.read_config(src)
     conv, task_name, model_cfg, params, keys = _load(src, hf_cfg)
@@ -234,7 +234,7 @@ def check_out_dir(out_dir: str) -> None:
 def to_hf(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     """Export the latest checkpoint of a zoo run as a transformers directory (`export`); a LoRA run's adapters
     merged (its adapters alone, as a PEFT adapter: zoo.hf.peft_export.to_peft)."""
-    from zoo.train import runs
+    from zoo.training import runs
     # The config and params of one step (the newest that restores whole): never one step's under another's.
     step, cfg, params = runs.load_weights(run_dir)
     return export(cfg, params, out_dir, run_dir=run_dir, what=f"{run_dir}, step {step}", verbose=verbose)
@@ -284,7 +284,7 @@ def from_pretrained(path: str):
     directory (converted in memory, nothing written)."""
     from zoo import tasks
     from zoo.data.tokenizers import get_tokenizer
-    from zoo.train import runs
+    from zoo.training import runs
     framing = None
     if os.path.isdir(os.path.join(path, "checkpoints")):
         return runs.load_run(path)

@@ -297,7 +297,7 @@ def from_peft(adapter_dir: str, run_dir: str, base: str | None = None, *, dry: b
     run is weights-only (checkpoint.save_weights): its params are the adapters (and modules_to_save, trained).
     `dry`: the run's config only, nothing written. Nothing is left behind when the adapter is refused."""
     from zoo import tasks
-    from zoo.train import checkpoint, freeze, runs
+    from zoo.training import checkpoint, freeze, runs
     c = read_config(adapter_dir)
     src = base or c.get("base_model_name_or_path")
     if not isinstance(src, str) or not os.path.isdir(src):

@@ -45,7 +45,7 @@ _unflat = functools.partial(traverse_util.unflatten_dict, sep="/")
 def to_peft(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     """Write the adapters (and other trained params, as modules_to_save) of LoRA run `run_dir` as a PEFT adapter
     for its base (init_from). Everything is checked before anything is written."""
-    from zoo.train import checkpoint, runs
+    from zoo.training import checkpoint, runs
 
     def read(step):  # the config and trained params of one step, never one step's under another's config
         c = runs.load_config(run_dir, step)

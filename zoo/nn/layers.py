@@ -7,7 +7,7 @@ Dimension key (used in every einsum string and shape suffix in zoo):
 
 Kernels keep their natural axes (`[D, N, H]`) and are applied with letter einsums. Every parameter
 carries logical axis names (`batch, length, embed, mlp, heads, kv, vocab`, and `layers` for scanned
-stacks); `zoo.train.sharding` maps them to mesh axes. Nothing here knows which family uses it.
+stacks); `zoo.training.sharding` maps them to mesh axes. Nothing here knows which family uses it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from zoo.nn import quant
 Dtype = jnp.dtype
 
 
-DATA_AXES = ("data", "fsdp", "expert")  # the mesh axes a batch is split over (zoo.train.sharding's rules)
+DATA_AXES = ("data", "fsdp", "expert")  # the mesh axes a batch is split over (zoo.training.sharding's rules)
 
 
 def target_platform() -> str:

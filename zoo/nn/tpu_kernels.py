@@ -13,7 +13,7 @@ tokens only, no [M, E, F] product and no gathered kernel per token.
 
 Under a mesh (`jax.set_mesh`, as train.py's compile for a TPU topology does) each kernel runs per shard in
 shard_map, as MaxText wraps them: the batch (tokens) split over the data axes and heads (the experts' MLP width)
-over `tensor`, as zoo.train.sharding.RULES splits `batch`, `heads` and `mlp`; a dim an axis does not divide is
+over `tensor`, as zoo.training.sharding.RULES splits `batch`, `heads` and `mlp`; a dim an axis does not divide is
 left whole. Without a mesh the kernel sees the whole arrays (one device).
 
 Block sizes. Splash: 512 queries x 512 keys per block in the forward kernel and in the fused backward one
@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 from zoo.nn.layers import target_platform
 
-BATCH_AXES = ("data", "fsdp", "expert")  # mesh axes of the batch: zoo.train.sharding.RULES' "batch"
+BATCH_AXES = ("data", "fsdp", "expert")  # mesh axes of the batch: zoo.training.sharding.RULES' "batch"
 HEAD_AXES = ("tensor",)  # mesh axes of heads and MLP width: RULES' "heads" and "mlp"
 LANES = 128  # a splash block spans whole 128-wide lanes: lengths and blocks are multiples of it
 SPLASH_BLOCK = 512  # queries and keys per splash block (MaxText's sa_block_* default)

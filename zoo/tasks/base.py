@@ -70,7 +70,7 @@ class BaseTask:
     EXCLUDE: tuple = ()
     PERPLEXITY: bool = True
     # Whether the loss is a cross-entropy over model.vocab_size tokens: ln(vocab) is then the loss of a model
-    # that outputs the uniform distribution, which the spike guard never calls good (zoo.train.guard).
+    # that outputs the uniform distribution, which the spike guard never calls good (zoo.training.guard).
     UNIFORM_OVER_VOCAB: bool = False
 
     @classmethod

@@ -33,7 +33,7 @@ pair; read back on --resume), so no second model is held either.
 
 Before the first step the run says how the initial model already ranks the held-out pairs (chosen preferred in
 n/N, the mean log-prob margin): reward accuracy counts the gain over the reference, so a set the model already
-prefers 10/10 can show accuracy 1 while both answers are pushed down (zoo.train.objective_watch warns of that). A
+prefers 10/10 can show accuracy 1 while both answers are pushed down (zoo.training.objective_watch warns of that). A
 split of fewer than MIN_VAL_PAIRS held-out pairs is refused where the set could hold out more, else warned of.
 """
 
@@ -188,7 +188,7 @@ def sequence_logps(h_XTD, w_VD, targets_XT, weights_XT, cap: float = 0.0):
 
 def pair_loss(pi_B2, ref_B2, lengths_B2, cfg):
     """(loss per pair [B], chosen and rejected rewards [B] each) of log-probabilities summed over the answers
-    (`ref_B2` None for a reference-free loss), `cfg` a zoo.config.PreferenceConfig: the formulas of the module's
+    (`ref_B2` None for a reference-free loss), `cfg` a zoo.configuration.PreferenceConfig: the formulas of the module's
     docstring."""
     beta, eps = cfg.beta, cfg.label_smoothing
     if cfg.loss == "simpo":
@@ -212,7 +212,7 @@ class DpoTask(LmTask):
 
     name = "dpo"
     PERPLEXITY = False  # a preference loss is no per-token loss of text
-    WATCH = "preference"  # zoo.train.objective_watch: the chosen log-prob watched against the margin
+    WATCH = "preference"  # zoo.training.objective_watch: the chosen log-prob watched against the margin
     UNIFORM_OVER_VOCAB = False
 
     def __init__(self, cfg):

@@ -130,7 +130,7 @@ class GrpoTask(LmTask):
 
     name = "grpo"
     PERPLEXITY = False
-    WATCH = "reward"  # zoo.train.objective_watch: reward, KL and completion length watched; the best reward's step kept
+    WATCH = "reward"  # zoo.training.objective_watch: reward, KL and completion length watched; the best reward's step kept
     UNIFORM_OVER_VOCAB = False
 
     def __init__(self, cfg):

@@ -227,7 +227,7 @@ class SftTask(LmTask):
                     eval=packing.eval_batches(val, val_plan, d.seq_len, B, cfg.train.eval_batches, process_index,
                                               process_count),
                     tokenizer=tokenizer, files={"chat_template.jinja": template}, rows=len(plan), answers=answers,
-                    packed_examples=len(train) if d.packing else 0)  # epochs of a small set: zoo.train.sizing
+                    packed_examples=len(train) if d.packing else 0)  # epochs of a small set: zoo.training.sizing
 
     def evaluate_extra(self, params, data: Data) -> dict:
         """With data.eval_source: its answers generated greedily and scored (zoo.eval.generation)."""

@@ -9,9 +9,9 @@ frozen half of a resumed LoRA run, zoo-eval, zoo-convert, zoo-sample).
                                             step it trained on (base.json), recursively
         lora.merge                          the adapters merged into their kernels
 
-Every step tried is verified against its checksums (zoo.train.checkpoint); one that does not restore is
+Every step tried is verified against its checksums (zoo.training.checkpoint); one that does not restore is
 reported in one line and the next older one is tried. `load_run` adds the task's model and the tokenizer.
-Writing is zoo.train.checkpoint's (`save`, `save_weights`); resuming a whole train state is its
+Writing is zoo.training.checkpoint's (`save`, `save_weights`); resuming a whole train state is its
 `restore_latest`.
 """
 
@@ -26,13 +26,13 @@ import jax
 import orbax.checkpoint as ocp
 
 from zoo import tasks
-from zoo.config import Config
+from zoo.configuration import Config
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import CheckpointError
 from zoo.models import FAMILIES
 from zoo.nn import lora
-from zoo.train import checkpoint, freeze
-from zoo.train.checkpoint import all_steps, first_restorable, manager, portable, step_dir
+from zoo.training import checkpoint, freeze
+from zoo.training.checkpoint import all_steps, first_restorable, manager, portable, step_dir
 
 BASE_FILE = "base.json"  # beside a run that trained part of its model: the init_from run and step it froze
 
@@ -80,7 +80,7 @@ def load_trained(workdir: str, cfg: Config, sharding=None, step: int | None = No
 
 
 def trainable_of(cfg: Config, boxed, seen=(), abstract_base: bool = False):
-    """zoo.train.freeze.trainable_paths of `cfg` (boxed abstract params `boxed`), its init_from run's config read."""
+    """zoo.training.freeze.trainable_paths of `cfg` (boxed abstract params `boxed`), its init_from run's config read."""
     base_cfg = None
     if freeze.partial(cfg) and cfg.init_from:
         try:
@@ -151,7 +151,7 @@ def _digest_of(run: str, step: int) -> str | None:
 
 class BaseError(CheckpointError):
     """The base a partly trained run (LoRA, train.trainable) froze is missing, damaged or another model: said once,
-    with no adapter step blamed (zoo.train.checkpoint.first_restorable passes it on)."""
+    with no adapter step blamed (zoo.training.checkpoint.first_restorable passes it on)."""
 
 
 def base_weights(workdir: str, cfg: Config, frozen: dict | None = None, sharding=None):

@@ -65,7 +65,7 @@ def base_shapes(base_cfg) -> dict:
 def trainable_paths(cfg, abstract, seen=(), base_cfg=None, abstract_base: bool = False) -> frozenset | None:
     """The paths that train (None: all) for `cfg`, whose model's boxed abstract params are `abstract`;
     `seen` are the Einsum layers the model called (named when lora_targets matches none); `base_cfg` is the
-    init_from run's config (zoo.train.runs.trainable_of reads it), whose params the frozen part is.
+    init_from run's config (zoo.training.runs.trainable_of reads it), whose params the frozen part is.
     `abstract_base`: with no init_from, the model's own params stand for the base (a program compiled and never
     run: zoo.aot)."""
     pattern, adapters = cfg.train.trainable, lora.spec_of(cfg.model)

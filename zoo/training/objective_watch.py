@@ -1,5 +1,5 @@
 """What an RL or preference run's own figures say when it goes wrong, watched on the host at each logged step as
-zoo.train.guard watches the loss. Their loss says little (GRPO's is near 0 whatever happens; DPO's falls while the
+zoo.training.guard watches the loss. Their loss says little (GRPO's is near 0 whatever happens; DPO's falls while the
 answers get worse), so a run that went wrong ended normally: GRPO at lr 5e-4 on 2 prompts x 4 rose from reward
 1.375 to 2.0 by step 4, then fell to 0.875 and 0.0, its KL to the base 0.15 -> 5.07 -> 9.95 nats a token, every
 completion at the length cap, a model answering 'free free free.' to everything; DPO on a set already preferred
@@ -10,9 +10,9 @@ trainer makes the watch (`of`), hands it each logged record (`check`) and, at th
 (`finish`). A warning is one line on stderr naming the metric, its values and what to try, said once a run; the
 run goes on (these are symptoms, not NaNs: a user may see them and still want the run).
 
-Reward: the checkpoint of step k holds the params that sampled the rollout of step k + 1 (as zoo.train.guard's
+Reward: the checkpoint of step k holds the params that sampled the rollout of step k + 1 (as zoo.training.guard's
 losses), so a checkpoint's reward is that of the record covering step k + 1. The saved step with the best one so far
-is kept whatever `train.keep` rotates out (zoo.train.checkpoint_manager.KeepLatestAndGood.best, beside the guard's
+is kept whatever `train.keep` rotates out (zoo.training.checkpoint_manager.KeepLatestAndGood.best, beside the guard's
 last good step) and named at the end with its path.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 
-from zoo.train.checkpoint_manager import mark_best, step_dir
+from zoo.training.checkpoint_manager import mark_best, step_dir
 
 # A collapse: the mean reward, after rising above where it started, falls below where it started and below
 # REWARD_FALL x its best (or, rewards at or under 0, below the start by more than the whole rise again) for

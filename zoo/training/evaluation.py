@@ -9,7 +9,7 @@ import math
 import jax
 import numpy as np
 
-from zoo.train import sharding
+from zoo.training import sharding
 
 
 def to_device(batch: dict, mesh) -> dict:

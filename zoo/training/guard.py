@@ -12,7 +12,7 @@ with no clipping: 5.9 -> 7.3e6 in ten) crosses them within a few steps.
 
 The checkpoint of step k holds the params that the loss of step k + 1 is computed from, so a blow-up (or a
 NaN loss) seen at step S means the checkpoints from step S - 1 on may hold the blown-up params: the trainer moves those aside
-(zoo.train.trainer) and names the newest one before them.
+(zoo.training.trainer) and names the newest one before them.
 
 A climb can also be slow: the loss rising for several saves, each under the blow-up bound, until it
 crosses it (a linear warmup into a learning rate far too high: 3.5 -> 4.6 -> 5.5 -> 7.0 -> 9.3 -> 25 over
@@ -20,7 +20,7 @@ six steps). The checkpoints of those steps are finite but not good. So a checkpo
 when the loss of step k + 1 (computed from its params) is calm: at most CALM_NATS above the lowest running
 median so far (a climb raises the median too, so the median of the moment would soon call climbing steps calm).
 The newest confirmed step is the run's last good checkpoint, which rotation (`train.keep`) never deletes
-(zoo.train.checkpoint.KeepLatestAndGood) and which a blow-up names.
+(zoo.training.checkpoint.KeepLatestAndGood) and which a blow-up names.
 """
 
 from __future__ import annotations

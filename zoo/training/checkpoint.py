@@ -1,8 +1,8 @@
 """Orbax CheckpointManager wrapper: save / restore / resume, checksums, and the fallback past damaged steps.
-Reading a run's config and weights for use (sampling, init_from, conversion, zoo.load) is zoo.train.runs.
+Reading a run's config and weights for use (sampling, init_from, conversion, zoo.load) is zoo.training.runs.
 The directory layout and the manager itself (keep policy, the last good step, readers alone) are
-zoo.train.checkpoint_manager; the config saved beside each step (portable paths, restore_config and its checks)
-is zoo.train.checkpoint_config. Their names are imported here too, so callers keep reading them from this module.
+zoo.training.checkpoint_manager; the config saved beside each step (portable paths, restore_config and its checks)
+is zoo.training.checkpoint_config. Their names are imported here too, so callers keep reading them from this module.
 
 Layout: WORKDIR/checkpoints/<step>/{params, train, config, digest}. `params` is stored as its own item
 so sampling, fine-tuning (`init_from`) and conversion read only the weights. Orbax writes each step
@@ -27,14 +27,14 @@ import time
 import jax
 import orbax.checkpoint as ocp
 
-from zoo.config import Config
+from zoo.configuration import Config
 from zoo.errors import CheckpointError, ConfigError
-from zoo.train import orbax_errors
-from zoo.train.checkpoint_config import HERE, PATH_FIELDS, located, portable, restore_config  # noqa: F401
-from zoo.train.checkpoint_manager import (  # noqa: F401 (ITEMS ... _reading_alone: read from here by others)
+from zoo.training import orbax_errors
+from zoo.training.checkpoint_config import HERE, PATH_FIELDS, located, portable, restore_config  # noqa: F401
+from zoo.training.checkpoint_manager import (  # noqa: F401 (ITEMS ... _reading_alone: read from here by others)
     ITEMS, LAST_GOOD, KeepLatestAndGood, _absl_errors_only, _alone, _reading_alone, ckpt_dir, last_good, manager,
     mark_good, step_dir)
-from zoo.train.checksums import fingerprint
+from zoo.training.checksums import fingerprint
 
 
 def all_steps(workdir: str) -> list[int]:
@@ -209,7 +209,7 @@ def first_restorable(workdir: str, load, steps: list[int] | None = None, relists
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:
-            if type(e).__name__ == "BaseError":  # zoo.train.runs: the run's base, not this step, is at fault
+            if type(e).__name__ == "BaseError":  # zoo.training.runs: the run's base, not this step, is at fault
                 raise
             if _being_deleted(workdir, step):  # pruned by a run still training (keep=1): gone, not damaged
                 fresh = [s for s in all_steps(workdir) if s not in steps]

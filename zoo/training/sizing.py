@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from zoo.config import Config
+from zoo.configuration import Config
 from zoo.errors import ConfigError
 
 MIN_UPDATES = 30  # the fewest optimizer steps a packed run sized in epochs makes (bounded by its unpacked count)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
-from zoo.config import OptimConfig
+from zoo.configuration import OptimConfig
 from zoo.errors import ConfigError
 from zoo.nn import lora
 
@@ -187,6 +187,6 @@ def muon(cfg: OptimConfig, schedule: Callable, mask, dims) -> optax.GradientTran
 
 def new_mask(boxed_params, base_shapes: dict):
     """True for params whose path (or shape) the init_from run's params lack: what a fine-tune starts fresh."""
-    from zoo.train import freeze
+    from zoo.training import freeze
     flat = {k: tuple(v.shape) for k, v in freeze.flat(nn.unbox(boxed_params)).items()}
     return freeze.unflat({k: base_shapes.get(k) != s for k, s in flat.items()})

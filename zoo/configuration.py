@@ -1,5 +1,5 @@
-"""A run's configuration: typed, frozen sections (data, optim, train, mesh) around a model config. Called,
-zoo.config(name, **overrides) builds and checks one (zoo.api.training.config; zoo.callable_module).
+"""A run's configuration: typed, frozen sections (data, optim, train, mesh) around a model config. zoo.config(name,
+**overrides) builds and checks one (zoo.api.training.config).
 
 A run is fully described by a `Config`. Model configs live with their family (zoo.models; the
 FAMILIES registry maps `model.family` and every task name to them). Config files in `configs/`
@@ -18,12 +18,10 @@ import types
 import typing
 from dataclasses import dataclass, field
 
-from zoo.callable_module import make_callable
 from zoo.errors import ConfigError
 from zoo.models import FAMILIES, TASK_FAMILY
 from zoo.models.gpt import GptConfig
 
-make_callable(__name__, "zoo.api.training:config")
 
 
 
@@ -91,7 +89,7 @@ OPTIMIZERS = ("adamw", "muon")
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     """AdamW (or Muon on the hidden kernels) with global-norm clipping and a warmup schedule from the registry in
-    zoo.train.optim."""
+    zoo.training.optim."""
 
     lr: float = 3e-4  # peak learning rate (for noam: the scale factor in front of the formula)
     schedule: str = "cosine"  # cosine | linear | noam | constant | wsd
@@ -274,7 +272,7 @@ class TrainConfig:
     trainable: str = ""
     # Stop at a finite blow-up: a step whose loss is over spike_guard x (and spike_guard nats above) the median
     # of the 32 steps before, or (after 8 steps) whose gradient norm is over 250 x spike_guard x theirs
-    # (zoo.train.guard); 0: off.
+    # (zoo.training.guard); 0: off.
     spike_guard: float = 4.0
     # Several processes (zoo.distributed): seconds every peer has to arrive at the start, and after which a
     # peer that stopped answering (killed, its host down) ends the run on the others with one error line.
@@ -505,9 +503,9 @@ def load_config_file(path: str) -> Config:
         raise
     except SystemExit as e:
         raise ConfigError(f"config file {path!r}: get_config() called sys.exit({e.code!r}); it must return a "
-                          f"zoo.config.Config") from None
+                          f"zoo.configuration.Config") from None
     except Exception as e:
         raise ConfigError(f"config file {path!r}: get_config() failed: {type(e).__name__}: {e}") from None
     if not isinstance(cfg, Config):
-        raise ConfigError(f"config file {path!r}: get_config() returned {type(cfg).__name__}, not a zoo.config.Config")
+        raise ConfigError(f"config file {path!r}: get_config() returned {type(cfg).__name__}, not a zoo.configuration.Config")
     return cfg

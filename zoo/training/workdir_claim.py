@@ -1,5 +1,5 @@
-"""Taking a run's workdir before training: the lock (zoo.train.workdir.claim), held by process 0 while the
-others wait for its verdict (zoo.train.peers), and the check that the workdir can start a fresh run (it holds
+"""Taking a run's workdir before training: the lock (zoo.training.workdir.claim), held by process 0 while the
+others wait for its verdict (zoo.training.peers), and the check that the workdir can start a fresh run (it holds
 no checkpoints) or be resumed (it holds a train state, in its own directory)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import contextlib
 import os
 
 from zoo.errors import TrainError
-from zoo.train import checkpoint, peers
-from zoo.train.workdir import claim
+from zoo.training import checkpoint, peers
+from zoo.training.workdir import claim
 
 
 def check_workdir(workdir: str, resume: bool) -> None:
@@ -32,8 +32,8 @@ def check_workdir(workdir: str, resume: bool) -> None:
 
 @contextlib.contextmanager
 def claimed(path: str, main: bool, check):
-    """The workdir lock, taken by process 0 alone after `check()` (zoo.train.workdir.claim); the other processes
-    wait for its verdict (zoo.train.peers). With several processes every one runs `check()` together once the lock
+    """The workdir lock, taken by process 0 alone after `check()` (zoo.training.workdir.claim); the other processes
+    wait for its verdict (zoo.training.peers). With several processes every one runs `check()` together once the lock
     is held: Orbax's reads of the steps synchronise the processes, so process 0 checking alone, while the others
     wait for its verdict, would wait for them forever."""
     k, told = peers.key("workdir"), False

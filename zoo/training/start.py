@@ -9,8 +9,8 @@ import flax.linen as nn
 import jax
 
 from zoo.errors import ConfigError
-from zoo.train import freeze, runs, sharding
-from zoo.train.step import TrainState
+from zoo.training import freeze, runs, sharding
+from zoo.training.step import TrainState
 
 
 def _base_params(s, source: str, step: int | None = None) -> tuple[int, dict]:

@@ -45,7 +45,7 @@ _LINE_KEYS = ("loss", "eval_loss", "eval_ppl", "eval_accuracy")
 def eval_line(record: dict) -> str:
     """`step 250: loss 1.62, eval_loss 1.65, eval_ppl 5.2, eval_accuracy 0.52, tokens/s 13012, peak memory
     812 MB`: the train and eval losses, the task's eval metrics (macro-F1, BLEU, exact match, ...),
-    throughput and peak memory (zoo.train.memory)."""
+    throughput and peak memory (zoo.training.memory)."""
     keys = [k for k in _LINE_KEYS if k in record]
     keys += sorted(k for k in record if k.startswith("eval_") and k not in _LINE_KEYS)
     parts = [f"{k} {record[k]:.4g}" for k in keys if isinstance(record[k], (int, float))]

@@ -13,15 +13,15 @@ import time
 import jax
 
 from zoo.errors import TrainError
-from zoo.train import checkpoint, data_state
+from zoo.training import checkpoint, data_state
 
 
 def diverged(bad_step: int, what: str, finite: bool, came_in_bad: bool, workdir: str, mngr, guard=None) -> TrainError:
     """The error of a bad step: which step and what happened, and the checkpoint to resume from with a
     lower learning rate. Every saved state is finite (`save` refuses NaN/Inf); when the step came in with bad
-    params (a blow-up, zoo.train.guard, or a NaN loss), the checkpoints from the step before it on hold them,
+    params (a blow-up, zoo.training.guard, or a NaN loss), the checkpoints from the step before it on hold them,
     so they are moved aside into WORKDIR/checkpoints-blown-up/ (kept). The step named is the last good one
-    (zoo.train.guard: the loss after it was calm), which may be older than the newest left when the loss
+    (zoo.training.guard: the loss after it was calm), which may be older than the newest left when the loss
     climbed for a while before it blew up; `--resume --step` goes back to it."""
     checkpoint.finish(mngr)
     aside = ""

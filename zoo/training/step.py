@@ -11,13 +11,13 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from zoo.train import freeze
+from zoo.training import freeze
 
 
 class TrainState(struct.PyTreeNode):
     """`params` are what trains (gradients and optimizer moments exist for them alone); `frozen` the rest of
     the model's params (LoRA's base, a partial fine-tune's frozen layers; empty when everything trains),
-    joined with `params` for the loss (zoo.train.freeze)."""
+    joined with `params` for the loss (zoo.training.freeze)."""
     step: jax.Array
     params: Any
     opt_state: Any

@@ -1,4 +1,4 @@
-"""The train step compiled ahead for the first batch (zoo.train.trainer runs the compiled program every step), so a
+"""The train step compiled ahead for the first batch (zoo.training.trainer runs the compiled program every step), so a
 run says what is compiling and what it cost before its first step: a big model's first step spends minutes here
 before anything else prints."""
 
@@ -8,7 +8,7 @@ import time
 
 import jax
 
-from zoo.config import Config
+from zoo.configuration import Config
 
 
 def compile_ahead(step_fn, state, batch, cfg: Config, say):

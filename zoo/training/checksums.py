@@ -3,7 +3,7 @@
 `fingerprint(tree)` gives one uint32 checksum per array (its path -> value) and whether every float in
 the tree is finite. The checksum weights each element's bits by its position, so swapped blocks differ
 too; integer sums wrap exactly, so the value is the same under any sharding and on any number of
-devices. zoo.train.checkpoint saves the checksums beside each checkpoint and verifies them on every
+devices. zoo.training.checkpoint saves the checksums beside each checkpoint and verifies them on every
 read; a state that is not finite is never saved.
 """
 
@@ -14,7 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from zoo.train import run_once
+from zoo.training import run_once
 
 
 def _bits(x) -> jax.Array:

@@ -1,7 +1,7 @@
 """The one training loop: setup (task, mesh, optimizer, shardings), init or restore, steps, evaluation,
-checkpoints, logging. Its parts live beside it: the evaluation pass in zoo.train.evaluation, an interval's record
-and the console lines in zoo.train.records, SIGTERM/Ctrl-C in zoo.train.stops, the workdir's lock and checks in
-zoo.train.workdir_claim, and the errors a run ends with (a blow-up, a full disk) in zoo.train.run_errors. Names
+checkpoints, logging. Its parts live beside it: the evaluation pass in zoo.training.evaluation, an interval's record
+and the console lines in zoo.training.records, SIGTERM/Ctrl-C in zoo.training.stops, the workdir's lock and checks in
+zoo.training.workdir_claim, and the errors a run ends with (a blow-up, a full disk) in zoo.training.run_errors. Names
 other modules read from here (to_device, eval_line, stops_at_once, disk_failure, ...) are imported here too.
 
 The host stays at most one step ahead of the device: after dispatching step n it waits for step n - 1,
@@ -12,7 +12,7 @@ the task's metrics, tokens/s) unless quiet; the bar shows only on a terminal.
 
 The trainer knows a Task (model + loss + data) and never which family it is. State is created
 already sharded (eval_shape of the boxed state -> logical axes -> jit with out_shardings); the step
-(zoo.train.step) is jitted once over the mesh with the state donated; batches are laid out over the
+(zoo.training.step) is jitted once over the mesh with the state donated; batches are laid out over the
 `data`/`fsdp` axes.
 """
 
@@ -32,25 +32,25 @@ import jax
 from tqdm.auto import tqdm
 
 from zoo import tasks
-from zoo.config import Config
+from zoo.configuration import Config
 from zoo.errors import ConfigError, TrainError
 from zoo.eval import during
-from zoo.train import (checkpoint, data_state, flops, freeze, memory, optim, orbax_errors, peers, run_once, runs,
+from zoo.training import (checkpoint, data_state, flops, freeze, memory, optim, orbax_errors, peers, run_once, runs,
                        sharding)
-from zoo.train.evaluation import evaluate, to_device
-from zoo.train import objective_watch
-from zoo.train.guard import Guard
-from zoo.train.metrics import MetricsWriter
-from zoo.train.prefetch import Prefetcher
-from zoo.train.records import duration, eval_line, summarise
-from zoo.train.run_errors import DISK_ERRNOS, disk_failure, diverged
-from zoo.train.first_step import compile_ahead
-from zoo.train.sizing import size_warning, steps_of_epochs
-from zoo.train.stops import Stopped, Stopper, stops_at_once  # noqa: F401 (Stopped, stops_at_once: read from here)
-from zoo.train.workdir import own_tokenizer, remove_new
-from zoo.train.workdir_claim import check_workdir, claimed
-from zoo.train.start import init_from, load_frozen, start_from  # noqa: F401 (init_from: the API tests call)
-from zoo.train.step import TrainState, make_eval_step, make_train_step, state_init
+from zoo.training.evaluation import evaluate, to_device
+from zoo.training import objective_watch
+from zoo.training.guard import Guard
+from zoo.training.metrics import MetricsWriter
+from zoo.training.prefetch import Prefetcher
+from zoo.training.records import duration, eval_line, summarise
+from zoo.training.run_errors import DISK_ERRNOS, disk_failure, diverged
+from zoo.training.first_step import compile_ahead
+from zoo.training.sizing import size_warning, steps_of_epochs
+from zoo.training.stops import Stopped, Stopper, stops_at_once  # noqa: F401 (Stopped, stops_at_once: read from here)
+from zoo.training.workdir import own_tokenizer, remove_new
+from zoo.training.workdir_claim import check_workdir, claimed
+from zoo.training.start import init_from, load_frozen, start_from  # noqa: F401 (init_from: the API tests call)
+from zoo.training.step import TrainState, make_eval_step, make_train_step, state_init
 
 
 @dataclasses.dataclass
@@ -65,7 +65,7 @@ class Setup:
     state_shardings: Any
     abstract_state: Any  # ShapeDtypeStructs with shardings, for restore
     init_fn: Any  # rng -> TrainState (unsharded function; init_state jits it sharded)
-    trainable: Any = None  # the param paths that train (zoo.train.freeze); None: all
+    trainable: Any = None  # the param paths that train (zoo.training.freeze); None: all
 
     def full_params(self, state: TrainState):
         """The model's whole param tree: what trains joined with what is frozen."""
@@ -220,7 +220,7 @@ def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_ste
                 return _loop(cfg, path, s, state, data, mngr, stop_at_step, progress, quiet)
         except orbax_errors.SaveError as e:
             raise TrainError(f"{e}; the run stopped (free space or fix permissions, then --resume {path})") from None
-        except OSError:  # a write of the run failed (zoo.train.run_errors.DISK_ERRNOS): Orbax's saves end first
+        except OSError:  # a write of the run failed (zoo.training.run_errors.DISK_ERRNOS): Orbax's saves end first
             with contextlib.suppress(Exception), orbax_errors.held():
                 checkpoint.finish(mngr)
             raise

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from zoo.config import MeshConfig
+from zoo.configuration import MeshConfig
 from zoo.errors import ConfigError
 from zoo.nn import layers
 

@@ -1,9 +1,9 @@
-"""A run's checkpoint directory and the Orbax CheckpointManager that opens it (zoo.train.checkpoint saves and
+"""A run's checkpoint directory and the Orbax CheckpointManager that opens it (zoo.training.checkpoint saves and
 restores through it).
 
 Layout: WORKDIR/checkpoints/<step>/{params, train, config, digest} (`ckpt_dir`, `step_dir`, `ITEMS`). A run's
 manager keeps the newest `train.keep` steps, its last good one (`KeepLatestAndGood`, the step named in
-WORKDIR/checkpoints/last_good: `last_good`, `mark_good`) and, for a run watched by reward (zoo.train.objective_watch),
+WORKDIR/checkpoints/last_good: `last_good`, `mark_good`) and, for a run watched by reward (zoo.training.objective_watch),
 the step its best reward was sampled from (WORKDIR/checkpoints/best_reward: `best_reward`, `mark_best`); a reader's manager is read-only and, within
 `_reading_alone`, involves this process alone. Orbax's options that depend on the processes (replica-parallel
 writes) are set as each manager is made.
@@ -37,9 +37,9 @@ ITEMS = ("params", "train", "config", "digest")
 @dataclasses.dataclass
 class KeepLatestAndGood:
     """Orbax's preservation policy for a training run: the newest `n` steps (`train.keep`), the run's last
-    good step (`good`, set by the trainer as zoo.train.guard confirms steps), however old it gets, so a slow
+    good step (`good`, set by the trainer as zoo.training.guard confirms steps), however old it gets, so a slow
     climb that outlasts `keep` saves still leaves a checkpoint to go back to, and (an RL run) the step whose params
-    sampled the best training reward so far (`best`, its reward `best_value`: zoo.train.objective_watch), so a
+    sampled the best training reward so far (`best`, its reward `best_value`: zoo.training.objective_watch), so a
     collapse that outlasts `keep` saves still leaves the policy that did best."""
     n: int
     good: int | None = None
@@ -139,7 +139,7 @@ def _remove_unfinished(workdir: str) -> None:
 
 
 def last_good(workdir: str) -> int | None:
-    """The step marked last good (zoo.train.guard), if it is still among the run's checkpoints."""
+    """The step marked last good (zoo.training.guard), if it is still among the run's checkpoints."""
     try:
         with open(os.path.join(ckpt_dir(workdir), LAST_GOOD)) as f:
             step = int(f.read().strip())
@@ -162,7 +162,7 @@ def mark_good(mngr, step: int) -> None:
 
 
 def best_reward(workdir: str) -> tuple[int, float] | None:
-    """(step, reward) of the checkpoint marked best by reward (zoo.train.objective_watch), if still in the run."""
+    """(step, reward) of the checkpoint marked best by reward (zoo.training.objective_watch), if still in the run."""
     try:
         with open(os.path.join(ckpt_dir(workdir), BEST_REWARD)) as f:
             step, value = f.read().split()

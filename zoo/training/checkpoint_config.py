@@ -1,6 +1,6 @@
 """The config saved beside each checkpoint step: written with its paths portable (run-relative inside the run),
 read back located where the run is now (`restore_config`), and refused as damage of that step when it belongs to
-another run or does not describe the step's own arrays. zoo.train.checkpoint saves and restores through it.
+another run or does not describe the step's own arrays. zoo.training.checkpoint saves and restores through it.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import os
 import jax
 import orbax.checkpoint as ocp
 
-from zoo.config import Config, from_dict
+from zoo.configuration import Config, from_dict
 from zoo.errors import CheckpointError
-from zoo.train.checkpoint_manager import manager, step_dir
+from zoo.training.checkpoint_manager import manager, step_dir
 
 
 # Config fields that may name files. Saved beside a checkpoint, a path inside the run is written relative to

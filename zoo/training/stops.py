@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import signal
 
-from zoo.train import peers
+from zoo.training import peers
 
 
 class Stopper:
@@ -41,7 +41,7 @@ class Stopper:
     def stop(self, step: int) -> bool:
         """Whether to stop after `step`: at once with one process. With several, a signal reaches one host, and
         they must all stop after the same step (the save is collective): the first process signalled names a step
-        a few ahead in the coordination service (zoo.train.peers), and each stops there."""
+        a few ahead in the coordination service (zoo.training.peers), and each stops there."""
         if not peers.several():
             return self.signal is not None
         if self.at is None:
