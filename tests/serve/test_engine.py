@@ -175,3 +175,39 @@ def test_a_long_prompt_admitted_while_rows_decode_is_prefilled_a_piece_between_t
     alone.submit([Sequence(prompt=prompts[1], max_tokens=12, temperature=0.0)])
     alone._admit()
     assert pieces == [(0, 32, 32), (32, 32, 128), (64, 32, 128), (96, 16, 128)] and alone.positions_B[0] == 100
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["looped", "scanned"])
+def test_new_prompts_admitted_together_are_prefilled_in_one_program_and_answer_as_sample_does(lm, scan):
+    """Four prompts of one bucket (20-31 tokens: 32) arriving together go into one prefill of 4 rows once its
+    program is compiled; until then they go one by one while it compiles in a thread, and the next burst takes
+    it. Every greedy answer is zoo.infer.sample's."""
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(1, 256, n).tolist() for n in (20, 31, 25, 28)]
+    engine = Engine(lm, slots=4, max_len=128, chunk=4, scan_layers=scan)
+    singles, prefill = [], engine._prefill
+    engine._prefill = lambda *a, **kw: singles.append(kw["P"]) or prefill(*a, **kw)
+    got = [[] for _ in prompts]
+
+    def burst():
+        for i in range(len(prompts)):
+            got[i] = []
+        engine.submit([Sequence(prompt=p, max_tokens=8, temperature=0.0, emit=lambda ids, f, i=i: got[i].extend(ids))
+                       for i, p in enumerate(prompts)])
+        engine._admit()
+        while engine.active():
+            engine._hand_out(engine._run_chunk())
+        return [list(g) for g in got]
+    first = burst()  # the 4-row program not compiled yet: one by one, its compile begun
+    assert singles == [32] * 4 and engine.batched == 0 and (4, 32) in engine._batched_started
+    for _ in range(600):
+        if (4, 32) in engine._batched:
+            break
+        threading.Event().wait(0.1)
+    second = burst()
+    assert singles == [32] * 4 and engine.batched == 4  # no single prefill this time: one program of 4 rows
+    model, params = lm.decoding()
+    for p, a, b in zip(prompts, first, second):
+        want = sample.generate(model, params, p, 8, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
+                               vocab_limit=lm.tokenizer.n_vocab)[0]
+        assert a == want and b == want

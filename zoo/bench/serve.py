@@ -7,7 +7,8 @@ concurrent clients: requests and tokens per second and the time to first token (
 `--system-tokens N` puts the same N-token text (Python's documentation, cut at N tokens of SOURCE's tokenizer)
 before every prompt, as a chat server's system prompt: what zoo-serve's prefix sharing saves shows in the time to
 first token beside `zoo-serve-no-prefix-cache` (the same server with --no-prefix-cache); `zoo-serve-scan-layers` is
-the same server decoding with its layers as one scan (--scan-layers). `--servers` names the
+the same server decoding with its layers as one scan (--scan-layers), `zoo-serve-prefill-rows-1` the same server
+prefilling each prompt alone (--prefill-rows 1). `--servers` names the
 servers measured, in order (default: zoo-serve,transformers); the table's last column is the first's tokens/s over
 the second's.
 
@@ -33,7 +34,8 @@ import tempfile
 import threading
 import time
 
-SERVERS = ("zoo-serve", "zoo-serve-no-prefix-cache", "zoo-serve-scan-layers", "transformers", "vllm")
+SERVERS = ("zoo-serve", "zoo-serve-no-prefix-cache", "zoo-serve-scan-layers", "zoo-serve-prefill-rows-1",
+           "transformers", "vllm")
 PROMPTS_FROM = ("for", "while", "if", "try", "with", "function", "class", "return", "import", "assert")
 
 
@@ -235,6 +237,8 @@ def main(argv=None) -> int:
         starts = {"zoo-serve": lambda p: start_zoo(a.source, p, a.slots, max_len),
                   "zoo-serve-no-prefix-cache": lambda p: start_zoo(a.source, p, a.slots, max_len, "--no-prefix-cache"),
                   "zoo-serve-scan-layers": lambda p: start_zoo(a.source, p, a.slots, max_len, "--scan-layers"),
+                  "zoo-serve-prefill-rows-1": lambda p: start_zoo(a.source, p, a.slots, max_len, "--prefill-rows",
+                                                                  "1"),
                   "transformers": lambda p: start_peer(hf_dir, p),
                   "vllm": lambda p: start_vllm(a.vllm_python, hf_dir, p, max_len)}
         for name in servers:

@@ -48,6 +48,9 @@ def main(argv=None) -> int:
                                                                   "are answered 413 (default: %(default)s)")
     ap.add_argument("--prefill-chunk", type=int, default=512, help="a prompt longer than this, arriving while others "
                     "decode, is prefilled this many tokens between two decode chunks (default: %(default)s)")
+    ap.add_argument("--prefill-rows", type=int, default=8, help="the most new prompts prefilled together in one "
+                    "program (a burst of short prompts costs about half as much); 1: each alone "
+                    "(default: %(default)s)")
     ap.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt whole, even where another "
                     "row holds its leading tokens (a shared system prompt) already")
     ap.add_argument("--scan-layers", action="store_true", help="decode with the layers as one scan: each program "
@@ -65,7 +68,7 @@ def main(argv=None) -> int:
     sock = None
     try:
         for flag, v in (("--slots", a.slots), ("--chunk", a.chunk), ("--max-queue", a.max_queue),
-                        ("--prefill-chunk", a.prefill_chunk),
+                        ("--prefill-chunk", a.prefill_chunk), ("--prefill-rows", a.prefill_rows),
                         ("--max-request-bytes", a.max_request_bytes), ("--max-prompts", a.max_prompts),
                         ("--max-len", a.max_len if a.max_len is not None else 2)):
             if v < 1 or (flag == "--max-len" and v < 2):
@@ -91,7 +94,7 @@ def main(argv=None) -> int:
         decoder.prompt_tokens(lm, conversations=[[{"role": "user", "content": "Hi"}]])  # the chat template renders
         engine = Engine(lm, slots=a.slots, max_len=a.max_len or min(lm.config.window, 2048), chunk=a.chunk,
                         max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, prefill_chunk=a.prefill_chunk,
-                        scan_layers=a.scan_layers)
+                        scan_layers=a.scan_layers, prefill_rows=a.prefill_rows)
     except BAD_INPUT as e:
         if sock is not None:
             sock.close()

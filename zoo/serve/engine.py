@@ -24,6 +24,10 @@ position on, over the pieces before it), so the rows decoding wait one piece for
 decodes once its last piece is in. Admitted with nobody decoding, its pieces are prefilled at once, one after
 another (pieces, not one bucket: a 1,060-token prompt computes 512 + 512 + 64 positions, not 2,048).
 
+Batched prefill: new prompts admitted together, each prefilled whole from position 0, go R at a time into one
+program (zoo.serve.batched_prefill: a burst of short prompts costs half as much; its programs compile in a thread
+of their own the first time, the prompts prefilled one by one meanwhile).
+
 Compiled programs: a prefill per prompt-length bucket up to `prefill_chunk` (powers of two from 16; a prompt's
 first piece attends its own bucket's slots) and one of a whole piece per longer length (a later piece attends the
 slots before it and its own), and a decode for each number of rows (powers of two up to the slots: the smallest
@@ -58,6 +62,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from zoo.infer.sample import stop_ids
+from zoo.serve.batched_prefill import PREFILL_ROWS, BatchedPrefill
+from zoo.serve import programs
 from zoo.serve.programs import copy_prefix, decode_chunk, prefill_row
 from zoo.serve.scoring import Scoring
 
@@ -101,17 +107,19 @@ def _decode_name(B: int, K: int, L: int) -> str:
     return f"decode of {B} row{'s' * (B > 1)} x up to {K} step{'s' * (K > 1)} over {L} slots"
 
 
-class Engine(Scoring):
+class Engine(Scoring, BatchedPrefill):
     """The decoder behind the server (see the module's docstring). `lm` is a zoo.Pretrained decoder; `slots` rows
     decode together; `max_len` is the cache's length (at most the model's window); `chunk` decode steps run between
     two admissions; `prefix_cache`: prompts take the leading tokens a row holds (see the module's docstring);
-    `prefill_chunk`: the piece a long prompt admitted while rows decode is prefilled in. `scan_layers`: the layers
+    `prefill_chunk`: the piece a long prompt admitted while rows decode is prefilled in; `prefill_rows`: the most
+    new prompts one prefill takes (zoo.serve.batched_prefill; 1: each alone). `scan_layers`: the layers
     as one scan (each program compiles one layer: a start-up 2-3x faster) instead of one after another (each decoding
     step 1.3-1.5x faster: a scan copies every layer's weights out of their stack at every step,
     zoo.infer.sample.unscanned)."""
 
     def __init__(self, lm, *, slots: int = 8, max_len: int | None = None, chunk: int = 8, max_queue: int = 64,
-                 prefix_cache: bool = True, prefill_chunk: int = PREFILL_CHUNK, scan_layers: bool = False):
+                 prefix_cache: bool = True, prefill_chunk: int = PREFILL_CHUNK, scan_layers: bool = False,
+                 prefill_rows: int = PREFILL_ROWS):
         self.lm, self.slots, self.chunk, self.max_queue = lm, slots, chunk, max_queue
         self.prefix_cache, self.prefill_chunk = prefix_cache, prefill_chunk
         self.filling: dict[int, int] = {}  # row -> its prompt's tokens in the cache so far, while prefilled in pieces
@@ -140,6 +148,9 @@ class Engine(Scoring):
         self.positions_B = np.full(slots, -1, np.int32)  # the next token's position; -1: the row is free
         self._prefill = jax.jit(functools.partial(prefill_row, self.model, self.batch_axis),
                                 static_argnames=("P", "S"), donate_argnums=(1, 2))
+        self._prefill_many = jax.jit(functools.partial(programs.prefill_rows, self.model, self.batch_axis),
+                                     static_argnames=("R", "P"), donate_argnums=(1, 2))
+        self._init_batched(prefill_rows)
         self._copy = jax.jit(functools.partial(copy_prefix, self.batch_axis), static_argnames=("S",),
                              donate_argnums=(0,))
         self._decode = jax.jit(functools.partial(decode_chunk, self.model, self.vocab, self.batch_axis),
@@ -262,16 +273,20 @@ class Engine(Scoring):
         return sum(r is not None and i not in self.filling for i, r in enumerate(self.rows))
 
     def _admit(self) -> None:
+        new: list = []  # (row, prompt) of the prompts prefilled whole from position 0: together, at the end
         for row in range(self.slots):
             if self.rows[row] is not None:
                 continue
             try:
                 seq = self.waiting.get_nowait()
             except queue.Empty:
-                return
+                break
             if seq.cancelled():
                 continue
             busy = self.decoding() > 0  # before this row counts
+            if any(self._common(p, seq.prompt) >= SHARED_MIN for _, p in new):  # it may share theirs: in first
+                self._prefill_new(new)
+                new = []
             m, donor = self.shared(seq.prompt)
             if m > 0 and donor != row:
                 self.cache = self._copy(self.cache, donor, row, S=self._length(m))
@@ -282,11 +297,15 @@ class Engine(Scoring):
             if busy and len(seq.prompt) - m > self.prefill_chunk:  # rows decode: a piece between two chunks
                 self.filling[row] = m
                 continue
+            if m == 0 and len(seq.prompt) <= self.prefill_chunk:
+                new.append((row, seq.prompt))
+                continue
             while m < len(seq.prompt):  # nobody waits: every piece now
                 end = min(m + self.prefill_chunk, len(seq.prompt))
                 self._prefill_into(row, seq.prompt, m, end)
                 m = end
             self.positions_B[row] = len(seq.prompt)
+        self._prefill_new(new)
 
     def _fill(self) -> None:
         """The next piece (`prefill_chunk` tokens) of the first prompt admitted to be prefilled a piece at a time:
@@ -307,20 +326,21 @@ class Engine(Scoring):
     def _length(self, n: int) -> int:
         return next(b for b in self.length_buckets() if b >= n)
 
+    @staticmethod
+    def _common(a: list[int], b: list[int]) -> int:
+        """How many leading tokens two prompts share."""
+        n = min(len(a), len(b))
+        same = np.asarray(a[:n], np.int32) == np.asarray(b[:n], np.int32)
+        return n if same.all() else int(np.argmin(same))
+
     def shared(self, prompt: list[int]) -> tuple[int, int]:
         """(n, row): the most leading tokens of `prompt` whose keys and values a row's slots hold (at most all but
         its last, whose logits the prefill gives), and that row; (0, -1) below SHARED_MIN or with the cache off."""
         if not self.prefix_cache:
             return 0, -1
         best, at = 0, -1
-        p = np.asarray(prompt[:-1], np.int32)
         for row, held in enumerate(self.held):
-            n = min(len(held), len(p))
-            if n <= best:
-                continue
-            same = np.asarray(held[:n], np.int32) == p[:n]
-            k = n if same.all() else int(np.argmin(same))
-            if k > best:
+            if min(len(held), len(prompt) - 1) > best and (k := self._common(held, prompt[:-1])) > best:
                 best, at = k, row
         return (best, at) if best >= SHARED_MIN else (0, -1)
 

@@ -1,7 +1,8 @@
 """The programs zoo-serve's engine runs (zoo.serve.engine jits them with its model bound; zoo.aot.serve compiles the
-same ones for a TPU): a row's prefill from a position on (`prefill_row`), a shared prefix copied between rows
-(`copy_prefix`) and a chunk of decode steps over the first rows and slots (`decode_chunk`), with the sampling
-they share (greedy at temperature 0, else top-k / top-p filtered, one key per row and step).
+same ones for a TPU): a row's prefill from a position on (`prefill_row`), several new prompts prefilled at once
+(`prefill_rows`), a shared prefix copied between rows (`copy_prefix`) and a chunk of decode steps over the first
+rows and slots (`decode_chunk`), with the sampling they share (greedy at temperature 0, else top-k / top-p
+filtered, one key per row and step).
 """
 
 from __future__ import annotations
@@ -67,6 +68,30 @@ def prefill_row(model, ax: int, params, cache, logits_BV, row, ids_1P, length, s
     cache = jax.tree.map(lambda c, s: _put(c, s, ax, row) if rowwise(c) else c, cache, upd["cache"])
     last_V = out[0, length - 1, :].astype(jnp.float32)
     return cache, logits_BV.at[row].set(last_V)
+
+
+def prefill_rows(model, ax: int, params, cache, logits_BV, rows_R, ids_RP, lengths_R, *, R: int, P: int):
+    """R prompts at once, each from position 0 into its own cache row (rows_R; a row index past the cache's rows
+    is padding, written nowhere), ids_RP right-padded to the bucket P, lengths_R their real lengths; each one's
+    last real token's logits into logits_BV at its row. A prompt from position 0 attends only to its own first P
+    slots, so the rows start from zeros instead of reading the cache: one program over R rows, its products R x P
+    rows deep (a short prompt's prefill alone is a product of a few dozen rows, which XLA:CPU runs at a fraction of
+    its rate). Each row's keys and values equal `prefill_row`'s."""
+    rowwise = lambda c: c.ndim > ax  # noqa: E731
+
+    def fresh(c):
+        shape = list(c.shape)
+        shape[ax], shape[ax + 1] = R, P
+        return jnp.zeros(shape, c.dtype)
+    sub = jax.tree.map(lambda c: fresh(c) if rowwise(c) else c, cache)
+    pos_RP = jnp.where(jnp.arange(P)[None, :] < lengths_R[:, None], jnp.arange(P)[None, :], -1)
+    out, upd = model.apply({"params": params, "cache": sub}, ids_RP, decode=True, positions_BT=pos_RP,
+                           mutable=["cache"])
+    at = (slice(None),) * ax + (rows_R[:, None], jnp.arange(P)[None, :])
+    cache = jax.tree.map(lambda c, s: c.at[at].set(s.astype(c.dtype), mode="drop") if rowwise(c) else c, cache,
+                         upd["cache"])
+    last_RV = jnp.take_along_axis(out, (lengths_R - 1)[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+    return cache, logits_BV.at[rows_R].set(last_RV, mode="drop")
 
 
 def copy_prefix(ax: int, cache, src, dst, *, S: int):
