@@ -1,10 +1,12 @@
 """Batched prefill on zoo-serve's engine: new prompts admitted together (a burst of requests, n completions of one)
-are prefilled R at a time in one program (zoo.serve.programs.prefill_rows) instead of one call each. On this CPU a
-prompt of 32 tokens prefilled alone took 169 ms; eight of them together 681 ms, 85 ms each; at 64 tokens 215 ms
-against 166 ms each; at 128 tokens about the same (SmolLM2-135M float32, 2026-11-29, a busy host): XLA:CPU runs a
-product of a few dozen rows at a fraction of its rate, so the gain is on short prompts.
+are prefilled R at a time in one program (zoo.serve.programs.prefill_rows) instead of one call each. XLA:CPU runs a
+product of a few dozen rows at a fraction of its rate, so the gain is on short prompts (SmolLM2-135M float32,
+2026-11-29, a busy host): eight prompts of 28 tokens admitted together took 0.76-0.80 s against 1.64-1.74 s one by
+one; a model call on eight prompts of 32 tokens 85 ms a prompt against 169 ms alone, of 64 tokens 166 against 215,
+of 128 tokens 336 against 377. Under steady load (python -m zoo.bench.serve, 8 and 32 streaming clients) prompts
+rarely arrive together and tokens/s did not move.
 
-A group of R rows (a power of two, at most `prefill_rows`, R x P at most `prefill_chunk` tokens) runs once its
+A group of R rows (a power of two from FEWEST_ROWS to `prefill_rows`, of a bucket P up to LONGEST) runs once its
 program is compiled. The first time a group of that shape appears, its prompts are prefilled one by one as before
 and the program compiles in a thread of its own, so no decoding row waits for a compile; the next group of that
 shape takes it (and jax's persistent compilation cache keeps it for the next start). `compile_batched(R, P)`
@@ -20,6 +22,8 @@ import jax
 import numpy as np
 
 PREFILL_ROWS = 8  # the most prompts one batched prefill takes (zoo-serve --prefill-rows; 1: each alone)
+FEWEST_ROWS = 4  # the fewest: two or three short prompts cost little more alone, and each R is a program to compile
+LONGEST = 64  # the longest bucket batched: at 128 tokens eight prompts together cost 0.9x theirs alone
 
 
 def _shapes(tree):
@@ -34,8 +38,8 @@ class BatchedPrefill:
         self.batched = 0  # prompts prefilled in a batch of two or more
 
     def _group_rows(self, P: int) -> int:
-        """The most prompts of bucket P one batched prefill takes."""
-        return max(1, min(self.prefill_rows, self.slots, self.prefill_chunk // P))
+        """The most prompts of bucket P one batched prefill takes (1: each alone)."""
+        return min(self.prefill_rows, self.slots) if P <= LONGEST else 1
 
     def compile_batched(self, R: int, P: int):
         """The prefill program of R prompts of bucket P, compiled now (from the engine's current shapes)."""
@@ -74,9 +78,10 @@ class BatchedPrefill:
                 R = 1
                 while R * 2 <= min(len(group), self._group_rows(P)):
                     R *= 2
+                R = R if R >= FEWEST_ROWS else 1
                 if R > 1 and (R, P) not in self._batched:
                     self._compile_later(R, P)
-                    R = next((r for r in (R // 2, R // 4, R // 8) if r > 1 and (r, P) in self._batched), 1)
+                    R = next((r for r in (R // 2, R // 4) if r >= FEWEST_ROWS and (r, P) in self._batched), 1)
                 take, group = group[:R], group[R:]
                 if R == 1:
                     row, prompt = take[0]
