@@ -120,3 +120,38 @@ def test_zoo_embed_writes_npy_and_json_lines(tmp_path, minilm, capsys):
                            "--out", str(tmp_path / "keep.npy")]) == 2
     assert "prompt_name='query'" in capsys.readouterr().err
     assert (tmp_path / "keep.npy").read_bytes() == b"earlier output"  # a failed run leaves it as it was
+
+
+def test_dimensions_cut_each_vector_and_normalise_it_again_as_sentence_transformers_truncate_dim(minilm):
+    ours = minilm.embed(TEXTS[:3], dimensions=128)
+    assert ours.shape == (3, 128)
+    assert close(ours, st_encode(minilm_dir(), TEXTS[:3], truncate_dim=128, normalize_embeddings=True))
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=-1), 1.0, atol=1e-6)
+    for bad in (0, 385, True, 12.5):
+        with pytest.raises(ArgumentError, match=r"dimensions=.* must be an int from 1 to the model's width, 384"):
+            minilm.embed("x", dimensions=bad)
+
+
+def test_the_server_cuts_only_to_the_widths_a_checkpoint_declares(tmp_path, minilm):
+    """/v1/embeddings' `dimensions` (zoo.serve.embeddings.response): a copy of MiniLM whose config.json declares
+    Matryoshka widths (vLLM's "matryoshka_dimensions") is cut to one of them, equal to embed(dimensions=); another
+    width, or any cut of the plain MiniLM (it declares none), is a 400 naming what it takes."""
+    from zoo.serve.embeddings import response
+    from zoo.serve.request_checks import ApiError
+    src = minilm_dir()
+    for name in os.listdir(src):
+        if name != "config.json":
+            os.symlink(os.path.join(src, name), tmp_path / name)
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "matryoshka_dimensions": [384, 256, 128]}))
+    lm = zoo.load(str(tmp_path))
+    texts = TEXTS[:2]
+    out = response(lm, {"input": texts, "dimensions": 128}, texts, lm.embed(texts), "m")
+    got = np.asarray([d["embedding"] for d in out["data"]], np.float32)
+    np.testing.assert_allclose(got, lm.embed(texts, dimensions=128), atol=1e-6)
+    with pytest.raises(ApiError, match="one of the widths the model declares .*, 128, 256, 384; got 100"):
+        response(lm, {"input": texts, "dimensions": 100}, texts, lm.embed(texts), "m")
+    with pytest.raises(ApiError, match="the model's own width, 384 .*declares no Matryoshka widths"):
+        response(minilm, {"input": texts, "dimensions": 128}, texts, minilm.embed(texts), "m")
+    assert len(response(minilm, {"input": texts, "dimensions": 384}, texts, minilm.embed(texts), "m")
+               ["data"][0]["embedding"]) == 384

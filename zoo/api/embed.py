@@ -9,6 +9,10 @@ Embedding's and other decoder embedders' pooling), the text embedded as given (n
 checkpoint without sentence-transformers files pools as its family does by default (encoders: mean, decoders: last
 token) and is not normalised unless asked (`normalize=True`).
 
+`dimensions` keeps each vector's first components, normalised again when the checkpoint normalises: a Matryoshka-
+trained model's shorter embedding, as `SentenceTransformer.encode(truncate_dim=..., normalize_embeddings=True)` and
+OpenAI's `dimensions` give it (`matryoshka` says which widths the checkpoint declares; zoo-serve takes those only).
+
 `prompt` puts a string before every text; `prompt_name` takes one from the checkpoint's
 config_sentence_transformers.json "prompts" (e.g. Qwen3-Embedding's "query": "Instruct: ...\\nQuery:"), as
 `encode(prompt_name=...)` does. Texts run in jitted batches sorted by length and padded to bucketed shapes
@@ -47,6 +51,27 @@ def pooling_of(lm) -> Pooling:
     return st_pooling(checkpoint_dir(lm), lm.model.cfg.max_len, default)
 
 
+def matryoshka(lm) -> tuple[int, ...] | None:
+    """The widths `lm` was trained to be cut to, as its config.json declares them (vLLM's convention:
+    "matryoshka_dimensions", a list; "is_matryoshka": true, any width); None when it declares none."""
+    import json
+    d = checkpoint_dir(lm) or (lm.source if lm.source and os.path.isdir(lm.source) else None)
+    path = os.path.join(d, "config.json") if d else None
+    if not path or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        cfg = json.load(f)
+    if isinstance(cfg.get("matryoshka_dimensions"), list):
+        return tuple(int(x) for x in cfg["matryoshka_dimensions"])
+    return tuple(range(1, lm.model.cfg.d_model + 1)) if cfg.get("is_matryoshka") else None
+
+
+def truncate(vectors: np.ndarray, dimensions: int, normalize: bool) -> np.ndarray:
+    """Each vector's first `dimensions` components, unit length again when `normalize`."""
+    out = vectors[..., :dimensions]
+    return np.asarray(unit(jnp.asarray(out))) if normalize else out
+
+
 def _rows(lm, texts: list[str], pool: Pooling) -> list[list[int]]:
     """Token ids of each text as the model reads it: an encoder's [CLS] text [SEP], cut to pool.max_len."""
     ids = lm.tokenizer.encode_batch(texts)
@@ -70,7 +95,7 @@ def _pool(params, ids_BT, valid_BT, *, model, mode: str, normalize: bool, decode
 
 
 def embed(lm, texts, *, batch_size: int = 32, normalize: bool | None = None, prompt: str | None = None,
-          prompt_name: str | None = None, progress: bool | None = None) -> np.ndarray:
+          prompt_name: str | None = None, progress: bool | None = None, dimensions: int | None = None) -> np.ndarray:
     """See Pretrained.embed."""
     from zoo.api.decoder import texts_of
     from zoo.infer.encoder import batches, bucket
@@ -83,6 +108,10 @@ def embed(lm, texts, *, batch_size: int = 32, normalize: bool | None = None, pro
     if lm.config.model.family not in ("bert", "gpt"):
         raise FamilyError(f".embed takes BERT-family encoders and decoders; {lm.source!r} is a "
                           f"{lm.config.model.family} model, which offers {', '.join(lm.offers())}")
+    width = lm.model.cfg.d_model
+    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
+                                   or not 1 <= dimensions <= width):
+        raise ArgumentError(f"dimensions={dimensions!r} must be an int from 1 to the model's width, {width}")
     pool = pooling_of(lm)
     prompts = dict(pool.prompts)
     if prompt_name is not None:
@@ -125,4 +154,6 @@ def embed(lm, texts, *, batch_size: int = 32, normalize: bool | None = None, pro
             bar.update(len(idx))
     if bar is not None:
         bar.close()
+    if dimensions is not None and dimensions < width:
+        out = truncate(out, dimensions, norm)
     return out[0] if single else out

@@ -138,17 +138,19 @@ class Pretrained:
         return encoder.tag(self, texts, batch_size=batch_size)
 
     def embed(self, texts: str | list[str], *, batch_size: int = 32, normalize: bool | None = None,
-              prompt: str | None = None, prompt_name: str | None = None, progress: bool | None = None) -> np.ndarray:
+              prompt: str | None = None, prompt_name: str | None = None, progress: bool | None = None,
+              dimensions: int | None = None) -> np.ndarray:
         """Sentence embeddings: float32[D] for a text, [N, D] for a list, as `SentenceTransformer.encode` gives them
         on the same checkpoint (zoo.api.embed): an encoder's last hidden states pooled as its
         1_Pooling/config.json says (mean over the real tokens by default; cls, max, mean_sqrt_len), a decoder's last
         token's; L2-normalised when its modules.json has a Normalize module (`normalize` overrides); texts cut to
         its max_seq_length. `prompt` goes before every text; `prompt_name` takes one of the checkpoint's named
         prompts (config_sentence_transformers.json, e.g. "query"). A progress bar shows for 1,024 texts or more
-        (`progress` forces it on or off)."""
+        (`progress` forces it on or off). `dimensions`: each vector's first components, normalised again when the
+        checkpoint normalises (a Matryoshka model's shorter embedding; encode(truncate_dim=...))."""
         from zoo.api import embed
         return embed.embed(self, texts, batch_size=batch_size, normalize=normalize, prompt=prompt,
-                           prompt_name=prompt_name, progress=progress)
+                           prompt_name=prompt_name, progress=progress, dimensions=dimensions)
 
     # ---- encoder-decoders ----------------------------------------------------------------------------
     def translate(self, texts: str | list[str], *, beam: int = 4, length_penalty: float | None = None,

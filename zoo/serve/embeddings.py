@@ -1,6 +1,7 @@
 """zoo-serve's `/v1/embeddings` (OpenAI's shape): `input` a string or a list of them, `encoding_format` "float" (the
 default) or "base64" (little-endian float32, what the openai client asks for by default and decodes), `dimensions`
-only as the model's own width (zoo does not cut vectors). The vectors are Pretrained.embed's, pooled and
+the model's own width or, for a checkpoint whose config.json declares Matryoshka widths (zoo.api.embed.matryoshka),
+one of those (each vector cut and normalised again, as vLLM does). The vectors are Pretrained.embed's, pooled and
 normalised as the checkpoint's sentence-transformers files say (zoo.api.embed), equal to SentenceTransformer.encode's.
 A decoder's server computes them between two decode chunks, on the engine's thread; an encoder's server (zoo-serve
 of an all-MiniLM-L6-v2 directory) answers only this route and /v1/models, a request at a time."""
@@ -34,14 +35,22 @@ def texts_of(body: dict, max_inputs: int) -> list[str]:
     return texts
 
 
+def _widths(widths: tuple, width: int) -> str:
+    shown = sorted(set(widths) | {width})
+    return f"1 to {width}" if len(shown) == width else ", ".join(map(str, shown))
+
+
 def response(lm, body: dict, texts: list[str], vectors: np.ndarray, model_id: str) -> dict:
     """OpenAI's embeddings response of `vectors` ([N, D] float32) in the encoding the body asks for."""
     fmt = _field(body, "encoding_format", str, "float", check=lambda v: v in ("float", "base64"),
                  what="'float' or 'base64'")
-    width = vectors.shape[1]
-    dims = _field(body, "dimensions", int, width, check=lambda v: v == width,
-                  what=f"the model's own width, {width} (zoo does not cut embeddings)")
-    del dims
+    from zoo.api.embed import matryoshka, pooling_of, truncate
+    width, widths = vectors.shape[1], matryoshka(lm) or ()
+    what = f"one of the widths the model declares (config.json), {_widths(widths, width)}" if widths else \
+        f"the model's own width, {width} (its config.json declares no Matryoshka widths to cut to)"
+    dims = _field(body, "dimensions", int, width, check=lambda v: v == width or v in widths, what=what)
+    if dims < width:
+        vectors = truncate(vectors, dims, pooling_of(lm).normalize)
     tokens = sum(len(x) for x in lm.tokenizer.encode_batch(texts))
     encode = (lambda v: base64.b64encode(np.asarray(v, "<f4").tobytes()).decode()) if fmt == "base64" \
         else (lambda v: [float(x) for x in v])
