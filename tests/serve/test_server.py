@@ -4,11 +4,13 @@ token; streamed chunks join into the non-streamed answer; n=2 with a seed is rep
 all answer as they do alone, decoded in fewer batches than requests; /v1/completions' log-probabilities equal
 zoo-eval's per token, its top_logprobs are the likeliest tokens, and many prompts are scored a batch at a time;
 bad, hostile and unimplemented requests get OpenAI's error shape, the right status and no server path, and the
-server goes on serving; a port in use and a failing chat template are one `error:` line at start-up; Ctrl-C stops
-it promptly and cleanly."""
+server goes on serving; /metrics counts exactly what was sent; every response carries its request id; a port in use
+and a failing chat template are one `error:` line at start-up; Ctrl-C stops it promptly and cleanly (a shutdown with
+requests running: tests/serve/test_shutdown.py)."""
 
 import concurrent.futures as cf
 import json
+import re
 import shutil
 import signal
 import socket
@@ -254,6 +256,64 @@ def test_fields_that_ask_for_nothing_are_accepted(server):
     r = httpx.post(url + COMPLETIONS, json={"prompt": "x", "max_tokens": 2, "best_of": 1, "suffix": None, **nothing},
                    headers=headers)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+def scrape(url) -> dict:
+    """GET /metrics, parsed as Prometheus parses it: {(sample name, its labels as sorted pairs): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+    r = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(r.text) for s in family.samples}
+
+
+def test_metrics_go_up_by_exactly_what_was_sent(server):
+    """Two prompts x n=2 and a streamed chat: the requests by route and status, the prompt and generated tokens
+    (the responses' usage), a first token timed per completion, a latency per request; the gauges idle after."""
+    url = server[0]
+    c = client(url)
+    before = scrape(url)
+    r = c.completions.create(model="run", prompt=["The", "Hi there"], max_tokens=5, temperature=1.0, seed=3, n=2)
+    chat = [ch.usage for ch in c.chat.completions.create(model="run", messages=QUESTION, max_tokens=4, temperature=0,
+                                                          stream=True) if ch.usage]
+    bad = httpx.post(url + COMPLETIONS, json={"prompt": "x", "max_tokens": 0},
+                     headers={"Authorization": f"Bearer {KEY}"})
+    after = scrape(url)
+
+    def up(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0) - before.get(key, 0)
+    assert bad.status_code == 400 and len(chat) == 1
+    assert up("zoo_requests_total", route=COMPLETIONS, status="200") == 1
+    assert up("zoo_requests_total", route=CHAT, status="200") == 1
+    assert up("zoo_requests_total", route=COMPLETIONS, status="400") == 1
+    assert up("zoo_prompt_tokens_total") == r.usage.prompt_tokens + chat[0].prompt_tokens
+    assert up("zoo_generation_tokens_total") == r.usage.completion_tokens + chat[0].completion_tokens > 0
+    assert up("zoo_time_to_first_token_seconds_count") == 5 and up("zoo_e2e_request_latency_seconds_count") == 2
+    finished = [up("zoo_request_success_total", finished_reason=why) for why in ("stop", "length")]
+    assert sum(finished) == 5 and finished[1] >= 1  # the chat's 4 greedy tokens end at max_tokens
+    assert 1 <= up("zoo_time_per_output_token_seconds_count") <= 5
+    idle = {name: after[(name, ())] for name in ("zoo_num_requests_running", "zoo_num_requests_waiting",
+                                                 "zoo_kv_cache_slots_in_use", "zoo_requests_in_progress")}
+    assert idle == dict.fromkeys(idle, 0) and after[("zoo_kv_cache_slots", ())] == 4 * 32  # 4 rows x the context
+
+
+def test_every_response_carries_its_request_id(server):
+    """A client's X-Request-Id comes back in the header and in the body's id (OpenAI's prefix, as vLLM); without
+    one, or with one unfit for a header or a log line, the server makes one; an error carries one too."""
+    url, auth = server[0], {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(url + COMPLETIONS, json={"prompt": "x", "max_tokens": 2},
+                   headers={**auth, "X-Request-Id": "trace-42"})
+    assert r.headers["x-request-id"] == "trace-42" and r.json()["id"] == "cmpl-trace-42"
+    r = httpx.post(url + CHAT, json={"messages": QUESTION, "max_tokens": 2}, headers=auth)
+    made = r.headers["x-request-id"]
+    assert re.fullmatch("[0-9a-f]{32}", made) and r.json()["id"] == "chatcmpl-" + made
+    ids = [made]
+    for headers, status in (({**auth, "X-Request-Id": "two words"}, 200), ({"Authorization": "Bearer nope"}, 401)):
+        r = httpx.post(url + COMPLETIONS, json={"prompt": "x", "max_tokens": 2}, headers=headers)
+        assert r.status_code == status and re.fullmatch("[0-9a-f]{32}", r.headers["x-request-id"])
+        ids.append(r.headers["x-request-id"])
+    assert len(set(ids)) == 3
 
 
 def test_a_port_in_use_is_one_error_line_before_loading(finished_gpt, capsys, monkeypatch):

@@ -1,6 +1,6 @@
 """Serve a decoder over HTTP, OpenAI's API: chat and text completions, streamed or not, batched continuously.
 
-    zoo-serve runs/chat                                  # http://127.0.0.1:8000/v1, Ctrl-C stops
+    zoo-serve runs/chat                                  # http://127.0.0.1:8000/v1, Ctrl-C (or SIGTERM) stops
     zoo-serve $GGUF --port 8080 --api-key sk-local       # any source zoo.load reads; every request needs the key
     python -c "import openai; c = openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='x'); \\
         print(c.chat.completions.create(model='chat', messages=[{'role': 'user', 'content': 'Hi'}]))"
@@ -11,8 +11,10 @@ refused in one line). A decoder answers /v1/embeddings too, with its last token'
 first, so a port in use is one `error:` line before anything loads; the chat template is rendered once on a tiny
 conversation before the server answers (a template that fails is one line, not a 500 for each chat request). Every
 program is compiled before the server answers (the prefill of each prompt-length bucket and of a long prompt's
-pieces, and the decode chunk: zoo.serve.engine), said in one line with how long it took. Needs the serve extra: pip
-install -e '.[serve]' (FastAPI and uvicorn).
+pieces, and the decode chunk: zoo.serve.engine), said in one line with how long it took. GET /metrics answers
+Prometheus' text format, every response carries its request's X-Request-Id, and SIGTERM or Ctrl-C lets the requests
+running finish for up to --shutdown-timeout seconds while new ones are answered 503 (zoo.serve.shutdown), then exits
+0. Needs the serve extra: pip install -e '.[serve]' (FastAPI, uvicorn and prometheus_client).
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ def main(argv=None) -> int:
     ap.add_argument("--scan-layers", action="store_true", help="decode with the layers as one scan: each program "
                     "compiles one layer (a start-up 2-3x faster) but every step copies each layer's weights out of "
                     "their stack (1.3-1.5x slower decoding)")
+    ap.add_argument("--shutdown-timeout", type=float, default=30.0, help="at SIGTERM or Ctrl-C, seconds the requests "
+                    "running may take to finish while new ones are answered 503; those left then are cut (default: "
+                    "%(default)g; a second signal cuts them at once)")
+    ap.add_argument("--log-requests", action="store_true", help="a line per request on stderr: its id, method, path, "
+                    "status and seconds")
     ap.add_argument("--compile-for", metavar="TARGET", help="compile the engine's programs (decode chunk, prefill) for a "
                     "TPU topology (v5e:2x2, v5e-8, ...) and print the report instead of serving: does it fit a chip? "
                     "SOURCE: a preset name or a zoo run; nothing loaded (needs libtpu: pip install -e '.[tpu]')")
@@ -75,13 +82,17 @@ def main(argv=None) -> int:
                 raise ValueError(f"{flag} {v} must be >= {2 if flag == '--max-len' else 1}")
         if not 0 < a.port < 65536:
             raise ValueError(f"--port {a.port} must be from 1 to 65535")
+        if not a.shutdown_timeout >= 0:
+            raise ValueError(f"--shutdown-timeout {a.shutdown_timeout:g} must be >= 0 (seconds)")
         if a.compile_for:
             return _compile_for(a)
         try:
             import fastapi  # noqa: F401
+            import prometheus_client  # noqa: F401
             import uvicorn
         except ImportError:
-            raise ValueError("zoo-serve needs FastAPI and uvicorn: pip install -e '.[serve]'") from None
+            raise ValueError("zoo-serve needs FastAPI, uvicorn and prometheus_client: pip install -e '.[serve]'") \
+                from None
         sock = bind(a.host, a.port)  # before loading: a port in use costs no load and no compile
         import zoo
         from zoo.api import decoder
@@ -105,17 +116,21 @@ def main(argv=None) -> int:
           f"{engine.programs()} programs compiled in {seconds:.1f} s); Ctrl-C stops", flush=True)
     engine.start()
     app = create_app(engine, model_id=model_id, api_key=a.api_key, max_request_bytes=a.max_request_bytes,
-                     max_prompts=a.max_prompts)
-    server = uvicorn.Server(uvicorn.Config(app, host=a.host, port=a.port, log_level="warning",
-                                           timeout_graceful_shutdown=1))
+                     max_prompts=a.max_prompts, log_requests=a.log_requests)
     try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn shut down, then raised the Ctrl-C it caught again: stopped, as asked
-        pass
+        _run(a, app, sock, uvicorn)
     finally:
         engine.stop()
     print("stopped", flush=True)
     return 0
+
+
+def _run(a, app, sock, uvicorn) -> None:
+    """uvicorn serving `app` on `sock` until a signal, then stopping gracefully (zoo.serve.shutdown); uvicorn's own
+    wait for connections is 1 s, after the requests' own --shutdown-timeout."""
+    from zoo.serve import shutdown
+    config = uvicorn.Config(app, host=a.host, port=a.port, log_level="warning", timeout_graceful_shutdown=1)
+    shutdown.run(shutdown.Server(config, app.state.drain, a.shutdown_timeout), sock)
 
 
 def _serve_encoder(a, lm, sock, uvicorn) -> int:
@@ -127,13 +142,8 @@ def _serve_encoder(a, lm, sock, uvicorn) -> int:
     print(f"serving {model_id} on http://{a.host}:{a.port}/v1 (embeddings, {lm.model.cfg.d_model} dimensions); "
           f"Ctrl-C stops", flush=True)
     app = create_app(None, lm=lm, model_id=model_id, api_key=a.api_key, max_request_bytes=a.max_request_bytes,
-                     max_prompts=a.max_prompts)
-    server = uvicorn.Server(uvicorn.Config(app, host=a.host, port=a.port, log_level="warning",
-                                           timeout_graceful_shutdown=1))
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:
-        pass
+                     max_prompts=a.max_prompts, log_requests=a.log_requests)
+    _run(a, app, sock, uvicorn)
     print("stopped", flush=True)
     return 0
 

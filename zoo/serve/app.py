@@ -24,6 +24,9 @@ Nothing slow runs on the event loop, so /health and the other clients keep their
 up to its cap, and a large one parsed, a chat template rendered, long prompts tokenized and a scored response built
 in worker threads (small ones stay on the loop, where a thread's hop would cost more than the work), and scoring
 runs on the engine's thread a batch at a time between decode chunks.
+
+Around every route: a request id (X-Request-Id), GET /metrics (Prometheus) and a graceful stop that answers new
+requests 503 while the running ones finish: zoo.serve.operations, zoo.serve.metrics, zoo.serve.shutdown.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ import asyncio
 import hmac
 import json
 import time
-import uuid
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -40,6 +42,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from zoo.errors import ZooError
+from zoo.serve import operations
+from zoo.serve.metrics import Metrics
 from zoo.serve.request_checks import (CHAT_NOT_IMPLEMENTED, COMPLETION_NOT_IMPLEMENTED, INLINE, ApiError, _field,
                                       parse_json, refuse_not_implemented, sampling, without_paths)
 
@@ -95,16 +99,18 @@ class Choice:
 
 
 def create_app(engine, *, model_id: str, api_key: str | None = None, max_request_bytes: int = 8 << 20,
-               max_prompts: int = 256, lm=None):
+               max_prompts: int = 256, lm=None, log_requests: bool = False):
     """The FastAPI app serving `engine` (started by zoo.cli.serve): bodies over `max_request_bytes` and completion
     requests of more than `max_prompts` prompts are refused with a 413. An encoder has no engine (None): its `lm`
-    answers /v1/embeddings alone."""
+    answers /v1/embeddings alone. Every request gets an id, is counted in GET /metrics and, with `log_requests`, said
+    in a line; `app.state.drain` stops it gracefully (zoo.serve.operations, zoo.serve.shutdown)."""
     from zoo.api import decoder
     from zoo.serve import embeddings
     app = FastAPI(title="zoo-serve", docs_url=None, redoc_url=None)
     lm = engine.lm if engine is not None else lm
     tok = lm.tokenizer
     one_at_a_time = asyncio.Lock()  # an encoder's embeddings, without an engine to take turns on
+    metrics, app.state.drain = Metrics(engine), operations.Drain()
 
     def decoding() -> None:
         if engine is None:
@@ -140,7 +146,8 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
     async def health():
         if engine is None:
             return {"status": "ok", "model": model_id, "serves": "embeddings"}
-        return {"status": "ok" if not engine.stopping.is_set() else "stopping", "model": model_id,
+        stopping = engine.stopping.is_set() or app.state.drain.stopping
+        return {"status": "ok" if not stopping else "stopping", "model": model_id,
                 "slots": engine.slots, "active": engine.active(), "waiting": engine.waiting.qsize(),
                 "chunks": engine.batches, "sequences": engine.admitted, "scored": engine.scored}
 
@@ -205,9 +212,12 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                                      top_k=s["top_k"], top_p=s["top_p"], key=key_data(s["seed"], len(choices)),
                                      emit=c.emit, cancelled=lambda c=c: c.gone, stream=s["stream"]))
                 choices.append(c)
+        for q, c in zip(seqs, choices):  # its tokens counted and timed on their way out (GET /metrics)
+            q.emit = metrics.watch(c)
         if not engine.submit(seqs):
             raise ApiError(429, f"the server's queue is full ({engine.max_queue} sequences waiting); retry later",
                            "rate_limit_error")
+        metrics.prompt_tokens.inc(sum(map(len, prompts)))
         return choices, queue, seqs
 
     async def gather(choices: list[Choice], queue: asyncio.Queue):
@@ -274,7 +284,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
             raise ApiError(400, "'messages' must be a non-empty list of {role, content} messages", param="messages")
         prompts = await asyncio.to_thread(render, list(messages))
         choices, queue, _ = start(prompts, s, 256)
-        rid = "chatcmpl-" + uuid.uuid4().hex[:24]
+        rid = "chatcmpl-" + operations.request_id()
         if s["stream"]:
             return stream("chat.completion.chunk", rid, prompts, choices, queue, s["n"], request)
         await gather(choices, queue)
@@ -326,11 +336,12 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
             raise ApiError(400, "'echo' and 'logprobs' need stream false", param="stream")
         small = sum(map(len, texts)) <= INLINE  # a thread's hop costs more than a short prompt's encoding
         prompts = encode(texts) if small else await asyncio.to_thread(encode, texts)
-        rid = "cmpl-" + uuid.uuid4().hex[:24]
+        rid = "cmpl-" + operations.request_id()
         if echo and asked == 0:
             for p in prompts:
                 room(p, 1, 1)
             choices = []
+            metrics.prompt_tokens.inc(sum(map(len, prompts)))
         else:
             choices, queue, _ = start(prompts, s, 16)
             if s["stream"]:
@@ -359,6 +370,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                 raise ApiError(503, str(e), "server_error") from None
         return await asyncio.to_thread(embeddings.response, lm, body, texts, vectors, model_id)
 
+    operations.install(app, metrics, app.state.drain, log_requests)  # the last: its route counts by name
     return app
 
 
