@@ -265,6 +265,17 @@ class Engine(Scoring):
             toks_BK = self._run_chunk()
             self._hand_out(toks_BK)
 
+    def run(self, seqs: list[Sequence]) -> None:
+        """Decode `seqs` to their ends on the calling thread, the loop's steps without its thread (Pretrained.generate
+        with a json_schema); their `emit` gets the tokens."""
+        for s in seqs:
+            self.waiting.put(s)
+        while not self.waiting.empty() or self.active():
+            self._admit()
+            self._fill()
+            if self.decoding():
+                self._hand_out(self._run_chunk())
+
     def decoding(self) -> int:
         """Rows decoding (active, their prompts wholly in the cache)."""
         return sum(r is not None and i not in self.filling for i, r in enumerate(self.rows))
