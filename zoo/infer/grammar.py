@@ -134,8 +134,3 @@ class Matcher:
         ok = self.m.consume_token(int(token))
         return not ok or self.m.is_stopped()
 
-
-def allowed_ids(mask_W: np.ndarray, vocab: int) -> np.ndarray:
-    """The ids a bitmask row allows (tests, debugging)."""
-    v = np.arange(vocab)
-    return v[(mask_W[v // 32] >> (v % 32)) & 1 == 1]
