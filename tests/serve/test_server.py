@@ -19,6 +19,7 @@ import sys
 import time
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -218,12 +219,16 @@ HOSTILE = [  # (what, path, body: a dict, raw bytes or an iterator of bytes (sen
      "model_not_found"),
     ("a chat template that fails", CHAT, {"messages": [{"role": "user", "content": "boom"}]}, 400,
      "the chat template (chat_template.jinja) failed: TemplateError: no boom here", "messages", None),
+    ("an unknown response_format", CHAT, {"response_format": {"type": "xml"}}, 400,
+     "'type' is one of text, json_object, json_schema", "response_format", None),
+    ("a schema the grammar compiler refuses", COMPLETIONS, {"prompt": "x", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "nope"}}}}, 400,
+     "the JSON schema is refused by the grammar compiler: Invalid type: nope", "response_format", None),
     ("an unknown route", "/v1/rerank", {"input": "x"}, 404, "Invalid URL (POST /v1/rerank)", None, None),
     *[(f"'{name}', not implemented", path, {**base, name: value}, 400, f"'{name}' is not implemented", name,
        "unsupported_parameter")
       for name, value, path, base in [("tools", [{"type": "function", "function": {"name": "f"}}], CHAT, {}),
                                       ("tool_choice", "auto", CHAT, {}), ("functions", [{"name": "f"}], CHAT, {}),
-                                      ("response_format", {"type": "json_object"}, CHAT, {}),
                                       ("logprobs", True, CHAT, {}), ("best_of", 3, COMPLETIONS, {"prompt": "x"}),
                                       ("suffix", " end", COMPLETIONS, {"prompt": "x"})]],
 ]
@@ -314,6 +319,26 @@ def test_every_response_carries_its_request_id(server):
         assert r.status_code == status and re.fullmatch("[0-9a-f]{32}", r.headers["x-request-id"])
         ids.append(r.headers["x-request-id"])
     assert len(set(ids)) == 3
+
+
+def test_response_format_keeps_the_answer_to_its_schema_through_openais_client(server):
+    """json_schema on a chat: each answer parses and validates (a 4-step model: the grammar's mask writes it);
+    json_object on a completion cut by max_tokens before the object closes: finish_reason "length", as OpenAI."""
+    schema = {"enum": ["yes", "no", True]}  # the run's window leaves a rendered question 5 tokens to answer in
+    r = client(server[0]).chat.completions.create(
+        model="run", messages=QUESTION, max_tokens=5, temperature=0.9, n=2, seed=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    for c in r.choices:
+        assert c.finish_reason == "stop", c.message.content
+        jsonschema.validate(json.loads(c.message.content), schema)
+    for max_tokens in (1, 20):
+        r = client(server[0]).completions.create(model="run", prompt="x", max_tokens=max_tokens,
+                                                 extra_body={"response_format": {"type": "json_object"}})
+        c = r.choices[0]
+        if max_tokens == 1:
+            assert (c.finish_reason, c.text) == ("length", "{")
+        else:
+            assert c.finish_reason == "stop" and isinstance(json.loads(c.text), dict), c.text
 
 
 def test_a_port_in_use_is_one_error_line_before_loading(finished_gpt, capsys, monkeypatch):

@@ -77,7 +77,7 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
         out = report.compiled(lambda: step.lower(
             params, cache, logits, arg((slots,), jnp.int32), arg((slots,), jnp.float32), arg((slots,), jnp.int32),
             arg((slots,), jnp.float32), arg((slots, 2), jnp.uint32), arg((slots,), jnp.int32),
-            B=slots, K=chunk, L=max_len).compile(), fixed)
+            arg((slots, (V + 31) // 32), jnp.int32), B=slots, K=chunk, L=max_len).compile(), fixed)
         seconds = time.perf_counter() - t0
         pre = report.compiled(lambda: fill.lower(params, cache, logits, arg((), jnp.int32), arg((1, max_len), jnp.int32),
                                                  arg((), jnp.int32), arg((), jnp.int32), P=max_len, S=max_len).compile(),

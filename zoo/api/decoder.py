@@ -7,7 +7,8 @@ adds one), then all of them decode together in one KV-cached batch
 prompts of nearby lengths share one compiled program); a prompt that does not fit the model's window with
 max_new_tokens is decoded alone with its context cropped (zoo.infer.sample.generate), as zoo-sample does. A row
 stops at the tokenizer's end-of-text or end-of-turn id (zoo.infer.sample.stop_ids) or after max_new_tokens;
-`stop` strings cut the text after decoding.
+`stop` strings cut the text after decoding. With a `json_schema` the rows decode on zoo-serve's engine instead,
+each with the schema's token mask (`guided_ids`).
 
 Scoring follows zoo-eval's conventions (zoo.eval.perplexity): a text's first token is conditioned on the
 tokenizer's BOS (else its end-of-text token), every token is scored once, and a text longer than the window is
@@ -16,6 +17,7 @@ scored in windows every half window, each token with at least half a window of c
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -102,6 +104,33 @@ def generate_ids(lm, prompts: list[list[int]], *, max_new_tokens: int, temperatu
     return out
 
 
+def guided_ids(lm, prompts: list[list[int]], schema: dict, *, max_new_tokens: int, temperature: float, top_k: int,
+               top_p: float, seed: int, n: int) -> list[list[int]]:
+    """New ids for each prompt (n rows per prompt) whose text follows a JSON schema: zoo-serve's engine (built once
+    per model, kept on it) decodes them with the schema's token mask (zoo.infer.grammar), 8 rows at a time; row i
+    samples with key (seed, i), as the server's choice i does. A row ends when its JSON is complete, or at
+    max_new_tokens or the window's end, cut."""
+    from zoo.infer.grammar import compile_schema
+    from zoo.infer.sample import stop_ids
+    from zoo.serve.engine import Engine, Sequence
+    from zoo.serve.programs import key_data
+    window = lm.config.window
+    for p in prompts:
+        if not p or len(p) >= window:
+            raise ArgumentError(f"a prompt of {len(p)} tokens: with json_schema it must hold 1 to {window - 1} (the "
+                                f"model's window less one)")
+    guide = compile_schema(lm.tokenizer, stop_ids(lm.tokenizer), schema)
+    engine = lm.__dict__.get("_guided_engine")
+    if engine is None:
+        engine = lm._guided_engine = Engine(lm, slots=8, max_len=window, chunk=1)
+    rows = [p for p in prompts for _ in range(n)]
+    out: list[list[int]] = [[] for _ in rows]
+    engine.run([Sequence(prompt=p, max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                         key=key_data(seed, i), emit=lambda ids, end, i=i: out[i].extend(ids),
+                         grammar=guide.matcher()) for i, p in enumerate(rows)])
+    return out
+
+
 def cut(text: str, stops: list[str]) -> str:
     """`text` up to (without) the earliest stop string."""
     ends = [i for i in (text.find(s) for s in stops) if i >= 0]
@@ -126,13 +155,14 @@ def prompt_tokens(lm, texts: list[str] | None = None, conversations: list[list[d
 
 
 def generate(lm, prompts, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-             seed: int = 0, stop=None, n: int = 1):
+             seed: int = 0, stop=None, n: int = 1, json_schema: dict | None = None):
     """Continuations of the prompts (the new text only): see Pretrained.generate."""
     require_decoder(lm, "generate")
     texts, single = texts_of(prompts, "prompts")
     stops = check_settings(lm, max_new_tokens, temperature, top_k, top_p, seed, n, stop)
-    ids = generate_ids(lm, prompt_tokens(lm, texts), max_new_tokens=max_new_tokens,
-                       temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, n=n)
+    decode = generate_ids if json_schema is None else functools.partial(guided_ids, schema=json_schema)
+    ids = decode(lm, prompt_tokens(lm, texts), max_new_tokens=max_new_tokens,
+                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, n=n)
     return shaped([cut(lm.tokenizer.decode(i), stops) for i in ids], single, n)
 
 
@@ -169,13 +199,14 @@ def conversations_of(value, system: str | None) -> tuple[list[list[dict]], bool]
 
 
 def chat(lm, messages, *, system: str | None = None, max_new_tokens: int = 256, temperature: float = 0.0,
-         top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop=None, n: int = 1):
+         top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop=None, n: int = 1, json_schema: dict | None = None):
     """The assistant's answer to each conversation: see Pretrained.chat."""
     require_decoder(lm, "chat")
     convs, single = conversations_of(messages, system)
     stops = check_settings(lm, max_new_tokens, temperature, top_k, top_p, seed, n, stop)
-    ids = generate_ids(lm, prompt_tokens(lm, conversations=convs), max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                       top_p=top_p, seed=seed, n=n)
+    decode = generate_ids if json_schema is None else functools.partial(guided_ids, schema=json_schema)
+    ids = decode(lm, prompt_tokens(lm, conversations=convs), max_new_tokens=max_new_tokens, temperature=temperature,
+                 top_k=top_k, top_p=top_p, seed=seed, n=n)
     return shaped([cut(lm.tokenizer.decode(i), stops) for i in ids], single, n)
 
 

@@ -70,25 +70,28 @@ class Pretrained:
     # ---- decoders ------------------------------------------------------------------------------------
     def generate(self, prompts: str | list[str], *, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: str | list[str] | None = None,
-                 n: int = 1) -> str | list:
+                 n: int = 1, json_schema: dict | None = None) -> str | list:
         """The continuation (new text only) of a prompt, or of each prompt of a list, decoded together in one
         KV-cached batch. temperature 0 is greedy; top_k 0 and top_p 1 are off; `seed` makes sampling repeatable;
         `n` samples per prompt (a list of n for one prompt, a list of lists for several). A row stops at the
         tokenizer's end-of-text or end-of-turn token or after max_new_tokens; `stop` strings cut the text after.
-        A string in gives a string out; a list gives a list in the same order."""
+        A string in gives a string out; a list gives a list in the same order. `json_schema` (a JSON schema, a dict;
+        {"type": "object"} for any object) keeps each text to it: the tokens off the schema's grammar are masked out
+        (zoo.infer.grammar, on zoo-serve's engine), and a text ends when its JSON is complete (it parses unless cut
+        by max_new_tokens)."""
         return decoder.generate(self, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                top_p=top_p, seed=seed, stop=stop, n=n)
+                                top_p=top_p, seed=seed, stop=stop, n=n, json_schema=json_schema)
 
     def chat(self, messages: str | list, *, system: str | None = None, max_new_tokens: int = 256,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             stop: str | list[str] | None = None, n: int = 1) -> str | list:
+             stop: str | list[str] | None = None, n: int = 1, json_schema: dict | None = None) -> str | list:
         """The assistant's answer, rendered with the checkpoint's chat template (a chat run's own, else its
         tokenizer's, else zoo's default): to a user message (a string), to a conversation (a list of {"role":
         "system" | "user" | "assistant", "content": ...} dicts, multi-turn), or to each of a list of user messages
         or of conversations (decoded in one batch, a list back, as generate does with a list of texts). `system` is put first where a conversation has no system message; the other
         arguments are generate's."""
         return decoder.chat(self, messages, system=system, max_new_tokens=max_new_tokens, temperature=temperature,
-                            top_k=top_k, top_p=top_p, seed=seed, stop=stop, n=n)
+                            top_k=top_k, top_p=top_p, seed=seed, stop=stop, n=n, json_schema=json_schema)
 
     def logprobs(self, texts: str | list, *, answers=None, batch_size: int = 8):
         """Each token's log-probability (natural log, float32 numpy array of the text's token count) under

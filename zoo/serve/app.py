@@ -4,7 +4,8 @@ one engine (zoo.serve.engine) and stream or gather what comes back; nothing here
     GET  /health                 {"status": "ok", "model", "slots", "active", "waiting"} (no key needed)
     GET  /v1/models              the one model served
     POST /v1/chat/completions    messages (rendered with the checkpoint's chat template), max_tokens (or
-                                 max_completion_tokens), temperature (default 1), top_p, top_k, seed, stop, n, stream
+                                 max_completion_tokens), temperature (default 1), top_p, top_k, seed, stop, n, stream,
+                                 response_format (json_object, json_schema: zoo.infer.grammar's token mask)
     POST /v1/completions         prompt (a string or a list of them), the same settings, logprobs (k: each token's
                                  log-probability and the k likeliest at its position; with echo the prompt's tokens
                                  scored too, as zoo-eval scores them) and echo
@@ -45,7 +46,7 @@ from zoo.errors import ZooError
 from zoo.serve import operations
 from zoo.serve.metrics import Metrics
 from zoo.serve.request_checks import (CHAT_NOT_IMPLEMENTED, COMPLETION_NOT_IMPLEMENTED, INLINE, ApiError, _field,
-                                      parse_json, refuse_not_implemented, sampling, without_paths)
+                                      parse_json, refuse_not_implemented, response_schema, sampling, without_paths)
 
 class Choice:
     """One completion: the ids the engine hands out, the text so far (cut at a stop string) and how it ended."""
@@ -192,8 +193,22 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                                 f"{max_tokens}", param="max_tokens")
         return max_tokens
 
-    def start(prompts: list[list[int]], s: dict, default_max: int) -> tuple[list[Choice], asyncio.Queue, list]:
-        """Queue n sequences per prompt; (their choices, the queue their updates arrive on, the sequences)."""
+    async def grammar_of(body: dict):
+        """response_format's schema compiled (zoo.infer.grammar, in a worker thread: a large vocabulary's first
+        compile takes a second), or None; a schema the compiler refuses is a 400 naming the problem."""
+        from zoo.infer import grammar
+        schema = response_schema(body)
+        if schema is None:
+            return None
+        try:
+            return await asyncio.to_thread(grammar.compile_schema, tok, tuple(int(e) for e in engine.eos), schema)
+        except grammar.SchemaError as e:
+            raise ApiError(400, str(e), param="response_format") from None
+
+    def start(prompts: list[list[int]], s: dict, default_max: int, guide=None) -> tuple[list[Choice], asyncio.Queue,
+                                                                                          list]:
+        """Queue n sequences per prompt, each with its own matcher of `guide` (a compiled grammar) if any; (their
+        choices, the queue their updates arrive on, the sequences)."""
         from zoo.serve.engine import Sequence
         from zoo.serve.programs import key_data
         if engine.stopping.is_set():
@@ -210,7 +225,8 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                 c = Choice(tok, s["stop"], loop, queue)
                 seqs.append(Sequence(prompt=prompt, max_tokens=max_tokens, temperature=s["temperature"],
                                      top_k=s["top_k"], top_p=s["top_p"], key=key_data(s["seed"], len(choices)),
-                                     emit=c.emit, cancelled=lambda c=c: c.gone, stream=s["stream"]))
+                                     emit=c.emit, cancelled=lambda c=c: c.gone, stream=s["stream"],
+                                     grammar=guide.matcher() if guide is not None else None))
                 choices.append(c)
         for q, c in zip(seqs, choices):  # its tokens counted and timed on their way out (GET /metrics)
             q.emit = metrics.watch(c)
@@ -282,8 +298,9 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "'messages' must be a non-empty list of {role, content} messages", param="messages")
+        guide = await grammar_of(body)
         prompts = await asyncio.to_thread(render, list(messages))
-        choices, queue, _ = start(prompts, s, 256)
+        choices, queue, _ = start(prompts, s, 256, guide)
         rid = "chatcmpl-" + operations.request_id()
         if s["stream"]:
             return stream("chat.completion.chunk", rid, prompts, choices, queue, s["n"], request)
@@ -334,6 +351,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                            code="unsupported_parameter")
         if s["stream"] and (echo or logprobs is not None):
             raise ApiError(400, "'echo' and 'logprobs' need stream false", param="stream")
+        guide = await grammar_of(body)
         small = sum(map(len, texts)) <= INLINE  # a thread's hop costs more than a short prompt's encoding
         prompts = encode(texts) if small else await asyncio.to_thread(encode, texts)
         rid = "cmpl-" + operations.request_id()
@@ -343,7 +361,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
             choices = []
             metrics.prompt_tokens.inc(sum(map(len, prompts)))
         else:
-            choices, queue, _ = start(prompts, s, 16)
+            choices, queue, _ = start(prompts, s, 16, guide)
             if s["stream"]:
                 return stream("text_completion", rid, prompts, choices, queue, s["n"], request)
             await gather(choices, queue)

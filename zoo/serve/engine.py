@@ -39,6 +39,12 @@ layers run one after another (Engine's `scan_layers`). `warm()` compiles the pre
 two lengths before the first request, saying each; a longer length compiles when a row first reaches it (said on
 stderr; jax's persistent compilation cache, which zoo's commands turn on, keeps every program for the next start).
 
+Structured output: a row with a grammar (Sequence.grammar, a zoo.infer.grammar.Matcher of its JSON schema) takes
+its next token among those its grammar allows: each decode call passes a bitmask [B, ceil(V / 32)] (all ones for a
+row without a grammar) that the jitted sampler applies before sampling, so rows with and without one share a
+batch and one program. A matcher advances on the host, token by token, so while a grammar row decodes each call is
+one step; the row ends when its grammar admits nothing more (or at end-of-text, allowed only once it accepts).
+
 Scoring (`/v1/completions` with logprobs; zoo.serve.scoring) is cut into batches of at most `max_len` padded
 tokens (no more work than one full prefill), each compiled in the request's thread (not this loop's) and run as
 one job between two decode chunks: a long scoring request makes the rows decoding beside it wait one batch at a
@@ -61,6 +67,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from zoo.infer.grammar import words
 from zoo.infer.sample import stop_ids
 from zoo.serve.batched_prefill import PREFILL_ROWS, BatchedPrefill
 from zoo.serve import programs
@@ -86,6 +93,7 @@ class Sequence:
     emit: Callable = lambda ids, finish: None
     cancelled: Callable = lambda: False  # true once its client is gone: the row is freed at the next chunk
     stream: bool = False  # its client streams: while it decodes, chunks are one step (each token sent as sampled)
+    grammar: object = None  # a zoo.infer.grammar.Matcher: its tokens keep to a JSON schema (one step a chunk)
     generated: int = 0
     enqueued: float = dataclasses.field(default_factory=time.perf_counter)
 
@@ -268,6 +276,17 @@ class Engine(Scoring, BatchedPrefill):
             toks_BK = self._run_chunk()
             self._hand_out(toks_BK)
 
+    def run(self, seqs: list[Sequence]) -> None:
+        """Decode `seqs` to their ends on the calling thread, the loop's steps without its thread (Pretrained.generate
+        with a json_schema); their `emit` gets the tokens."""
+        for s in seqs:
+            self.waiting.put(s)
+        while not self.waiting.empty() or self.active():
+            self._admit()
+            self._fill()
+            if self.decoding():
+                self._hand_out(self._run_chunk())
+
     def decoding(self) -> int:
         """Rows decoding (active, their prompts wholly in the cache)."""
         return sum(r is not None and i not in self.filling for i, r in enumerate(self.rows))
@@ -367,7 +386,8 @@ class Engine(Scoring, BatchedPrefill):
         bucket holding every position the steps write."""
         live = [i for i, r in enumerate(self.rows) if r is not None and i not in self.filling]
         B = B or next(b for b in self.row_buckets() if b > max(live, default=0))
-        K = K or (1 if any(self.rows[i].generated == 0 or self.rows[i].stream for i in live) else self.chunk)
+        guided = [i for i in live if i < B and self.rows[i].grammar is not None]
+        K = K or (1 if guided or any(self.rows[i].generated == 0 or self.rows[i].stream for i in live) else self.chunk)
         if L is None:
             reach = max((int(self.positions_B[i]) + K for i in live if i < B), default=1)
             L = next((b for b in self.length_buckets() if b >= reach), self.max_len)
@@ -380,9 +400,12 @@ class Engine(Scoring, BatchedPrefill):
         topp = np.asarray([r.top_p if r else 1.0 for r in rows], np.float32)
         keys = np.stack([r.key if r else np.zeros(2, np.uint32) for r in rows])
         steps = np.asarray([r.generated if r else 0 for r in rows], np.int32)
+        mask = np.full((B, words(self.vocab)), -1, np.int32)  # every token allowed, but in a grammar's rows
+        for i in guided:
+            self.rows[i].grammar.fill(mask, i)
         self.cache, self.logits_BV, toks_BK = self._decode(self.params, self.cache, self.logits_BV,
                                                            jnp.asarray(self.positions_B[:B]), temp, topk, topp,
-                                                           jnp.asarray(keys), steps, np.int32(K), B=B,
+                                                           jnp.asarray(keys), steps, mask, np.int32(K), B=B,
                                                            K=max(K, self.chunk), L=L)
         self.batches += 1
         return np.asarray(toks_BK)[:, :K]
@@ -401,6 +424,9 @@ class Engine(Scoring, BatchedPrefill):
                     break
                 ids.append(t)
                 seq.generated += 1
+                if seq.grammar is not None and seq.grammar.advance(t):  # the schema's text is complete
+                    finish = "stop"
+                    break
                 if seq.generated >= seq.max_tokens:
                     finish = "length"
                     break

@@ -39,9 +39,21 @@ def _filtered(logits_V, top_k, top_p):
     return jnp.where((top_p >= 1.0) | (logits_V >= cutoff), logits_V, -jnp.inf)
 
 
-def _sample(logits_BV, keys, temp_B, topk_B, topp_B):
+def masked(logits_BV, mask_BW):
+    """logits_BV with the tokens a row's bitmask leaves out at -inf (mask_BW [B, ceil(V / 32)] int32, bit v % 32 of
+    word v // 32 set: token v allowed; zoo.infer.grammar). A batch whose words are all -1 (no row has a grammar)
+    skips the unpacking."""
+    def apply(logits_BV):
+        v_V = jnp.arange(logits_BV.shape[1])
+        bits_BV = (mask_BW[:, v_V // 32] >> (v_V % 32)) & 1
+        return jnp.where(bits_BV == 1, logits_BV, -jnp.inf)
+    return jax.lax.cond(jnp.all(mask_BW == -1), lambda x: x, apply, logits_BV)
+
+
+def _sample(logits_BV, keys, temp_B, topk_B, topp_B, mask_BW):
     """One token per row: greedy at temperature 0, else sampling at its temperature, filtered by its top-k and
-    top-p (the sorting only when some row asks for a filter)."""
+    top-p (the sorting only when some row asks for a filter), among the tokens its grammar's bitmask allows."""
+    logits_BV = masked(logits_BV, mask_BW)
     greedy_B = jnp.argmax(logits_BV, -1).astype(jnp.int32)
 
     def sampled(logits_BV):  # only when some row samples: its Gumbel noise and arg-max over [B, V] cost as much
@@ -103,14 +115,16 @@ def copy_prefix(ax: int, cache, src, dst, *, S: int):
 
 
 def decode_chunk(model, vocab: int, ax: int, params, cache, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2,
-                 steps_B, n=None, *, B: int, K: int, L: int):
+                 steps_B, mask_BW, n=None, *, B: int, K: int, L: int):
     """n steps (at most K; None: K) of the first B rows (a bucket holding every active row): sample from each row's
     logits, feed the token back at its position. One program runs a chunk or a single step (a new row's first
     token, a streaming row): n is traced, K is not. The rows' first L slots (a length bucket holding every
     position the steps write) are all the steps read and write: attention over L keys, not the cache's whole
     length. Returns the whole cache and logits with those rows updated, and the tokens [B, K] (the first n
     columns sampled; rows free within B, position -1, compute nothing anyone reads). `vocab`: the tokenizer's, the
-    ids sampled from (a model may pad its output)."""
+    ids sampled from (a model may pad its output). mask_BW: each row's allowed tokens (zoo.infer.grammar's bitmask,
+    all -1 for a row without a grammar), applied at every step: a batch with a grammar row runs one step (n = 1), its
+    matcher advanced on the host before the next."""
     rowwise = lambda c: c.ndim > ax  # noqa: E731
     full_cache, full_logits = cache, logits_BV
     cache = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.slice_in_dim(c, 0, B, axis=ax), 0, L, axis=ax + 1)
@@ -120,7 +134,7 @@ def decode_chunk(model, vocab: int, ax: int, params, cache, logits_BV, positions
     def step(i, carry):
         cache, logits_BV, pos_B, toks_KB = carry
         keys = jax.vmap(jax.random.fold_in)(keys_B2, steps_B + i)
-        tok_B = _sample(logits_BV[:, :vocab], keys, temp_B, topk_B, topp_B)
+        tok_B = _sample(logits_BV[:, :vocab], keys, temp_B, topk_B, topp_B, mask_BW)
         out, upd = model.apply({"params": params, "cache": cache}, tok_B[:, None], decode=True,
                                positions_BT=pos_B[:, None], mutable=["cache"])
         return (upd["cache"], out[:, -1, :].astype(jnp.float32), jnp.where(pos_B >= 0, pos_B + 1, -1),

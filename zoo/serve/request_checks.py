@@ -14,8 +14,7 @@ MAX_DEPTH = 32  # how deeply a request's JSON may nest (OpenAI's own requests ne
 # OpenAI's fields that zoo does not implement, each with the values that ask for nothing (some clients send them as
 # defaults); any other value is refused, naming the field, rather than silently ignored.
 NOT_IMPLEMENTED = {"tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-                   "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
-                   "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0)}
+                   "function_call": (None, "none"), "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0)}
 CHAT_NOT_IMPLEMENTED = {**NOT_IMPLEMENTED, "logprobs": (None, False), "top_logprobs": (None, 0)}
 COMPLETION_NOT_IMPLEMENTED = {**NOT_IMPLEMENTED, "suffix": (None, "")}
 _PATH = re.compile(r"(?<![\w.~])/(?:[^\s/'\"()]+/)+([^\s/'\"()]+)")  # an absolute path; group 1 its last part
@@ -62,6 +61,30 @@ def sampling(body: dict, default_max: int | None) -> dict:
         "stream": _field(body, "stream", bool, False, what="true or false"),
         "stop": stops or [],
     }
+
+
+FORMATS = ("text", "json_object", "json_schema")  # response_format's types
+
+
+def response_schema(body: dict) -> dict | None:
+    """The JSON schema `response_format` asks the output to follow ({"type": "object"} for json_object), or None
+    (absent, or {"type": "text"}); a malformed one is a 400 naming the valid choices."""
+    rf = body.get("response_format")
+    if rf is None:
+        return None
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind not in FORMATS:
+        raise ApiError(400, f"'response_format' must be an object whose 'type' is one of {', '.join(FORMATS)}; got "
+                            f"{json.dumps(rf)[:80]}", param="response_format")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    spec = rf.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise ApiError(400, "'response_format' of type json_schema needs 'json_schema': {\"name\": ..., \"schema\": "
+                            "{a JSON schema object}}", param="response_format")
+    return spec["schema"]
 
 
 def refuse_not_implemented(body: dict, fields: dict) -> None:
