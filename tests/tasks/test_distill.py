@@ -99,7 +99,6 @@ def test_a_tiny_teacher_distils_into_a_smaller_student(cache_dir, teacher_run, t
         records = [r for r in map(json.loads, f) if "kl" in r]
     kl = {r["step"]: r["kl"] for r in records}
     assert sorted(kl) == list(range(1, 21))
-    print("kl by step:", {s: round(v, 3) for s, v in kl.items()}, "eval_loss:", out["eval"].get("eval_loss"))
     assert np.mean([kl[s] for s in (18, 19, 20)]) < 0.6 * np.mean([kl[s] for s in (1, 2, 3)]), kl
     assert all(r["loss"] == pytest.approx(r["kl"], rel=1e-5) for r in records)  # alpha = 1: the KL alone
     assert np.isfinite(out["eval"]["eval_loss"])  # the student's own cross-entropy
