@@ -20,6 +20,7 @@ from zoo import tasks
 from zoo.configuration import Config, DistillConfig
 from zoo.errors import ConfigError
 from zoo.tasks import distill
+from zoo.training import sharding
 
 
 def np_loss(z, u, targets, w, T, alpha):
@@ -85,7 +86,8 @@ def teacher_run(cache_dir, tmp_path_factory):
 
 def student_cfg(cache_dir, teacher, **distill_kw):
     """A smaller student (1 layer, width 32, the teacher's vocabulary) of `teacher`."""
-    cfg = replace(tiny_configs.gpt_lm(cache_dir), train=dict(steps=20, save_every=10, log_every=1, eval_every=20, eval_batches=2),
+    cfg = replace(tiny_configs.gpt_lm(cache_dir),
+                  train=dict(steps=20, save_every=10, log_every=1, eval_every=20, eval_batches=2),
                   model=dict(num_layers=1, d_model=32, num_heads=2, d_ff=64, dropout=0.0), optim=dict(lr=3e-3))
     return dataclasses.replace(cfg, distill=DistillConfig(teacher=teacher, **{"alpha": 1.0, **distill_kw}))
 
@@ -109,13 +111,17 @@ def test_a_tiny_teacher_distils_into_a_smaller_student(cache_dir, teacher_run, t
     assert not os.path.exists(os.path.join(work, "checkpoints", "20", "teacher"))
 
 
-def test_a_teacher_of_another_vocabulary_is_refused(cache_dir, teacher_run, tmp_path):
+def test_a_teacher_of_another_vocabulary_or_length_is_refused(cache_dir, teacher_run, tmp_path):
     cfg = replace(student_cfg(cache_dir, teacher_run), model=dict(vocab_size=320))
     with pytest.raises(ConfigError) as e:
         run(cfg, tmp_path / "w", quiet=True)
     msg = str(e.value)
     assert "\n" not in msg and "distill.teacher=" in msg and "vocab_size=384" in msg and "vocab_size=320" in msg
     assert not os.path.exists(tmp_path / "w")  # no workdir left behind
+    longer = replace(student_cfg(cache_dir, teacher_run), data=dict(seq_len=128), model=dict(max_len=128))
+    with pytest.raises(ConfigError, match=r"reads 64 positions \(model.max_len\) but data.seq_len=128; set "
+                                          r"data.seq_len <= 64"):
+        distill.Teacher(longer).load(sharding.make_mesh(longer.mesh))
 
 
 def test_bad_settings_are_refused_in_one_line(cache_dir, tmp_path):

@@ -110,6 +110,9 @@ class Teacher:
         if n_mine != n_theirs:
             raise ConfigError(f"{where} has a tokenizer of {n_theirs} tokens but the student's data.tokenizer="
                               f"{self.cfg.data.tokenizer!r} has {n_mine}; a teacher must share the student's tokenizer")
+        if pre.config.model.max_len < self.cfg.data.seq_len:
+            raise ConfigError(f"{where} reads {pre.config.model.max_len} positions (model.max_len) but "
+                              f"data.seq_len={self.cfg.data.seq_len}; set data.seq_len <= {pre.config.model.max_len}")
         self.model = pre.model
         return pre.params
 
