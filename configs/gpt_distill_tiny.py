@@ -9,6 +9,9 @@ student) at T = 2 plus 0.5 * the cross-entropy (zoo.tasks.distill). CPU.
 Another teacher: --set distill.teacher=PATH (any zoo.load source with the student's vocabulary: 384, byte
 tokenizer). The last command trains the same student for the same tokens without a teacher; eval_loss is the
 student's held-out cross-entropy in both (metrics.jsonl also logs kl and ce).
+
+Measured (2-core CPU, busy, 2026-11-29), all three at --set train.steps=300: teacher eval_loss 2.353; the student
+distilled 2.475 (kl 4.33 -> 0.105), the student alone 2.486. Not yet measured at the full 800 steps.
 """
 
 import dataclasses
