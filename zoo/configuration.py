@@ -196,6 +196,28 @@ class EmbedConfig:
                f"{', '.join(repr(p) for p in EMBED_POOLINGS)}")
 
 
+DISTILL_TASKS = ("gpt_lm", "sft")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistillConfig:
+    """Knowledge distillation on task=gpt_lm or sft (zoo.tasks.distill): a frozen teacher run in the same step, the
+    student's loss alpha * T^2 * divergence(teacher, student at temperature T) + (1 - alpha) * cross-entropy."""
+
+    teacher: str = ""  # any zoo.load source (a zoo run, a Hugging Face directory, a .gguf file); "" trains no teacher
+    temperature: float = 1.0  # T: both models' logits divided by it; the divergence is scaled by T^2 (Hinton 2015)
+    alpha: float = 0.5  # the divergence's share of the loss; 1 - alpha the hard-label cross-entropy's
+    # GKD's generalised Jensen-Shannon divergence (TRL's beta): 0 the forward KL(teacher || student), 1 the reverse
+    # KL(student || teacher), between them the divergence to the mixture beta * teacher + (1 - beta) * student
+    beta: float = 0.0
+
+    def __post_init__(self):
+        _check(math.isfinite(self.temperature) and self.temperature > 0,
+               f"distill.temperature={self.temperature} must be a positive number")
+        _check(0.0 <= self.alpha <= 1.0, f"distill.alpha={self.alpha} must be in [0, 1] (the divergence's share)")
+        _check(0.0 <= self.beta <= 1.0, f"distill.beta={self.beta} must be in [0, 1] (0: forward KL, 1: reverse KL)")
+
+
 RL_LOSSES = ("bnpo", "grpo", "dr_grpo")
 
 
@@ -340,6 +362,7 @@ class Config:
     dpo: PreferenceConfig = field(default_factory=PreferenceConfig)  # task=dpo's loss and reference
     grpo: RlConfig = field(default_factory=RlConfig)  # task=grpo's sampling, rewards and objective
     embed: EmbedConfig = field(default_factory=EmbedConfig)  # task=embed's loss and pooling
+    distill: DistillConfig = field(default_factory=DistillConfig)  # a teacher for gpt_lm / sft (off: "")
     init_from: str = ""  # a zoo checkpoint dir whose params initialise the model (fine-tuning)
     # The longest sequence the weights have been trained on, their bases' training included (a converted
     # checkpoint: its positions); 0: data.seq_len. zoo-sample's context window.
@@ -355,6 +378,9 @@ class Config:
         _check(not self.data.streaming or self.task == "gpt_lm",
                f"data.streaming=true streams text for task=gpt_lm (causal LM pretraining); task={self.task!r} reads "
                f"its source whole (set data.streaming=false)")
+        _check(not self.distill.teacher or self.task in DISTILL_TASKS,
+               f"distill.teacher distils into task=gpt_lm or sft; task={self.task!r} trains no teacher's logits "
+               f"(leave distill.teacher empty)")
         max_len = getattr(self.model, "max_len", None)
         if max_len is not None:
             _check(self.data.seq_len <= max_len,

@@ -9,6 +9,7 @@ from zoo import runtime
 from zoo.models import FAMILIES, TASK_FAMILY
 from zoo.models.base import resolve
 from zoo.nn import lora
+from zoo.tasks import distill
 from zoo.tasks.adapted import AdaptedTask
 from zoo.tasks.base import Data, Task
 
@@ -32,5 +33,7 @@ def check_data(cfg, vocab: bool = True):
     (bert_cls with model.num_classes=0: the number of labels). vocab=False leaves out the tokenizer (a
     checkpoint not yet converted has none to check against)."""
     runtime.check_cache_dir(cfg.data.cache_dir)
+    if cfg.distill.teacher:  # a source zoo.load reads (its vocabulary is checked as it loads: zoo.tasks.distill)
+        distill.check_source(cfg.distill.teacher)
     return resolve(FAMILIES[TASK_FAMILY[cfg.task]].tasks[cfg.task]).check_data(cfg, vocab)
 

@@ -22,9 +22,9 @@ class AdaptedTask:
         with lora.intercept(self.spec, False, self.seen):
             return self.inner.init(rng)
 
-    def loss(self, params, batch, rng, train):
+    def loss(self, params, batch, rng, train, **kw):  # kw: the teacher's params of a distilled run
         with lora.intercept(self.spec, train):
-            return self.inner.loss(params, batch, rng, train)
+            return self.inner.loss(params, batch, rng, train, **kw)
 
     def evaluate_extra(self, params, data):
         return self.inner.evaluate_extra(lora.merge(params, self.spec), data)

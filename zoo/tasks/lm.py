@@ -12,6 +12,7 @@ from zoo.errors import ZooDataError
 from zoo.infer.sample import generate
 from zoo.models.gpt import Gpt, output_embedding
 from zoo.nn import losses, moe
+from zoo.tasks import distill
 from zoo.tasks.base import BaseTask, Data, attention_flops, count
 
 
@@ -29,19 +30,37 @@ class LmTask(BaseTask):
     UNIFORM_OVER_VOCAB = True
     def __init__(self, cfg):
         self.cfg, self.model = cfg, Gpt(cfg.model)
+        # distill.teacher: a frozen teacher whose params the state carries (zoo.tasks.distill); None: none
+        self.teacher = distill.Teacher(cfg) if cfg.distill.teacher else None
         # Lookups, not matmuls: learned positions, and the token embedding when the output has its own lm_head.
         self.EXCLUDE = ("wpe",) if cfg.model.tie_embeddings else ("wpe", "['wte']")
 
     def init(self, rng):
         return self.model.init(rng, jnp.zeros((1, self.cfg.data.seq_len), jnp.int32))["params"]
 
-    def loss(self, params, batch, rng, train):
+    def loss(self, params, batch, rng, train, teacher=None):
         h_BTD, balance = self.hidden(params, batch["inputs"], train, rng)
-        loss_sum, correct = losses.linear_cross_entropy(
-            h_BTD, output_embedding(self.cfg.model, params), batch["targets"], batch["weights"],
-            label_smoothing=self.cfg.train.label_smoothing if train else 0.0, logit_cap=self.cfg.model.final_softcap)
+        loss_sum, correct, extra = self.token_loss(params, h_BTD, batch, train, teacher)
         weight = jnp.sum(batch["weights"])
-        return self.add_balance(loss_sum, {"weight": weight, "correct": correct, "tokens": weight}, balance, train)
+        return self.add_balance(loss_sum, {"weight": weight, "correct": correct, "tokens": weight, **extra}, balance,
+                                train)
+
+    def token_loss(self, params, h_BTD, batch, train, teacher=None, **forward):
+        """(loss sum, correct sum, extra sums) over the weighted targets: the fused cross-entropy, or with the
+        teacher's params (distill.teacher) the distillation loss of zoo.tasks.distill (`forward`: what the teacher's
+        forward pass takes beside the ids, sft's packing)."""
+        w_VD, cap = output_embedding(self.cfg.model, params), self.cfg.model.final_softcap
+        smoothing = self.cfg.train.label_smoothing if train else 0.0
+        if teacher is None:
+            loss_sum, correct = losses.linear_cross_entropy(h_BTD, w_VD, batch["targets"], batch["weights"],
+                                                            label_smoothing=smoothing, logit_cap=cap)
+            return loss_sum, correct, {}
+        return distill.mixed_loss(self.cfg.distill, distill.student_logits(h_BTD, w_VD, cap),
+                                  self.teacher.logits(teacher, batch["inputs"], **forward), batch["targets"],
+                                  batch["weights"], smoothing)
+
+    def train_metrics(self, totals: dict) -> dict:
+        return distill.train_metrics(totals)
 
     def hidden(self, params, ids_BT, train, rng, **kw):
         """(final hidden states, the MoE load-balancing loss: None for a dense model) of the model on ids_BT."""

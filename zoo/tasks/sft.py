@@ -167,15 +167,13 @@ class SftTask(LmTask):
 
     name = "sft"
 
-    def loss(self, params, batch, rng, train):
-        h_BTD, balance = self.hidden(params, batch["inputs"], train, rng, positions_BT=batch["positions"],
-                                     segment_ids_BT=batch["segment_ids"])
-        loss_sum, correct = losses.linear_cross_entropy(
-            h_BTD, output_embedding(self.cfg.model, params), batch["targets"], batch["weights"],
-            label_smoothing=self.cfg.train.label_smoothing if train else 0.0, logit_cap=self.cfg.model.final_softcap)
+    def loss(self, params, batch, rng, train, teacher=None):
+        packing = {"positions_BT": batch["positions"], "segment_ids_BT": batch["segment_ids"]}
+        h_BTD, balance = self.hidden(params, batch["inputs"], train, rng, **packing)
+        loss_sum, correct, extra = self.token_loss(params, h_BTD, batch, train, teacher, **packing)
         B, T = batch["inputs"].shape
         aux = {"weight": jnp.sum(batch["weights"]), "correct": correct, "tokens": jnp.asarray(B * T, jnp.float32),
-               "real_tokens": jnp.sum(batch["segment_ids"] > 0).astype(jnp.float32)}
+               "real_tokens": jnp.sum(batch["segment_ids"] > 0).astype(jnp.float32), **extra}
         if not train:  # an answer greedy decoding reproduces exactly: all its (teacher-forced) tokens correct
             ok_BT = losses.token_correct(h_BTD, output_embedding(self.cfg.model, params), batch["targets"])
             aux.update(exact_answers(batch["segment_ids"], batch["weights"] > 0, ok_BT))

@@ -17,25 +17,29 @@ from zoo.training import freeze
 class TrainState(struct.PyTreeNode):
     """`params` are what trains (gradients and optimizer moments exist for them alone); `frozen` the rest of
     the model's params (LoRA's base, a partial fine-tune's frozen layers; empty when everything trains),
-    joined with `params` for the loss (zoo.training.freeze)."""
+    joined with `params` for the loss (zoo.training.freeze). `teacher` a distilled run's frozen teacher params
+    (zoo.tasks.distill; empty without one), handed to the loss apart from the model's and never checkpointed."""
     step: jax.Array
     params: Any
     opt_state: Any
     rng: jax.Array
     frozen: Any = struct.field(default_factory=dict)
+    teacher: Any = struct.field(default_factory=dict)
 
 
 def make_train_step(task, tx, schedule, grad_accum: int):
-    def grads_of(params, frozen, batch, rng):
+    def grads_of(params, frozen, teacher, batch, rng):
+        kw = {"teacher": teacher} if teacher else {}  # no teacher: the task's loss called as it always was
+
         def loss(p):
-            return task.loss(freeze.join(p, frozen), batch, rng, True)
+            return task.loss(freeze.join(p, frozen), batch, rng, True, **kw)
         (loss_sum, aux), grads = jax.value_and_grad(loss, has_aux=True)(params)
         return grads, {"loss_sum": loss_sum, **aux}
 
     def train_step(state: TrainState, batch):
         rng = jax.random.fold_in(state.rng, state.step)
         if grad_accum == 1:
-            grads, sums = grads_of(state.params, state.frozen, batch, rng)
+            grads, sums = grads_of(state.params, state.frozen, state.teacher, batch, rng)
         else:
             # Microbatch i takes rows i::A, so every device keeps an equal share of each microbatch.
             micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // grad_accum, grad_accum, *x.shape[1:])
@@ -43,9 +47,10 @@ def make_train_step(task, tx, schedule, grad_accum: int):
 
             def body(acc, i_mb):
                 i, mb = i_mb
-                g, s = grads_of(state.params, state.frozen, mb, jax.random.fold_in(rng, i))
+                g, s = grads_of(state.params, state.frozen, state.teacher, mb, jax.random.fold_in(rng, i))
                 return jax.tree.map(jnp.add, acc, (g, s)), None
-            zero = jax.eval_shape(grads_of, state.params, state.frozen, jax.tree.map(lambda x: x[0], micro), rng)
+            zero = jax.eval_shape(grads_of, state.params, state.frozen, state.teacher,
+                                  jax.tree.map(lambda x: x[0], micro), rng)
             zero = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), zero)
             (grads, sums), _ = jax.lax.scan(body, zero, (jnp.arange(grad_accum), micro))
         # The loss is a sum over tokens; one division by the token count gives the mean's gradient.

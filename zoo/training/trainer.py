@@ -32,6 +32,7 @@ import jax
 from tqdm.auto import tqdm
 
 from zoo import tasks
+from zoo.tasks import distill
 from zoo.configuration import Config
 from zoo.errors import ConfigError, TrainError
 from zoo.eval import during
@@ -193,6 +194,7 @@ def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_ste
             if cfg.train.epochs and not resume:  # train.steps from the data's rows; the state fits either schedule
                 cfg = steps_of_epochs(cfg, data.rows, main, data.packed_examples)
                 s = setup(cfg, devices)
+            state = distill.attach(s, state)  # a distilled run's teacher, loaded from its source (never checkpointed)
             peers.tell(built, None)
         except BaseException as e:
             peers.tell(built, e)
