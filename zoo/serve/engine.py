@@ -54,7 +54,6 @@ time, never for its whole length, and two scoring requests take turns.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import functools
 import queue
 import sys
@@ -73,46 +72,11 @@ from zoo.serve.batched_prefill import PREFILL_ROWS, BatchedPrefill
 from zoo.serve import programs
 from zoo.serve.programs import copy_prefix, decode_chunk, prefill_row
 from zoo.serve.scoring import Scoring
+from zoo.serve.sequence import Sequence, decode_name, powers, prefill_name
 
 WARM_LENGTHS = 2  # length buckets compiled before the first request (128 and 256 slots)
 PREFILL_CHUNK = 512  # a longer prompt admitted while rows decode is prefilled this many tokens between two chunks
 SHARED_MIN = 32  # the fewest prompt tokens a cached row must share with a new prompt to be reused (copy, not compute)
-
-
-@dataclasses.dataclass
-class Sequence:
-    """One row's work: its prompt ids, sampling settings and where its tokens go (`emit(ids, finish)`: new ids,
-    and at the end the finish reason, "stop" or "length")."""
-
-    prompt: list[int]
-    max_tokens: int
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    key: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(2, np.uint32))  # its sampling key's data
-    emit: Callable = lambda ids, finish: None
-    cancelled: Callable = lambda: False  # true once its client is gone: the row is freed at the next chunk
-    stream: bool = False  # its client streams: while it decodes, chunks are one step (each token sent as sampled)
-    grammar: object = None  # a zoo.infer.grammar.Matcher: its tokens keep to a JSON schema (one step a chunk)
-    generated: int = 0
-    enqueued: float = dataclasses.field(default_factory=time.perf_counter)
-
-
-def _powers(start: int, limit: int) -> list[int]:
-    """Powers of two from `start` below `limit`, then `limit`: the buckets a program compiles for."""
-    out, b = [], start
-    while b < limit:
-        out.append(b)
-        b *= 2
-    return out + [limit]
-
-
-def _prefill_name(P: int, S: int) -> str:
-    return f"prefill of up to {P} prompt tokens" + (f" after up to {S - P} held, over {S} slots" if S > P else "")
-
-
-def _decode_name(B: int, K: int, L: int) -> str:
-    return f"decode of {B} row{'s' * (B > 1)} x up to {K} step{'s' * (K > 1)} over {L} slots"
 
 
 class Engine(Scoring, BatchedPrefill):
@@ -170,18 +134,18 @@ class Engine(Scoring, BatchedPrefill):
     # ---- programs --------------------------------------------------------------------------------------------
     def buckets(self) -> list[int]:
         """The prompt-length buckets a prefill compiles for: powers of two from 16 to the cache's length."""
-        return _powers(16, self.max_len)
+        return powers(16, self.max_len)
 
     def bucket(self, n: int) -> int:
         return next(b for b in self.buckets() if b >= n)
 
     def row_buckets(self) -> list[int]:
         """The numbers of rows a decode chunk compiles for: powers of two up to the slots, and the slots."""
-        return _powers(1, self.slots)
+        return powers(1, self.slots)
 
     def length_buckets(self) -> list[int]:
         """The cache lengths a decode chunk compiles for: powers of two from 128 to the cache's length, and it."""
-        return _powers(128, self.max_len)
+        return powers(128, self.max_len)
 
     def warm_plan(self) -> list[tuple]:
         """What `warm` compiles: ("prefill", P, S) per prompt bucket up to `prefill_chunk` (P = S: a prompt's first
@@ -206,8 +170,8 @@ class Engine(Scoring, BatchedPrefill):
         t, plan = time.perf_counter(), self.warm_plan()
         for i, (kind, *shape) in enumerate(plan):
             if say is not None:
-                say(f"compiling {i + 1}/{len(plan)}: " + (_prefill_name(*shape) if kind == "prefill"
-                                                          else _decode_name(*shape)))
+                say(f"compiling {i + 1}/{len(plan)}: " + (prefill_name(*shape) if kind == "prefill"
+                                                          else decode_name(*shape)))
             if kind == "prefill":
                 self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, 0,
                                                            jnp.zeros((1, shape[0]), jnp.int32), 1, 0, P=shape[0],
@@ -373,7 +337,7 @@ class Engine(Scoring, BatchedPrefill):
         ids = np.zeros((1, P), np.int32)
         ids[0, :len(rest)] = rest
         if ("prefill", P, S) not in self._compiled:
-            self.say(f"zoo-serve: compiling the {_prefill_name(P, S)} (first use)")
+            self.say(f"zoo-serve: compiling the {prefill_name(P, S)} (first use)")
             self._compiled.add(("prefill", P, S))
         self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, row, jnp.asarray(ids),
                                                    len(rest), m, P=P, S=S)
@@ -392,7 +356,7 @@ class Engine(Scoring, BatchedPrefill):
             reach = max((int(self.positions_B[i]) + K for i in live if i < B), default=1)
             L = next((b for b in self.length_buckets() if b >= reach), self.max_len)
             if (B, self.chunk, L) not in self._compiled:
-                self.say(f"zoo-serve: compiling the {_decode_name(B, self.chunk, L)} (first use)")
+                self.say(f"zoo-serve: compiling the {decode_name(B, self.chunk, L)} (first use)")
                 self._compiled.add((B, self.chunk, L))
         rows = self.rows[:B]
         temp = np.asarray([r.temperature if r else 0.0 for r in rows], np.float32)
