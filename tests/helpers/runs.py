@@ -7,8 +7,10 @@ from zoo.training import trainer
 
 
 def run(cfg, workdir, **kw):
-    """trainer.train without progress bars (kw: resume, stop_at_step, devices)."""
-    return trainer.train(cfg, str(workdir), progress=False, **kw)
+    """trainer.train without progress bars, handed zoo.load for a distilled run's teacher as zoo.train hands it
+    (kw: resume, stop_at_step, devices)."""
+    from zoo.api.load import load
+    return trainer.train(cfg, str(workdir), progress=False, teacher_of=load, **kw)
 
 
 def losses(workdir):

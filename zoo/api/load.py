@@ -27,35 +27,10 @@ import shutil
 import tempfile
 
 from zoo.errors import ArgumentError, CheckpointError
+from zoo.sources import kind_of
 
-KINDS = ("a zoo run directory (checkpoints/)", "a Hugging Face directory (config.json)",
-         "a PEFT adapter directory (adapter_config.json)", "a .gguf file", "a preset name")
 DTYPES = ("float32", "bfloat16", "float16")
 MESH_AXES = ("data", "fsdp", "tensor", "expert")  # zoo.training.sharding.AXES (not imported: it imports jax)
-
-
-def kind_of(source: str) -> str:
-    """run | hf | adapter | gguf | preset, from the path alone; CheckpointError naming what was looked for."""
-    from zoo.models import PRESETS
-    path = os.path.expanduser(source)
-    if os.path.isdir(path):
-        if os.path.isdir(os.path.join(path, "checkpoints")):
-            return "run"
-        if os.path.isfile(os.path.join(path, "adapter_config.json")) and \
-                not os.path.isfile(os.path.join(path, "config.json")):
-            return "adapter"
-        if os.path.isfile(os.path.join(path, "config.json")):
-            return "hf"
-        raise CheckpointError(f"{source!r} is a directory but none zoo reads: no checkpoints/ (a zoo run), "
-                              f"config.json (Hugging Face) or adapter_config.json (PEFT)")
-    if os.path.isfile(path):
-        if path.endswith(".gguf"):
-            return "gguf"
-        raise CheckpointError(f"{source!r} is a file but not a .gguf file; zoo.load reads " + ", ".join(KINDS))
-    if source in PRESETS:
-        return "preset"
-    raise CheckpointError(f"{source!r}: no such file or directory, and no preset of that name; give "
-                          + ", ".join(KINDS) + f" (presets: {', '.join(PRESETS)})")
 
 
 def check(source, dtype, step, base, mesh) -> str:

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from zoo.api import configs, fine_tune
+from zoo.api.load import load as load_source
 from zoo.configuration import Config, apply_overrides, load_config_file
 from zoo.errors import ArgumentError, ConfigError
 
@@ -267,7 +268,7 @@ def train(config=None, *, workdir: str | None = None, overrides=None, resume: bo
                 import datasets
                 datasets.disable_progress_bars()  # the one-time tokenization's bars are noise in a log
             out = trainer.train(cfg, workdir, resume=resume, quiet=quiet, resume_step=step, devices=devices,
-                                config_of=_config_of(workdir, sets) if resume else None)
+                                config_of=_config_of(workdir, sets) if resume else None, teacher_of=load_source)
     except BaseException as e:
         stopped = isinstance(e, trainer.Stopped)
         # A run that failed before its first step leaves nothing: the corrected retry starts clean. One stopped by

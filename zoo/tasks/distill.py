@@ -90,10 +90,9 @@ class Teacher:
     def __init__(self, cfg):
         self.cfg, self.source, self.model = cfg, cfg.distill.teacher, None
 
-    def load(self, mesh):
+    def load(self, mesh, load):
         """The teacher's params laid out over `mesh` (zoo's rules table, as the student's), its vocabulary checked
-        against the student's."""
-        from zoo.api.load import load
+        against the student's. `load` is zoo.load (handed down by zoo.train: the tasks sit below zoo.api)."""
         from zoo.data.tokenizers import get_tokenizer
         check_source(self.source)
         pre = load(self.source, mesh=mesh)
@@ -125,20 +124,23 @@ class Teacher:
 
 def check_source(source: str) -> None:
     """Refuse (ConfigError) a distill.teacher that names nothing zoo.load reads, before anything is built."""
-    from zoo.api.load import kind_of
     from zoo.errors import CheckpointError
+    from zoo.sources import kind_of
     try:
         kind_of(source)
     except CheckpointError as e:
         raise ConfigError(f"distill.teacher: {e}") from None
 
 
-def attach(s, state):
-    """`state` with the teacher's params (s.task.teacher, laid out over s.mesh) and s.state_shardings saying where
-    they lie; the state as it is when the task has no teacher."""
+def attach(s, state, load=None):
+    """`state` with the teacher's params (s.task.teacher, read by `load`, zoo.load, and laid out over s.mesh) and
+    s.state_shardings saying where they lie; the state as it is when the task has no teacher."""
     teacher = getattr(s.task, "teacher", None)
     if teacher is None:
         return state
-    params = teacher.load(s.mesh)
+    if load is None:
+        raise ConfigError(f"distill.teacher={teacher.source!r}: the teacher is read by zoo.train (train.py), which "
+                          f"hands the trainer zoo.load; call zoo.train, or trainer.train(..., teacher_of=zoo.load)")
+    params = teacher.load(s.mesh, load)
     s.state_shardings = s.state_shardings.replace(teacher=jax.tree.map(lambda x: x.sharding, params))
     return state.replace(teacher=params)

@@ -142,27 +142,28 @@ def _is_terminal() -> bool:
 
 def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | None = None,
           devices=None, progress: bool = True, quiet: bool = False, resume_step: int | None = None,
-          config_of=None) -> dict:
+          config_of=None, teacher_of=None) -> dict:
     """Train `cfg` in workdir `path` (a fresh run, or the continuation of the newest checkpoint that restores
     when resume). The workdir is locked for the run; nothing in it changes until the state is restored.
 
     `resume_step` resumes from that checkpoint, not the newest (newer ones are moved aside, kept).
     `config_of(step)`, given, is the config of a run resumed from `step` (its saved config with the command's
     overrides): when the step that restores is older than the one `cfg` was read from, the run goes on under it.
+    `teacher_of` reads a distilled run's teacher (zoo.load, which zoo.train hands down: zoo.tasks.distill).
     `stop_at_step` stops (and checkpoints) early as if interrupted. `progress` shows a progress bar
     (only when stdout and stderr are a terminal); `quiet` shows neither the bar nor the line printed
     after each evaluation. Returns the final state, the last eval metrics, the data's tokenizer and the
     setup.
     """
     try:
-        return _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_step, config_of)
+        return _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_step, config_of, teacher_of)
     except OSError as e:
         if e.errno not in DISK_ERRNOS:
             raise
         raise disk_failure(e, path) from None
 
 
-def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_step, config_of) -> dict:
+def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_step, config_of, teacher_of) -> dict:
     main, asked = jax.process_index() == 0, cfg
     built = peers.key("data")
     with claimed(path, main, lambda: check_workdir(path, resume)) as created:
@@ -194,7 +195,7 @@ def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_ste
             if cfg.train.epochs and not resume:  # train.steps from the data's rows; the state fits either schedule
                 cfg = steps_of_epochs(cfg, data.rows, main, data.packed_examples)
                 s = setup(cfg, devices)
-            state = distill.attach(s, state)  # a distilled run's teacher, loaded from its source (never checkpointed)
+            state = distill.attach(s, state, teacher_of)  # a distilled run's teacher, loaded from its source (never checkpointed)
             peers.tell(built, None)
         except BaseException as e:
             peers.tell(built, e)
