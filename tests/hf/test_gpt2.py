@@ -1,65 +1,25 @@
-"""GPT-2 from and to Hugging Face: logits, generation and tokenization match transformers."""
+"""GPT-2 from and to Hugging Face, beside the parity of its row in tests/hf/parity_table.py (logits, greedy
+continuation, export and back in tests/hf/test_parity_decoders.py): zoo reads a GPT-2 checkpoint directory in
+memory and continues it as transformers does; its byte-level BPE tokenizes as transformers'; an unsupported
+architecture and a missing key are refused."""
 
 import json
 import os
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
-from tests.helpers.hf_runs import one_torch_thread  # noqa: F401,E402  (autouse fixture)
+from tests.helpers.hf_runs import hf_refs_fixture, one_torch_thread  # noqa: F401,E402  (one_torch_thread: autouse)
 from zoo import hf  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
 from zoo.infer.sample import generate  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=99, n_positions=32,
-                                  bos_token_id=98, eos_token_id=98)
-    model = transformers.GPT2LMHeadModel(cfg).eval()
-    d = tmp_path_factory.mktemp("gpt2")
-    model.save_pretrained(d)
-    return str(d), model
-
-
-def hf_logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor(np.asarray(ids))).logits.numpy()
-
-
-def test_logits_match_transformers(hf_dir, tmp_path):
-    src, model = hf_dir
-    out = hf.from_hf(src, str(tmp_path / "run"), verbose=False)
-    assert out["unused"] == []
-    zmodel, params, _, cfg = hf.from_pretrained(str(tmp_path / "run"))
-    ids = np.random.default_rng(0).integers(0, 99, (2, 16))
-    ours = zmodel.apply({"params": params}, jnp.asarray(ids))
-    assert np.abs(np.asarray(ours) - hf_logits(model, ids)).max() <= 1e-4
-
-
-def test_round_trip_is_exact_and_export_loads_in_transformers(hf_dir, tmp_path):
-    src, model = hf_dir
-    hf.from_hf(src, str(tmp_path / "run"), verbose=False)
-    hf.to_hf(str(tmp_path / "run"), str(tmp_path / "out"), verbose=False)
-    hf.from_hf(str(tmp_path / "out"), str(tmp_path / "again"), verbose=False)
-    a = jax.device_get(hf.from_pretrained(str(tmp_path / "run"))[1])
-    b = jax.device_get(hf.from_pretrained(str(tmp_path / "again"))[1])
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(x, y)
-    exported = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "out")).eval()
-    ids = np.random.default_rng(1).integers(0, 99, (1, 10))
-    np.testing.assert_allclose(hf_logits(exported, ids), hf_logits(model, ids), atol=1e-5)
-
-
-def test_greedy_generation_equals_transformers_generate(hf_dir):
-    src, model = hf_dir
-    zmodel, params, _, _ = hf.from_pretrained(src)  # straight from the HF directory
+def test_greedy_generation_straight_from_the_hf_directory_equals_transformers_generate(hf_refs):
+    src, model = hf_refs.reference("gpt2")
+    zmodel, params, _, _ = hf.from_pretrained(src)  # converted in memory, nothing written
     prompt = [5, 17, 42, 8]
     ours = generate(zmodel, params, prompt, 20, temperature=0.0)[0]
     with torch.no_grad():
@@ -85,13 +45,13 @@ def test_byte_level_bpe_from_vocab_and_merges_equals_transformers(tmp_path):
     assert ours.eot_token == json.load(open(tmp_path / "vocab.json"))["<|endoftext|>"]
 
 
-def test_unsupported_architecture_and_missing_keys(tmp_path, hf_dir):
+def test_unsupported_architecture_and_missing_keys(tmp_path, hf_refs):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "config.json").write_text(json.dumps({"model_type": "falcon", "architectures": ["FalconForCausalLM"]}))
     with pytest.raises(ConversionError, match=r"unsupported architecture FalconForCausalLM .*supported: GPT2LMHeadModel"):
         hf.from_hf(str(tmp_path / "x"), str(tmp_path / "run"), verbose=False)
     from safetensors.numpy import load_file, save_file
-    src, _ = hf_dir
+    src = hf_refs.directory("gpt2")
     broken = tmp_path / "broken"
     broken.mkdir()
     tensors = load_file(os.path.join(src, "model.safetensors"))

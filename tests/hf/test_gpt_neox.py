@@ -1,14 +1,13 @@
-"""GPT-NeoX / Pythia from and to Hugging Face: small random transformers models (rope on a quarter or half of
-each head, parallel residual on and off, exact and tanh GELU, attention biases on and off, tied and untied
-heads) convert to zoo runs whose logits and KV-cached greedy continuations equal transformers'; `to-hf`
-loads back as GPTNeoXForCausalLM and converts back to identical params; the per-head fused query_key_value,
-the partial rotary and the parallel residual each move the logits when done otherwise; Pythia-160M's
-config.json converts to the pythia_160m preset, whose parameter count is transformers'; variants zoo cannot
-hold are refused in one line; such a GPT trains.
+"""GPT-NeoX / Pythia from and to Hugging Face, beside the parity of their rows in tests/hf/parity_table.py (pythia,
+neox_sequential_half: rope on a quarter or half of each head, parallel residual on and off, exact and tanh GELU,
+biases on and off, tied and untied heads; logits, KV-cached greedy continuations, export and back in
+tests/hf/test_parity_decoders.py): the per-head fused query_key_value, the partial rotary and the parallel
+residual each move the logits when done otherwise; Pythia-160M's config.json converts to the pythia_160m preset,
+whose parameter count is transformers'; variants zoo cannot hold are refused in one line; such a GPT trains,
+scanned as looped.
 """
 
 import dataclasses
-import json
 import os
 
 import flax.linen as nn
@@ -21,102 +20,30 @@ torch = pytest.importorskip("torch", reason="torch is not installed: HF parity t
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 from tests.helpers import hf_runs, tiny_configs  # noqa: E402
+from tests.helpers.hf_runs import hf_refs_fixture  # noqa: F401,E402  (the session's references)
 from tests.helpers.runs import losses, run  # noqa: E402
 from zoo import hf  # noqa: E402
 from zoo.errors import ConversionError  # noqa: E402
 from zoo.hf import gpt_neox, io, table  # noqa: E402
 from zoo.hf.convert import export_converter  # noqa: E402
-from zoo.infer.sample import generate  # noqa: E402
 from zoo.models.gpt import PYTHIA_160M, Gpt, GptConfig  # noqa: E402
-from zoo.training import runs as run_reader  # noqa: E402
 
-V = 300
-# 3 heads of width 16 (rope on 4 or 8 of them), MLP width 100; initializer_range 0.2: attention far from
-# uniform, so a rope or residual applied wrongly moves the logits.
-SMALL = dict(vocab_size=V, hidden_size=48, intermediate_size=100, num_hidden_layers=2, num_attention_heads=3,
-             max_position_embeddings=64, bos_token_id=0, eos_token_id=1, initializer_range=0.2,
-             attn_implementation="eager")
-# name -> (GPTNeoXConfig fields beside SMALL, the zoo fields they convert to)
-MODELS = {
-    "pythia": (dict(rotary_pct=0.25, use_parallel_residual=True),
-               dict(rotary_fraction=0.25, parallel_residual=True, mlp="gelu_exact", qkv_bias=True, out_bias=True,
-                    tie_embeddings=False)),
-    "sequential_half": (dict(rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5},
-                             use_parallel_residual=False, hidden_act="gelu_new", attention_bias=False,
-                             tie_word_embeddings=True),
-                        dict(rotary_fraction=0.5, rope_theta=500.0, parallel_residual=False, mlp="gelu",
-                             qkv_bias=False, out_bias=False, tie_embeddings=True)),
-}
-IDS = np.random.default_rng(0).integers(0, V, (2, 12))
+IDS = np.random.default_rng(0).integers(0, 300, (2, 12))
 one_torch_thread = hf_runs.one_torch_thread  # autouse: torch on one thread
 edited = hf_runs.edited
 hf_logits = hf_runs.hf_logits
-
-
-@pytest.fixture(scope="module")
-def hf_dirs(tmp_path_factory):
-    """name -> (checkpoint directory, its transformers model); norms and biases perturbed off their init."""
-    out = {}
-    for name, (fields, _) in MODELS.items():
-        torch.manual_seed(0)
-        model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**SMALL, **fields)).eval()
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if "norm" in n or n.endswith(".bias"):  # ones / zeros at init: a swapped norm would not show
-                    p.add_(0.3 * torch.randn_like(p))
-        d = tmp_path_factory.mktemp(name)
-        model.save_pretrained(d)
-        out[name] = (str(d), model)
-    return out
-
-
-@pytest.fixture(scope="module")
-def runs(hf_dirs, tmp_path_factory):
-    return hf_runs.convert_all(hf_dirs, tmp_path_factory)
 
 
 def zoo_logits(model_cfg, params, ids=IDS):
     return np.asarray(jax.jit(Gpt(model_cfg).apply)({"params": params}, jnp.asarray(ids)))  # one program, not one per op
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_logits_and_kv_cached_greedy_decoding_equal_transformers(hf_dirs, runs, name):
-    run_dir, report = runs[name]
-    assert report["unused"] == []
-    zmodel, params, _, cfg = run_reader.load_run(run_dir)
-    assert {k: getattr(cfg.model, k) for k in MODELS[name][1]} == MODELS[name][1]
-    assert params["h_0"]["attn"]["query"]["kernel"].shape == (48, 3, 16)
-    diff = np.abs(zoo_logits(cfg.model, params) - hf_logits(hf_dirs[name][1], IDS)).max()
-    print(f"{name}: max abs logit diff {diff:.2e}")
-    assert diff <= 1e-4
-    prompt = [5, 17, 42, 8]
-    with torch.no_grad():
-        theirs = hf_dirs[name][1].generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
-                                           pad_token_id=1, eos_token_id=None)[0, len(prompt):].tolist()
-    assert generate(zmodel, params, prompt, 8, temperature=0.0)[0] == theirs
-
-
-@pytest.mark.parametrize("name", list(MODELS))
-def test_export_loads_as_gpt_neox_and_converts_back_identically(hf_dirs, runs, name, tmp_path):
-    run_dir, report = runs[name]
-    hf.to_hf(run_dir, str(tmp_path / "out"), verbose=False)
-    hf_cfg = json.load(open(tmp_path / "out" / "config.json"))
-    assert (hf_cfg["model_type"], hf_cfg["rotary_pct"]) == ("gpt_neox", MODELS[name][1]["rotary_fraction"])
-    exported = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
-    assert type(exported) is transformers.GPTNeoXForCausalLM
-    np.testing.assert_allclose(hf_logits(exported, IDS), hf_logits(hf_dirs[name][1], IDS), atol=1e-5)
-    again = hf.from_hf(str(tmp_path / "out"), str(tmp_path / "again"), verbose=False)
-    assert again["unused"] == [] and again["config"].model == report["config"].model
-    assert jax.tree.structure(again["params"]) == jax.tree.structure(report["params"])
-    for x, y in zip(jax.tree.leaves(again["params"]), jax.tree.leaves(report["params"])):
-        np.testing.assert_array_equal(x, y)
-
-
-def test_the_fused_layout_partial_rotary_and_parallel_residual_each_move_the_logits(hf_dirs, runs):
+def test_the_fused_layout_partial_rotary_and_parallel_residual_each_move_the_logits(hf_refs):
     """What the parity above rests on: reading query_key_value as q | k | v slabs of rows instead of per head,
     rotating whole heads, or chaining the residual, each changes the logits far past 1e-4."""
-    src, model = hf_dirs["pythia"]
-    model_cfg, params = runs["pythia"][1]["config"].model, runs["pythia"][1]["params"]
+    src, model = hf_refs.reference("pythia")
+    run = hf_refs.converted("pythia")
+    model_cfg, params = run.config.model, run.params
     slab_rows = [(p, n, dataclasses.replace(t, fusion=table.ROWS) if t.fusion is table.PER_HEAD_QKV else t)
                  for p, n, t in gpt_neox.key_table(model_cfg)]
     slabs = table.from_hf(io.Keys(io.read_tensors(src), gpt_neox.PREFIXES), slab_rows, model_cfg)
@@ -183,9 +110,9 @@ def test_pythia_160m_config_converts_to_the_preset_whose_count_is_transformers()
      r"^GPT-NeoX partial rotary 0.2 rotates 3 of each head's 16 dims; supported: an even, nonzero number "
      r"\(fraction in \(0, 1\]\)$"),
     (dict(rope_parameters=None, rotary_pct=0.05), r"^GPT-NeoX partial rotary 0.05 rotates 0 of each head's 16 dims")])
-def test_what_zoo_cannot_hold_is_refused_in_one_line(hf_dirs, tmp_path, fields, message):
+def test_what_zoo_cannot_hold_is_refused_in_one_line(hf_refs, tmp_path, fields, message):
     with pytest.raises(ConversionError, match=message) as e:
-        hf.from_hf(edited(hf_dirs["pythia"][0], tmp_path / "bad", **fields), str(tmp_path / "run"), verbose=False)
+        hf.from_hf(edited(hf_refs.directory("pythia"), tmp_path / "bad", **fields), str(tmp_path / "run"), verbose=False)
     assert "\n" not in str(e.value)
     assert not os.path.exists(tmp_path / "run")
 
