@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import zoo
 from tests.conftest import replace
 from tests.helpers import tiny_configs
 from tests.helpers.runs import run
@@ -121,7 +122,7 @@ def test_a_teacher_of_another_vocabulary_or_length_is_refused(cache_dir, teacher
     longer = replace(student_cfg(cache_dir, teacher_run), data=dict(seq_len=128), model=dict(max_len=128))
     with pytest.raises(ConfigError, match=r"reads 64 positions \(model.max_len\) but data.seq_len=128; set "
                                           r"data.seq_len <= 64"):
-        distill.Teacher(longer).load(sharding.make_mesh(longer.mesh))
+        distill.Teacher(longer).load(sharding.make_mesh(longer.mesh), zoo.load)
 
 
 def test_bad_settings_are_refused_in_one_line(cache_dir, tmp_path):
@@ -136,3 +137,12 @@ def test_bad_settings_are_refused_in_one_line(cache_dir, tmp_path):
             DistillConfig(teacher="gpt_tiny", **bad)
     with pytest.raises(ConfigError, match="distill.teacher distils into task=gpt_lm or sft; task='dpo'"):
         Config(task="dpo", model=cfg.model, distill=DistillConfig(teacher="gpt_tiny"))
+
+
+def test_the_trainer_called_without_zoo_load_refuses_a_teacher_in_one_line(cache_dir, teacher_run, tmp_path):
+    """The tasks sit below zoo.api: zoo.train hands the trainer zoo.load to read the teacher (teacher_of); the
+    trainer called on its own without it says so instead of importing the loader."""
+    from zoo.training import trainer
+    with pytest.raises(ConfigError, match=r"^distill.teacher=.*hands the trainer zoo.load; call zoo.train, or "
+                                          r"trainer.train\(..., teacher_of=zoo.load\)$"):
+        trainer.train(student_cfg(cache_dir, teacher_run), str(tmp_path / "w"), progress=False, quiet=True)
