@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import zoo
+from tests.helpers.engine_runs import decode_all
 from zoo.infer import sample
 from zoo.serve.engine import Engine, Sequence
 
@@ -18,27 +19,8 @@ def lm():
 
 
 def _run(engine, seqs):
-    """Decode `seqs` to the end on the engine's loop; their tokens."""
-    got, done = [[] for _ in seqs], threading.Event()
-    left = [len(seqs)]
-
-    def emitter(i):
-        def emit(ids, finish):
-            got[i].append(list(ids))
-            if finish is not None:
-                left[0] -= 1
-                if not left[0]:
-                    done.set()
-        return emit
-    for i, s in enumerate(seqs):
-        s.emit = emitter(i)
-    engine.submit(seqs)
-    engine.start()
-    try:
-        assert done.wait(120), "the engine did not finish"
-    finally:
-        engine.stop()
-    return got
+    """Decode `seqs` to the end on the engine's loop; their tokens, as the chunks handed out."""
+    return decode_all(engine, seqs, timeout=120)[0]
 
 
 def test_decoding_reads_a_length_bucket_that_grows_with_the_row_and_answers_as_sample_does(lm):

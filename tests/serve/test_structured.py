@@ -5,13 +5,13 @@ it names may run on to max_tokens with such a model: two of these close theirs);
 the tokens it decodes alone; max_tokens reached before the JSON closes ends the row with "length"."""
 
 import json
-import threading
 
 import jsonschema
 import numpy as np
 import pytest
 
 import zoo
+from tests.helpers.engine_runs import decode_all
 from zoo.infer import grammar, sample
 from zoo.serve.engine import Engine, Sequence
 
@@ -56,26 +56,8 @@ def lm():
 
 def _run(engine, seqs):
     """Decode `seqs` to the end on the engine's loop; (their ids, their finish reasons)."""
-    got, finish, done, left = [[] for _ in seqs], [None] * len(seqs), threading.Event(), [len(seqs)]
-
-    def emitter(i):
-        def emit(ids, end):
-            got[i] += ids
-            if end is not None:
-                finish[i] = end
-                left[0] -= 1
-                if not left[0]:
-                    done.set()
-        return emit
-    for i, s in enumerate(seqs):
-        s.emit = emitter(i)
-    engine.submit(seqs)
-    engine.start()
-    try:
-        assert done.wait(300), "the engine did not finish"
-    finally:
-        engine.stop()
-    return got, finish
+    chunks, finish = decode_all(engine, seqs)
+    return [sum(c, []) for c in chunks], finish
 
 
 @pytest.fixture(scope="module")
