@@ -62,7 +62,7 @@ def test_plain_text_starts_with_the_bos_as_transformers_tokenizer_puts_it(hf_ref
     logp = torch.log_softmax(torch.tensor(hf_logits(torch_model, [text_ids])[0]), -1).numpy()
     np.testing.assert_allclose(lm.logprobs(TEXTS[0]), logp[np.arange(len(text_ids) - 1), text_ids[1:]], atol=1e-4)
     # zoo-serve's echo scoring of that prompt: the BOS conditions the rest and has no number itself (not BOS BOS).
-    from zoo.serve.engine import Engine
+    from zoo.engine.batching import Engine
     lp, _, _ = Engine(lm, slots=1, max_len=64).score_program([text_ids], top=False)()[0]
     assert np.isnan(lp[0]) and len(lp) == len(text_ids)
     np.testing.assert_allclose(lp[1:], logp[np.arange(len(text_ids) - 1), text_ids[1:]], atol=1e-4)

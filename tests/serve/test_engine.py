@@ -10,7 +10,7 @@ import pytest
 import zoo
 from tests.helpers.engine_runs import decode_all
 from zoo.infer import sample
-from zoo.serve.engine import Engine, Sequence
+from zoo.engine.batching import Engine, Sequence
 
 
 @pytest.fixture(scope="module")

@@ -352,7 +352,7 @@ def test_a_port_in_use_is_one_error_line_before_loading(finished_gpt, capsys, mo
 
 
 def test_a_failing_chat_template_is_one_error_line_at_start_up(finished_gpt, tmp_path, capsys, monkeypatch):
-    from zoo.serve.engine import Engine
+    from zoo.engine.batching import Engine
     monkeypatch.setattr(Engine, "__init__", lambda *a, **k: pytest.fail("zoo-serve went on to build its engine"))
     run = copy_run(finished_gpt, tmp_path, "{{ raise_exception('this template is broken') }}")
     assert serve_cli.main([run, "--port", str(processes.free_port())]) == 2

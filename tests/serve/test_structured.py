@@ -13,7 +13,7 @@ import pytest
 import zoo
 from tests.helpers.engine_runs import decode_all
 from zoo.infer import grammar, sample
-from zoo.serve.engine import Engine, Sequence
+from zoo.engine.batching import Engine, Sequence
 
 S = {"type": "string", "maxLength": 6}
 I = {"type": "integer", "minimum": -50, "maximum": 999}

@@ -1,5 +1,5 @@
 """zoo-serve's engine compiled for a target (`zoo-serve SOURCE --compile-for v5e:2x2`, `zoo.compile_for(...,
-program="serve")`): the two programs the engine (zoo.serve.engine) runs while it serves, at their largest shapes,
+program="serve")`): the two programs the engine (zoo.engine.batching) runs while it serves, at their largest shapes,
 
   decode   a chunk of `chunk` steps of all `slots` rows over the whole cache (`max_len` slots): the program that
            runs for every token served, carrying the KV cache of every row;
@@ -52,7 +52,7 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
     `chunk` steps, as `zoo-serve SOURCE --slots --max-len --chunk` would run it (see the module's docstring)."""
     import jax
     import jax.numpy as jnp
-    from zoo.serve import programs
+    from zoo.engine import programs
     from zoo.training import sharding
     for name, v in (("slots", slots), ("chunk", chunk), ("max_len", max_len or 2)):
         if v < 1 or (name == "max_len" and v < 2):

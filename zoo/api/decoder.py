@@ -112,8 +112,8 @@ def guided_ids(lm, prompts: list[list[int]], schema: dict, *, max_new_tokens: in
     max_new_tokens or the window's end, cut."""
     from zoo.infer.grammar import compile_schema
     from zoo.infer.sample import stop_ids
-    from zoo.serve.engine import Engine, Sequence
-    from zoo.serve.programs import key_data
+    from zoo.engine.batching import Engine, Sequence
+    from zoo.engine.programs import key_data
     window = lm.config.window
     for p in prompts:
         if not p or len(p) >= window:

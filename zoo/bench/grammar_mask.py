@@ -1,4 +1,4 @@
-"""What a JSON schema's token mask costs zoo-serve per decode step: the jitted sampler (zoo.serve.programs._sample,
+"""What a JSON schema's token mask costs zoo-serve per decode step: the jitted sampler (zoo.engine.programs._sample,
 greedy) over B rows of V logits without the mask (programs.masked replaced by the identity: the sampler before it),
 with an all-ones mask (no row has a grammar: the unpacking skipped) and with a mask on every row; and the host's
 side, llguidance's mask for one row per token (cl100k_base's vocabulary, through zoo.infer.grammar).
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from zoo.serve import programs
+from zoo.engine import programs
 
 
 def best_ms(f, *args, n: int = 10, repeats: int = 7) -> float:

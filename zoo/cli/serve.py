@@ -11,7 +11,7 @@ refused in one line). A decoder answers /v1/embeddings too, with its last token'
 first, so a port in use is one `error:` line before anything loads; the chat template is rendered once on a tiny
 conversation before the server answers (a template that fails is one line, not a 500 for each chat request). Every
 program is compiled before the server answers (the prefill of each prompt-length bucket and of a long prompt's
-pieces, and the decode chunk: zoo.serve.engine), said in one line with how long it took. GET /metrics answers
+pieces, and the decode chunk: zoo.engine.batching), said in one line with how long it took. GET /metrics answers
 Prometheus' text format, every response carries its request's X-Request-Id, and SIGTERM or Ctrl-C lets the requests
 running finish for up to --shutdown-timeout seconds while new ones are answered 503 (zoo.serve.shutdown), then exits
 0. Needs the serve extra: pip install -e '.[serve]' (FastAPI, uvicorn and prometheus_client).
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         import zoo
         from zoo.api import decoder
         from zoo.serve.app import create_app
-        from zoo.serve.engine import Engine
+        from zoo.engine.batching import Engine
         lm = zoo.load(a.source)
         if lm.config.model.family == "bert":  # an embedding model: /v1/embeddings alone, no engine
             return _serve_encoder(a, lm, sock, uvicorn)

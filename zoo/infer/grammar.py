@@ -1,7 +1,7 @@
 """Structured output: a JSON schema compiled by llguidance into a grammar, and one `Matcher` per sequence that says,
 before each token, which tokens keep the text on the grammar (a bitmask of ceil(V / 32) int32 words, bit v of word
 v // 32 set: token v allowed) and follows the tokens sampled. The mask is applied inside the jitted sampler
-(zoo.serve.programs, zoo.infer.sample's `masked`): a token off the grammar gets -inf, so even a model of random
+(zoo.engine.programs, zoo.infer.sample's `masked`): a token off the grammar gets -inf, so even a model of random
 weights writes text that parses and validates. End-of-text is allowed only once the grammar accepts, and a grammar
 that admits nothing more ends its row.
 

@@ -1,5 +1,5 @@
 """zoo-serve's HTTP API, OpenAI's shape (FastAPI): the handlers parse and check a request, hand its sequences to the
-one engine (zoo.serve.engine) and stream or gather what comes back; nothing here touches the model.
+one engine (zoo.engine.batching) and stream or gather what comes back; nothing here touches the model.
 
     GET  /health                 {"status": "ok", "model", "slots", "active", "waiting"} (no key needed)
     GET  /v1/models              the one model served
@@ -209,8 +209,8 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                                                                                           list]:
         """Queue n sequences per prompt, each with its own matcher of `guide` (a compiled grammar) if any; (their
         choices, the queue their updates arrive on, the sequences)."""
-        from zoo.serve.engine import Sequence
-        from zoo.serve.programs import key_data
+        from zoo.engine.batching import Sequence
+        from zoo.engine.programs import key_data
         if engine.stopping.is_set():
             raise ApiError(503, "the server is stopping", "server_error")
         if len(prompts) * s["n"] > engine.max_queue:  # no retry could ever make room: not a 429

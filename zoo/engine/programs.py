@@ -1,4 +1,4 @@
-"""The programs zoo-serve's engine runs (zoo.serve.engine jits them with its model bound; zoo.aot.serve compiles the
+"""The programs zoo-serve's engine runs (zoo.engine.batching jits them with its model bound; zoo.aot.serve compiles the
 same ones for a TPU): a row's prefill from a position on (`prefill_row`), several new prompts prefilled at once
 (`prefill_rows`), a shared prefix copied between rows (`copy_prefix`) and a chunk of decode steps over the first
 rows and slots (`decode_chunk`), with the sampling they share (greedy at temperature 0, else top-k / top-p

@@ -1,4 +1,4 @@
-"""Scoring on zoo-serve's engine (`/v1/completions` with logprobs; zoo.serve.engine's docstring says how it shares
+"""Scoring on zoo-serve's engine (`/v1/completions` with logprobs; zoo.engine.batching's docstring says how it shares
 the loop with decoding): the fused log-probability of each target, zoo-eval's computation, and each position's
 MAX_TOP likeliest tokens, in batches no larger than one prefill, compiled in the request's thread. `Scoring` is
 mixed into `Engine`, which holds the model, params, tokenizer, `max_len`, `vocab`, the jitted `_score` and its

@@ -25,7 +25,7 @@ decodes once its last piece is in. Admitted with nobody decoding, its pieces are
 another (pieces, not one bucket: a 1,060-token prompt computes 512 + 512 + 64 positions, not 2,048).
 
 Batched prefill: new prompts admitted together, each prefilled whole from position 0, go R at a time into one
-program (zoo.serve.batched_prefill: a burst of short prompts costs half as much; its programs compile in a thread
+program (zoo.engine.batched_prefill: a burst of short prompts costs half as much; its programs compile in a thread
 of their own the first time, the prompts prefilled one by one meanwhile).
 
 Compiled programs: a prefill per prompt-length bucket up to `prefill_chunk` (powers of two from 16; a prompt's
@@ -45,7 +45,7 @@ row without a grammar) that the jitted sampler applies before sampling, so rows 
 batch and one program. A matcher advances on the host, token by token, so while a grammar row decodes each call is
 one step; the row ends when its grammar admits nothing more (or at end-of-text, allowed only once it accepts).
 
-Scoring (`/v1/completions` with logprobs; zoo.serve.scoring) is cut into batches of at most `max_len` padded
+Scoring (`/v1/completions` with logprobs; zoo.engine.scoring) is cut into batches of at most `max_len` padded
 tokens (no more work than one full prefill), each compiled in the request's thread (not this loop's) and run as
 one job between two decode chunks: a long scoring request makes the rows decoding beside it wait one batch at a
 time, never for its whole length, and two scoring requests take turns.
@@ -68,11 +68,11 @@ import numpy as np
 
 from zoo.infer.grammar import words
 from zoo.infer.sample import stop_ids
-from zoo.serve.batched_prefill import PREFILL_ROWS, BatchedPrefill
-from zoo.serve import programs
-from zoo.serve.programs import copy_prefix, decode_chunk, prefill_row
-from zoo.serve.scoring import Scoring
-from zoo.serve.sequence import Sequence, decode_name, powers, prefill_name
+from zoo.engine.batched_prefill import PREFILL_ROWS, BatchedPrefill
+from zoo.engine import programs
+from zoo.engine.programs import copy_prefix, decode_chunk, prefill_row
+from zoo.engine.scoring import Scoring
+from zoo.engine.sequence import Sequence, decode_name, powers, prefill_name
 
 WARM_LENGTHS = 2  # length buckets compiled before the first request (128 and 256 slots)
 PREFILL_CHUNK = 512  # a longer prompt admitted while rows decode is prefilled this many tokens between two chunks
@@ -84,7 +84,7 @@ class Engine(Scoring, BatchedPrefill):
     decode together; `max_len` is the cache's length (at most the model's window); `chunk` decode steps run between
     two admissions; `prefix_cache`: prompts take the leading tokens a row holds (see the module's docstring);
     `prefill_chunk`: the piece a long prompt admitted while rows decode is prefilled in; `prefill_rows`: the most
-    new prompts one prefill takes (zoo.serve.batched_prefill; 1: each alone). `scan_layers`: the layers
+    new prompts one prefill takes (zoo.engine.batched_prefill; 1: each alone). `scan_layers`: the layers
     as one scan (each program compiles one layer: a start-up 2-3x faster) instead of one after another (each decoding
     step 1.3-1.5x faster: a scan copies every layer's weights out of their stack at every step,
     zoo.infer.sample.unscanned)."""

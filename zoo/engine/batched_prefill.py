@@ -1,5 +1,5 @@
 """Batched prefill on zoo-serve's engine: new prompts admitted together (a burst of requests, n completions of one)
-are prefilled R at a time in one program (zoo.serve.programs.prefill_rows) instead of one call each. XLA:CPU runs a
+are prefilled R at a time in one program (zoo.engine.programs.prefill_rows) instead of one call each. XLA:CPU runs a
 product of a few dozen rows at a fraction of its rate, so the gain is on short prompts (SmolLM2-135M float32,
 2026-11-29, a busy host): eight prompts of 28 tokens admitted together took 0.76-0.80 s against 1.64-1.74 s one by
 one; a model call on eight prompts of 32 tokens 85 ms a prompt against 169 ms alone, of 64 tokens 166 against 215,
