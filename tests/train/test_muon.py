@@ -193,8 +193,8 @@ def test_the_name_is_set_from_the_command_line(cache_dir):
 
 
 def test_a_resume_cannot_switch_the_optimizer(cache_dir):
-    """The resume check compares optimizer-state layouts (zoo.api.training.optimizer_state): Muon's differs."""
-    from zoo.api.training import optimizer_state
+    """The resume check compares optimizer-state layouts (zoo.api.start.optimizer_state): Muon's differs."""
+    from zoo.api.start import optimizer_state
     adamw = tiny_configs.llama_lm(cache_dir)
     muon = replace(adamw, optim=dict(name="muon"))
     assert optimizer_state(muon) == optimizer_state(replace(muon, optim=dict(lr=1e-2)))

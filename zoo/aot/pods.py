@@ -56,13 +56,13 @@ ROWS = [
 
 def resolve(row: Row) -> Config:
     """The row's run config as `train.py` resolves it (nothing compiled, downloaded or written)."""
-    from zoo.api import training
+    from zoo.api.start import start
     config = row.config
     if config.startswith("preset:"):
         from zoo.models.gpt import PRESETS
         config = Config(task="gpt_lm", model=PRESETS[config[len("preset:"):]], data=DataConfig(),
                         train=TrainConfig(steps=1000))
-    return training.resolve(config, workdir="unused", overrides=list(row.sets), dry=True)
+    return start(config, workdir="unused", overrides=list(row.sets), dry=True).config
 
 
 def largest_batch(cfg: Config, devices, first: dict, compiles: int = 4) -> str:

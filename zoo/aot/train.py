@@ -104,9 +104,10 @@ def compile_for(config=None, target: str = "v5e:2x2", *, overrides=(), init_from
                           f"compiles program='train' (a run's step), 'generate' (rows, prompt_len, "
                           f"max_new_tokens, dtype) or 'serve' (slots, max_len, chunk, dtype)")
     if not isinstance(config, Config) or overrides or init_from:
-        from zoo.api import training
-        config = training.resolve(config, workdir=training.default_workdir(config, init_from), overrides=overrides,
-                                  init_from=init_from, dry=True)
+        from zoo.api.start import start
+        from zoo.api.training import default_workdir
+        config = start(config, workdir=default_workdir(config, init_from), overrides=overrides, init_from=init_from,
+                       dry=True).config
     return _compile_for(config, target, largest_batch)
 
 

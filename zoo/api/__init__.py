@@ -8,5 +8,6 @@ parse their arguments and call it. `zoo/__init__.py` exports its names, imported
 The rest are the functions behind those methods, one module per kind of model or job: decoder (text
 generation and scoring), encoder (BERT's classify, fill_mask, tag), seq2seq (translate), batches (texts ->
 a task's batch), save (zoo, Hugging Face and PEFT directories), configs (shipped configs by name),
-fine_tune (what --init-from starts from and with which settings).
+start (how a run starts: its source, final config, base, conversion and resume step, in one value), fine_tune
+(what --init-from starts from and with which settings).
 """

@@ -87,11 +87,11 @@ def workdir_of(a) -> str:
 
 
 def resolve(a):
-    """(config, workdir, resume) of parsed arguments, as zoo.train resolves them."""
-    from zoo.api import training
+    """(config, workdir, resume) of parsed arguments, as zoo.train resolves them (zoo.api.start)."""
+    from zoo.api.start import start
     workdir = workdir_of(a)
-    cfg = training.resolve(a.config, workdir=workdir, overrides=a.set, resume=bool(a.resume), init_from=a.init_from,
-                           step=a.step, new_batch=a.new_batch, dry=a.print_config)
+    cfg = start(a.config, workdir=workdir, overrides=a.set, resume=bool(a.resume), init_from=a.init_from,
+                step=a.step, new_batch=a.new_batch, dry=a.print_config).config
     return cfg, workdir, bool(a.resume)
 
 
