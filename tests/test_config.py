@@ -8,7 +8,8 @@ import jax
 import pytest
 
 from zoo import tasks
-from zoo.configuration import Config, apply_overrides, from_dict, load_config_file
+from zoo.configuration import Config, from_dict
+from zoo.overrides import apply_overrides, load_config_file
 from zoo.errors import ConfigError
 from zoo.models.encdec import EncDecConfig
 from zoo.models.gpt import GptConfig

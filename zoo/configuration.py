@@ -3,9 +3,10 @@
 
 A run is fully described by a `Config`. Model configs live with their family (zoo.models; the
 FAMILIES registry maps `model.family` and every task name to them). Config files in `configs/`
-build a Config with `get_config()`; the command line overrides single fields with
-`--set section.field=value` (type-checked here); the resolved config is written as JSON beside every
-checkpoint and read back by `load_json`.
+build a Config with `get_config()` (read by zoo.overrides.load_config_file); the command line overrides single
+fields with `--set section.field=value` (zoo.overrides, type-checked there); the resolved config is written as
+JSON beside every checkpoint and read back by `load_json`. The task sections (dpo, grpo, embed, distill) are in
+zoo.task_settings.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import dataclasses
 import json
 import math
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 
 from zoo.errors import ConfigError
 from zoo.models import FAMILIES, TASK_FAMILY
 from zoo.models.gpt import GptConfig
+from zoo.task_settings import DISTILL_TASKS, DistillConfig, EmbedConfig, PreferenceConfig, RlConfig
 
 
 
@@ -136,133 +137,6 @@ class OptimConfig:
     def warmup_steps(self, total_steps: int) -> int:
         """Warmup resolved once: a value >= 1 is steps, a value < 1 a fraction of training."""
         return int(self.warmup) if self.warmup >= 1 else int(round(self.warmup * total_steps))
-
-
-PREFERENCE_LOSSES = ("sigmoid", "robust", "ipo", "simpo")
-REFERENCES = ("auto", "base", "precomputed", "none")
-
-
-@dataclass(frozen=True, kw_only=True)
-class PreferenceConfig:
-    """Preference tuning (task=dpo, zoo.tasks.preference): which loss, its beta, and the reference model."""
-
-    loss: str = "sigmoid"  # sigmoid (DPO) | robust (robust DPO) | ipo (IPO) | simpo (SimPO, reference-free)
-    beta: float = 0.1  # DPO's beta (sigmoid, robust), IPO's tau, SimPO's beta (its paper: 2 to 2.5)
-    label_smoothing: float = 0.0  # eps: the share of pairs assumed flipped (sigmoid: cDPO; robust: rDPO), < 0.5
-    # The reference: auto (the base with the adapters off for a LoRA run, else log-probs precomputed) | base |
-    # precomputed (the initial model's log-probs of every pair, computed once before training, kept in the run) |
-    # none (a reference-free loss: simpo)
-    reference: str = "auto"
-    simpo_gamma: float = 0.5  # SimPO's target reward margin gamma (the loss: -log sigmoid(beta * delta - gamma))
-
-    def __post_init__(self):
-        _check(self.loss in PREFERENCE_LOSSES,
-               f"dpo.loss={self.loss!r} is unknown; choose one of {', '.join(PREFERENCE_LOSSES)}")
-        _check(self.reference in REFERENCES,
-               f"dpo.reference={self.reference!r} is unknown; choose one of {', '.join(REFERENCES)}")
-        _check(math.isfinite(self.beta) and self.beta > 0, f"dpo.beta={self.beta} must be a positive number")
-        _check(0.0 <= self.label_smoothing < 0.5, f"dpo.label_smoothing={self.label_smoothing} must be in [0, 0.5)")
-        _check(math.isfinite(self.simpo_gamma) and self.simpo_gamma >= 0,
-               f"dpo.simpo_gamma={self.simpo_gamma} must be a number >= 0")
-        free = self.loss == "simpo"
-        _check(not free or self.reference in ("auto", "none"),
-               f"dpo.loss=simpo is reference-free; dpo.reference={self.reference!r} does not apply (leave it auto)")
-        _check(free or self.reference != "none",
-               f"dpo.loss={self.loss} compares against a reference; dpo.reference=none goes with dpo.loss=simpo")
-
-    def reference_of(self, lora: bool) -> str:
-        """The reference a run of this config uses: base | precomputed | none."""
-        if self.loss == "simpo":
-            return "none"
-        return self.reference if self.reference != "auto" else ("base" if lora else "precomputed")
-
-
-EMBED_POOLINGS = ("", "mean", "cls", "max", "mean_sqrt_len")
-
-
-@dataclass(frozen=True, kw_only=True)
-class EmbedConfig:
-    """Contrastive fine-tuning of sentence embeddings (task=embed, zoo.tasks.embed): sentence-transformers'
-    MultipleNegativesRankingLoss over the whole global batch."""
-
-    scale: float = 20.0  # the cosine similarities' multiplier (1 / temperature; sentence-transformers' default 20)
-    symmetric: bool = False  # add the positive -> anchors direction and average (MultipleNegativesSymmetricRankingLoss)
-    pooling: str = ""  # "" as the init_from checkpoint's 1_Pooling/config.json says (else mean) | mean | cls | max
-    #   | mean_sqrt_len
-
-    def __post_init__(self):
-        _check(math.isfinite(self.scale) and self.scale > 0, f"embed.scale={self.scale} must be a positive number")
-        _check(self.pooling in EMBED_POOLINGS, f"embed.pooling={self.pooling!r} is unknown; choose one of "
-               f"{', '.join(repr(p) for p in EMBED_POOLINGS)}")
-
-
-DISTILL_TASKS = ("gpt_lm", "sft")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DistillConfig:
-    """Knowledge distillation on task=gpt_lm or sft (zoo.tasks.distill): a frozen teacher run in the same step, the
-    student's loss alpha * T^2 * divergence(teacher, student at temperature T) + (1 - alpha) * cross-entropy."""
-
-    teacher: str = ""  # any zoo.load source (a zoo run, a Hugging Face directory, a .gguf file); "" trains no teacher
-    temperature: float = 1.0  # T: both models' logits divided by it; the divergence is scaled by T^2 (Hinton 2015)
-    alpha: float = 0.5  # the divergence's share of the loss; 1 - alpha the hard-label cross-entropy's
-    # GKD's generalised Jensen-Shannon divergence (TRL's beta): 0 the forward KL(teacher || student), 1 the reverse
-    # KL(student || teacher), between them the divergence to the mixture beta * teacher + (1 - beta) * student
-    beta: float = 0.0
-
-    def __post_init__(self):
-        _check(math.isfinite(self.temperature) and self.temperature > 0,
-               f"distill.temperature={self.temperature} must be a positive number")
-        _check(0.0 <= self.alpha <= 1.0, f"distill.alpha={self.alpha} must be in [0, 1] (the divergence's share)")
-        _check(0.0 <= self.beta <= 1.0, f"distill.beta={self.beta} must be in [0, 1] (0: forward KL, 1: reverse KL)")
-
-
-RL_LOSSES = ("bnpo", "grpo", "dr_grpo")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RlConfig:
-    """Reinforcement learning from rewards (task=grpo, zoo.tasks.rl): sampling, the rewards and the objective."""
-
-    num_generations: int = 8  # G: completions sampled per prompt, their rewards normalised within the group (TRL's 8)
-    max_completion_tokens: int = 64  # the longest completion sampled
-    temperature: float = 1.0  # sampling temperature of the completions (TRL's default)
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1: off
-    # Reward functions, comma-separated MODULE:FUNCTION or FILE.py:FUNCTION, each called as TRL and Tunix call them:
-    # reward(prompts, completions, **columns) -> list[float] (one per completion; columns: the source's other ones)
-    rewards: str = "zoo.rewards:exact_answer,zoo.rewards:answer_format"
-    reward_weights: str = ""  # comma-separated weights of the rewards' sum ("": 1 each)
-    beta: float = 0.04  # KL penalty to the reference (DeepSeekMath's and Tunix's 0.04; TRL's default is 0)
-    epsilon: float = 0.2  # the clipped ratio's range, 1 -/+ epsilon
-    # How the per-token objective is averaged: bnpo (over every completion token of the batch; DAPO, TRL's default
-    # dapo on one process) | grpo (over each completion's tokens, then the completions; DeepSeekMath) | dr_grpo
-    # (over completions x max_completion_tokens; Dr. GRPO)
-    loss_type: str = "bnpo"
-
-    def __post_init__(self):
-        _check(self.num_generations >= 2, f"grpo.num_generations={self.num_generations} must be >= 2: the advantage "
-               f"compares each completion with the others of its group")
-        _check(self.max_completion_tokens >= 1, f"grpo.max_completion_tokens={self.max_completion_tokens} must be >= 1")
-        _check(math.isfinite(self.temperature) and self.temperature >= 0,
-               f"grpo.temperature={self.temperature} must be a finite number >= 0")
-        _check(self.top_k >= 0 and 0 < self.top_p <= 1, f"grpo.top_k={self.top_k} must be >= 0 and grpo.top_p="
-               f"{self.top_p} in (0, 1]")
-        _check(math.isfinite(self.beta) and self.beta >= 0, f"grpo.beta={self.beta} must be a number >= 0")
-        _check(0 < self.epsilon < 1, f"grpo.epsilon={self.epsilon} must be in (0, 1)")
-        _check(self.loss_type in RL_LOSSES, f"grpo.loss_type={self.loss_type!r} is unknown; choose one of "
-               f"{', '.join(RL_LOSSES)}")
-        _check(bool(self.rewards.strip()), "grpo.rewards is empty; name at least one MODULE:FUNCTION")
-        if self.reward_weights:
-            try:
-                weights = [float(w) for w in self.reward_weights.split(",")]
-            except ValueError:
-                raise ConfigError(f"grpo.reward_weights={self.reward_weights!r} must be comma-separated numbers") \
-                    from None
-            n = len([r for r in self.rewards.split(",") if r.strip()])
-            _check(len(weights) == n, f"grpo.reward_weights={self.reward_weights!r} has {len(weights)} number(s) for "
-                   f"the {n} function(s) of grpo.rewards={self.rewards!r}")
 
 
 EVAL_SET_KINDS = ("choice", "generate")
@@ -422,116 +296,3 @@ def from_dict(d: dict) -> Config:
 def load_json(path) -> Config:
     with open(path) as f:
         return from_dict(json.load(f))
-
-
-# ---- command-line overrides ---------------------------------------------------------------------
-def _parse_value(key: str, text: str, typ):
-    origin = typing.get_origin(typ)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(typ) if a is not type(None)]
-        if text.lower() in ("none", "null"):
-            return None
-        typ = args[0]
-    try:
-        if typ is bool:
-            low = text.lower()
-            if low not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError
-            return low in ("true", "1", "yes")
-        if typ is int:
-            return int(float(text)) if "e" in text.lower() and float(text).is_integer() else int(text)
-        if typ is float:
-            return float(text)
-        if typ is str:
-            return text
-    except ValueError:
-        raise ConfigError(f"--set {key}={text!r}: expected a value of type {typ.__name__}") from None
-    raise ConfigError(f"--set {key}: fields of type {typ} cannot be set from the command line")
-
-
-def _assignment(cfg: Config, assignment: str):
-    """One `section.field=value` (or `field=value` for a top-level field) checked and parsed against
-    `cfg`: (section or None, field, value)."""
-    if "=" not in assignment:
-        raise ConfigError(f"--set {assignment!r}: expected key=value, e.g. optim.lr=3e-4")
-    key, text = assignment.split("=", 1)
-    parts = key.strip().split(".")
-    top = {f.name: f for f in dataclasses.fields(cfg)}
-    if len(parts) == 1:
-        name = parts[0]
-        leaves = [n for n, f in top.items() if not dataclasses.is_dataclass(getattr(cfg, n))]
-        _check(name in leaves, f"unknown config key {key!r}; valid top-level keys: {', '.join(leaves)} "
-               f"(sections: {', '.join(n for n in top if n not in leaves)})")
-        if name == "task":  # another task of the same family (bert_mlm -> bert_cls); the model stays
-            tasks = FAMILIES[cfg.model.family].tasks
-            _check(text in tasks, f"--set task={text!r}: a {cfg.model.family} model trains as one of {', '.join(tasks)}")
-        return None, name, _parse_value(key, text, typing.get_type_hints(Config)[name])
-    _check(len(parts) == 2 and parts[0] in top and dataclasses.is_dataclass(getattr(cfg, parts[0])),
-           f"unknown config key {key!r}; sections: "
-           f"{', '.join(n for n in top if dataclasses.is_dataclass(getattr(cfg, n)))}")
-    section, name = parts
-    sub = getattr(cfg, section)
-    fields = {f.name: f for f in dataclasses.fields(sub)}
-    _check(name in fields, f"unknown config key {key!r}; valid keys in {section}: {', '.join(fields)}")
-    return section, name, _parse_value(key, text, typing.get_type_hints(type(sub))[name])
-
-
-def override(cfg: Config, assignment: str) -> Config:
-    """Apply one `section.field=value` (or `field=value` for top-level fields) to a config."""
-    return apply_overrides(cfg, [assignment])
-
-
-def apply_overrides(cfg: Config, assignments) -> Config:
-    """Apply `section.field=value` assignments (a later one of the same key wins). Each section's fields
-    change together and are checked once, so that `model.num_heads=9 model.num_kv_heads=3` holds although
-    9 heads alone would not fit the file's 2 key/value heads."""
-    top, sections = {}, {}
-    for a in assignments or ():
-        section, name, value = _assignment(cfg, a)
-        (top if section is None else sections.setdefault(section, {}))[name] = value
-    changed = {section: dataclasses.replace(getattr(cfg, section), **fields) for section, fields in sections.items()}
-    out = dataclasses.replace(cfg, **top, **changed) if top or changed else cfg
-    lora_only = sorted({"lora_targets", "lora_alpha", "lora_dropout"} & set(sections.get("model", {})))
-    if lora_only and not getattr(out.model, "lora_rank", 1):
-        raise ConfigError(f"model.{lora_only[0]} is set but model.lora_rank=0 (no adapters): set model.lora_rank=N "
-                          f"(e.g. 8) too")
-    return out
-
-
-def load_config_file(path: str) -> Config:
-    """Run `get_config()` of a config file such as configs/gpt_tiny.py."""
-    import importlib.machinery
-    import importlib.util
-    import os
-    if os.path.isdir(path):
-        raise ConfigError(f"config file {path!r} is a directory; give a .py file such as configs/gpt_tiny.py")
-    if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} does not exist (see configs/ for the shipped ones)")
-    if not path.endswith(".py"):
-        raise ConfigError(f"config file {path!r} is not a Python file (.py) with a get_config() function")
-    name = f"zoo_config_{os.path.basename(path)[:-3]}"
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(
-        name, importlib.machinery.SourceFileLoader(name, path)))
-    try:
-        module.__loader__.exec_module(module)
-    except SystemExit as e:
-        raise ConfigError(f"config file {path!r} called sys.exit({e.code!r}) while loading; a config file only "
-                          f"defines get_config()") from None
-    except SyntaxError as e:
-        raise ConfigError(f"config file {path!r} line {e.lineno}: syntax error ({e.msg})") from None
-    except Exception as e:  # an exception while the file runs: name the file and the first line of it
-        raise ConfigError(f"config file {path!r} failed to run: {type(e).__name__}: {e}") from None
-    if not hasattr(module, "get_config"):
-        raise ConfigError(f"config file {path!r} has no get_config() function")
-    try:
-        cfg = module.get_config()
-    except ConfigError:
-        raise
-    except SystemExit as e:
-        raise ConfigError(f"config file {path!r}: get_config() called sys.exit({e.code!r}); it must return a "
-                          f"zoo.configuration.Config") from None
-    except Exception as e:
-        raise ConfigError(f"config file {path!r}: get_config() failed: {type(e).__name__}: {e}") from None
-    if not isinstance(cfg, Config):
-        raise ConfigError(f"config file {path!r}: get_config() returned {type(cfg).__name__}, not a zoo.configuration.Config")
-    return cfg

@@ -101,7 +101,7 @@ def timeout_of(a, set_args=(), config_path: str | None = None, workdir: str | No
             with open(os.path.join(workdir, "config.json")) as f:
                 return int(json.load(f).get("train", {}).get("distributed_timeout", DEFAULT_TIMEOUT))
         if config_path:
-            from zoo.configuration import load_config_file
+            from zoo.overrides import load_config_file
             return int(load_config_file(config_path).train.distributed_timeout)
     except Exception:  # a bad config is reported by the command itself, once the processes are up
         pass

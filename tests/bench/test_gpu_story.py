@@ -10,7 +10,7 @@ from zoo.bench import profile_summary, readme_table, run, shapes
 from zoo.bench.common import hbm_bandwidth
 from zoo.bench.worker import bandwidth_bound
 from zoo.cli import bench
-from zoo.configuration import apply_overrides, load_config_file
+from zoo.overrides import apply_overrides, load_config_file
 
 SMALL = ["model.num_layers=1", "model.d_model=64", "model.num_heads=2", "model.d_ff=128", "model.vocab_size=512",
          "data.seq_len=32", "train.batch_size=8"]

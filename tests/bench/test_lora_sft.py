@@ -37,7 +37,7 @@ def test_the_new_workloads_have_shapes_in_every_set():
 def test_a_tiny_lora_spec_trains_only_the_adapters_and_reports_mfu():
     from zoo import tasks
     from zoo.bench.worker import ZooTrain
-    from zoo.configuration import apply_overrides, load_config_file
+    from zoo.overrides import apply_overrides, load_config_file
     spec = _tiny_lora()
     z = ZooTrain(spec, devices=jax.devices()[:1])
     try:

@@ -153,7 +153,7 @@ def test_every_attention_of_the_gpu_bench_models_takes_cudnn(workload, monkeypat
     """GPT-2, BERT-base and T5-small in bf16 at the `gpu` bench shapes, traced as on a GPU: no call falls back."""
     from zoo import tasks
     from zoo.bench import shapes
-    from zoo.configuration import apply_overrides, load_config_file
+    from zoo.overrides import apply_overrides, load_config_file
     chosen, real = [], attn.select_backend
 
     def as_on_gpu(implementation, *args, **kw):

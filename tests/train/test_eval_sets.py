@@ -10,7 +10,7 @@ from conftest import replace
 from tests.eval.test_choice import QUESTIONS
 from tests.helpers.runs import run, write_jsonl
 from zoo.cli import eval as zoo_eval
-from zoo.configuration import apply_overrides
+from zoo.overrides import apply_overrides
 from zoo.errors import ConfigError, ZooDataError
 
 QA = [{"prompt": "The", "answer": "the"}, {"messages": [{"role": "user", "content": "Hi"}], "answer": ["a", "b"]}]

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from conftest import replace
 from tests.helpers.runs import losses, run
-from zoo.configuration import load_config_file
+from zoo.overrides import load_config_file
 from zoo.models.gpt import Gpt
 
 

@@ -17,7 +17,8 @@ from conftest import replace
 from tests.helpers import tiny_configs
 from tests.helpers.runs import losses, run
 from zoo import tasks
-from zoo.configuration import OptimConfig, apply_overrides
+from zoo.configuration import OptimConfig
+from zoo.overrides import apply_overrides
 from zoo.errors import ConfigError
 from zoo.training import freeze, optim
 

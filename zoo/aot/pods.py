@@ -21,7 +21,8 @@ import re
 import sys
 import time
 
-from zoo.configuration import Config, DataConfig, TrainConfig, apply_overrides
+from zoo.configuration import Config, DataConfig, TrainConfig
+from zoo.overrides import apply_overrides
 
 BEGIN, END = "<!-- pod-table -->", "<!-- /pod-table -->"
 MAXTEXT = "https://github.com/AI-Hypercomputer/maxtext/blob/e591f30cbbf217ed67ef71263ec0538239f9c3b8/"

@@ -16,7 +16,8 @@ import time
 import numpy as np
 
 from zoo.aot import report, target as targets
-from zoo.configuration import Config, apply_overrides
+from zoo.configuration import Config
+from zoo.overrides import apply_overrides
 from zoo.errors import ConfigError
 
 

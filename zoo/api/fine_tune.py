@@ -257,7 +257,7 @@ def assemble(theirs, base: str, config: str | None, overrides):
     model and tokenizer from `theirs`; task, data, optim and train from CONFIG (its task when it is one of the
     model's family, its LoRA adapters when it has some: LORA_FIELDS), else FINE_TUNE and `theirs`' data; every
     --set last."""
-    from zoo.configuration import apply_overrides, load_config_file
+    from zoo.overrides import apply_overrides, load_config_file
     ours = load_config_file(configs.find(config)) if config else theirs
     task = _task(theirs.task, overrides, ours.task if config else None)
     model = theirs.model

@@ -25,7 +25,8 @@ import dataclasses
 import os
 
 from zoo.api import configs, fine_tune
-from zoo.configuration import Config, apply_overrides, load_config_file
+from zoo.configuration import Config
+from zoo.overrides import apply_overrides, load_config_file
 from zoo.errors import ArgumentError, ConfigError
 
 

@@ -23,7 +23,8 @@ from typing import Any
 from zoo.api import configs, fine_tune
 from zoo.api.load import load as load_source
 from zoo.api.start import _base, _text, assignments, check_arguments, start
-from zoo.configuration import Config, apply_overrides
+from zoo.configuration import Config
+from zoo.overrides import apply_overrides
 
 
 @dataclasses.dataclass

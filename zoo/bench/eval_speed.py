@@ -53,7 +53,7 @@ class ZooScore:
         from jax import monitoring
         from zoo import hf, tasks
         from zoo.bench.model_report import apply_preset, compute_dtype, settings
-        from zoo.configuration import apply_overrides, load_config_file
+        from zoo.overrides import apply_overrides, load_config_file
         from zoo.eval import loglik
         from zoo.training import checkpoint
         self.jax, self.loglik = jax, loglik

@@ -44,7 +44,7 @@ class ZooGrpo:
         import jax
         import zoo
         from zoo.bench.model_report import frozen_base
-        from zoo.configuration import apply_overrides, load_config_file
+        from zoo.overrides import apply_overrides, load_config_file
         from zoo.tasks.base import Data
         from zoo.tasks.rl import PromptSet
         from zoo.training import trainer

@@ -32,7 +32,7 @@ class ZooTrain:
 
     def __init__(self, spec, devices=None):
         import jax
-        from zoo.configuration import apply_overrides, load_config_file
+        from zoo.overrides import apply_overrides, load_config_file
         from zoo.training import flops, freeze, trainer
         from zoo.training.prefetch import Prefetcher
         self.jax = jax
@@ -179,7 +179,7 @@ class ZooGenerate:
         import jax.numpy as jnp
         import flax.linen as nn
         from zoo import tasks
-        from zoo.configuration import apply_overrides, load_config_file
+        from zoo.overrides import apply_overrides, load_config_file
         from zoo.infer.sample import _generate
         from zoo.training import flops
         self.jax = jax
@@ -273,7 +273,7 @@ class ZooInput:
     def __init__(self, spec):
         from pydoc_data.topics import topics
         from zoo import tasks
-        from zoo.configuration import apply_overrides, load_config_file
+        from zoo.overrides import apply_overrides, load_config_file
         from zoo.data.tokenizers import get_tokenizer
         self.texts = [topics[k] for k in sorted(topics)]
         self.mb = sum(len(t.encode()) for t in self.texts) / 2**20

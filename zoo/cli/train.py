@@ -195,7 +195,8 @@ def settings(a) -> dict:
     import json
     import os
     from zoo.api import training
-    from zoo.configuration import apply_overrides, from_dict
+    from zoo.configuration import from_dict
+    from zoo.overrides import apply_overrides
     out = {"workdir": a.resume or a.workdir, "init_from": a.init_from, "step": a.step,
            "new_batch": a.new_batch}
     try:
