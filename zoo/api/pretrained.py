@@ -225,11 +225,16 @@ class Pretrained:
         """(model, params) that generation and scoring run, made on first use and kept; the same outputs as
         (model, params). scan True: the layers as one scan (zoo.infer.sample.scanned: one layer compiled instead of
         L); False: one layer after another (zoo.infer.sample.unscanned: faster decoding steps, longer compiles;
-        zoo-serve's engine)."""
+        zoo-serve's engine). On a CPU a decoder's kernels are kept transposed, [out, in], for decoding's few rows
+        (zoo.nn.decode_layout: a copy of the weights, the same outputs up to float rounding)."""
         key = "_decoding_" if scan else "_decoding_looped_"
         if key not in self.__dict__:
             from zoo.infer.sample import scanned, unscanned
-            self.__dict__[key] = (scanned if scan else unscanned)(self.model, self.params)
+            from zoo.nn import decode_layout
+            model, params = (scanned if scan else unscanned)(self.model, self.params)
+            if self.config.model.family == "gpt":  # on a CPU, the kernels as [out, in] (zoo.nn.decode_layout)
+                params = decode_layout.transposed(model, params)
+            self.__dict__[key] = (model, params)
         return self.__dict__[key]
 
     def _task(self):

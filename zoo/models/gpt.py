@@ -330,7 +330,7 @@ class Gpt(nn.Module):
             return x_BTD
         head = wte if cfg.tie_embeddings else layers.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
                                                            param_dtype=param_dtype, name="lm_head")
-        return layers.softcap(head.attend(x_BTD), cfg.final_softcap)
+        return layers.softcap(head.attend(x_BTD, decode=decode), cfg.final_softcap)
 
     def _value_embed_kw(self, ids_BT) -> list:
         """Each layer's block keywords: {value_embed_BTKH} for the first and last E layers (table j: layers j and

@@ -1,0 +1,58 @@
+"""zoo.nn.decode_layout: a decoder's kernels stored [out, in] for decoding on a CPU give the logits of the plain
+params (float rounding), looped and scanned; adapted kernels are left alone; off the CPU the params
+come back as they are."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from zoo.infer.sample import scanned, unscanned
+from zoo.models import PRESETS
+from zoo.models.gpt import Gpt
+from zoo.nn import decode_layout, layers
+
+
+def names(params) -> set:
+    return {jax.tree_util.keystr(p).split("'")[-2] for p, _ in jax.tree_util.tree_leaves_with_path(params)}
+
+
+@pytest.mark.parametrize("preset", ["gpt_tiny", "llama_tiny"])
+@pytest.mark.parametrize("scan", [False, True])
+def test_transposed_kernels_give_the_same_logits_looped_and_scanned(preset, scan):
+    model = Gpt(PRESETS[preset])
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    params = nn.unbox(params)
+    model, params = (scanned if scan else unscanned)(model, params)
+    moved = decode_layout.transposed(model, params, platform="cpu")
+    assert "kernel_t" in names(moved) and "kernel" not in names(moved)  # every projection, attention and MLP
+    assert "kernel" in names(params)  # a copy: the plain params stay as they were
+    for rows in (1, 8, 80):  # one row; a decoding batch ([out, rows] product); a prompt (the plain product)
+        ids = jnp.asarray(np.random.default_rng(rows).integers(0, 200, (rows, 1 if rows < 80 else 3)), jnp.int32)
+        want = model.apply({"params": params}, ids)
+        got = model.apply({"params": moved}, ids)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
+
+
+def test_adapted_kernels_and_other_backends_are_left_as_they_are():
+    model = Gpt(PRESETS["gpt_tiny"])
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    params = nn.unbox(params)
+    query = params["h_0"]["attn"]["query"]
+    query["lora_a"] = jnp.zeros((query["kernel"].shape[0], 2))  # an adapter beside the kernel: LoRA reads both
+    moved = decode_layout.transposed(model, params, platform="cpu")
+    assert set(moved["h_0"]["attn"]["query"]) == {"kernel", "lora_a"} | ({"bias"} & set(query))
+    assert "kernel_t" in moved["h_0"]["attn"]["key"]
+    assert decode_layout.transposed(model, params, platform="gpu") is params  # their matrix units take either
+    assert decode_layout.transposed(model, params, platform="tpu") is params
+
+
+def test_dense_t_equals_dense_for_every_simple_einsum():
+    rng = np.random.default_rng(0)
+    for eqn, x_shape, w_shape in (("BTD,DF->BTF", (2, 4, 6), (6, 10)), ("BTD,DNH->BTNH", (3, 1, 6), (6, 2, 5)),
+                                  ("BTNH,NHD->BTD", (40, 2, 2, 5), (2, 5, 6))):
+        x, w = jnp.asarray(rng.normal(size=x_shape), jnp.float32), jnp.asarray(rng.normal(size=w_shape), jnp.float32)
+        n_in = sum(c in eqn.split(",")[0] and c not in eqn.split("->")[1] for c in eqn.split(",")[1].split("->")[0])
+        w_t = w.reshape(int(np.prod(w_shape[:n_in])), -1).T
+        np.testing.assert_allclose(layers.dense_t(eqn, x, w_t, w_shape), jnp.einsum(eqn, x, w), atol=1e-5)
