@@ -56,3 +56,14 @@ def test_dense_t_equals_dense_for_every_simple_einsum():
         n_in = sum(c in eqn.split(",")[0] and c not in eqn.split("->")[1] for c in eqn.split(",")[1].split("->")[0])
         w_t = w.reshape(int(np.prod(w_shape[:n_in])), -1).T
         np.testing.assert_allclose(layers.dense_t(eqn, x, w_t, w_shape), jnp.einsum(eqn, x, w), atol=1e-5)
+
+
+def test_the_environment_may_keep_the_kernels_plain_and_a_wrong_value_is_named(monkeypatch):
+    from zoo.errors import ConfigError
+    model = Gpt(PRESETS["gpt_tiny"])
+    params = nn.unbox(model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"])
+    monkeypatch.setenv("ZOO_KERNEL_LAYOUT", "plain")
+    assert decode_layout.transposed(model, params, platform="cpu") is params
+    monkeypatch.setenv("ZOO_KERNEL_LAYOUT", "columns")
+    with pytest.raises(ConfigError, match="ZOO_KERNEL_LAYOUT='columns' is unknown; choose one of out_in, plain"):
+        decode_layout.transposed(model, params, platform="cpu")

@@ -8,7 +8,8 @@ concurrent clients: requests and tokens per second and the time to first token (
 before every prompt, as a chat server's system prompt: what zoo-serve's prefix sharing saves shows in the time to
 first token beside `zoo-serve-no-prefix-cache` (the same server with --no-prefix-cache); `zoo-serve-scan-layers` is
 the same server decoding with its layers as one scan (--scan-layers), `zoo-serve-prefill-rows-1` the same server
-prefilling each prompt alone (--prefill-rows 1). `--servers` names the
+prefilling each prompt alone (--prefill-rows 1), `zoo-serve-plain-kernels` the same server with
+its kernels as they are rather than [out, in] (ZOO_KERNEL_LAYOUT=plain, zoo.nn.decode_layout). `--servers` names the
 servers measured, in order (default: zoo-serve,transformers); the table's last column is the first's tokens/s over
 the second's.
 
@@ -35,7 +36,7 @@ import threading
 import time
 
 SERVERS = ("zoo-serve", "zoo-serve-no-prefix-cache", "zoo-serve-scan-layers", "zoo-serve-prefill-rows-1",
-           "transformers", "vllm")
+           "zoo-serve-plain-kernels", "transformers", "vllm")
 PROMPTS_FROM = ("for", "while", "if", "try", "with", "function", "class", "return", "import", "assert")
 
 
@@ -179,10 +180,12 @@ uvicorn.run(app, host="127.0.0.1", port={port}, log_level="warning")
 '''
 
 
-def start_zoo(source: str, port: int, slots: int, max_len: int = 256, *flags: str) -> subprocess.Popen:
+def start_zoo(source: str, port: int, slots: int, max_len: int = 256, *flags: str, env: dict | None = None
+              ) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "zoo.cli.serve", source, "--port", str(port), "--slots", str(slots),
                              "--max-len", str(max_len), "--max-queue", "256", "--model-id", "m", *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # "m": what requests send
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,  # "m": what requests send
+                            env={**os.environ, **(env or {})})
 
 
 LOG = os.path.join(tempfile.gettempdir(), "zoo-bench-vllm.log")  # vLLM logs steadily: a pipe nobody reads would fill
@@ -237,6 +240,8 @@ def main(argv=None) -> int:
         starts = {"zoo-serve": lambda p: start_zoo(a.source, p, a.slots, max_len),
                   "zoo-serve-no-prefix-cache": lambda p: start_zoo(a.source, p, a.slots, max_len, "--no-prefix-cache"),
                   "zoo-serve-scan-layers": lambda p: start_zoo(a.source, p, a.slots, max_len, "--scan-layers"),
+                  "zoo-serve-plain-kernels": lambda p: start_zoo(a.source, p, a.slots, max_len,
+                                                                 env={"ZOO_KERNEL_LAYOUT": "plain"}),
                   "zoo-serve-prefill-rows-1": lambda p: start_zoo(a.source, p, a.slots, max_len, "--prefill-rows",
                                                                   "1"),
                   "transformers": lambda p: start_peer(hf_dir, p),

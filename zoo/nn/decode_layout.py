@@ -5,18 +5,24 @@ same up to float rounding; the params are a copy (zoo.api.pretrained's `decoding
 
 Only where it pays and nothing else reads the kernel: on the CPU backend, for Einsums whose einsum is one 2-D
 product (`layers.simple`), not adapted (LoRA's lora_a/lora_b beside the kernel) and not quantized (qkernel). Other
-backends' matrix units take either layout: their params come back as they are.
+backends' matrix units take either layout: their params come back as they are. `ZOO_KERNEL_LAYOUT=plain` in the
+environment keeps the kernels as they are on the CPU too (what `python -m zoo.bench.serve --servers
+zoo-serve,zoo-serve-plain-kernels` measures the layout against).
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from zoo.nn.layers import Einsum, simple, split_eqn
+
+
+LAYOUTS = ("out_in", "plain")  # ZOO_KERNEL_LAYOUT: kernels as kernel_t [out, in] on a CPU (the default), or as they are
 
 
 def _einsums(model, params, ids_BT) -> dict:
@@ -38,7 +44,11 @@ def transposed(model, params, *, platform: str | None = None):
     """`params` with each plain Einsum kernel as `kernel_t` [.., out, in] (a scanned stack keeps its layer axis
     first); as they are off the CPU. The model reads either (zoo.nn.layers.Einsum)."""
     platform = platform or jax.default_backend()
-    if platform != "cpu":
+    layout = os.environ.get("ZOO_KERNEL_LAYOUT", "out_in")
+    if layout not in LAYOUTS:
+        from zoo.errors import ConfigError
+        raise ConfigError(f"ZOO_KERNEL_LAYOUT={layout!r} is unknown; choose one of {', '.join(LAYOUTS)}")
+    if platform != "cpu" or layout == "plain":
         return params
     out = jax.tree.map(lambda x: x, params)  # a new tree of dicts, the same leaves
     for path, (eqn, shape) in _einsums(model, params, jnp.zeros((1, 2), jnp.int32)).items():
