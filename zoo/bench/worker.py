@@ -192,6 +192,9 @@ class ZooGenerate:
         task = tasks.build(cfg)
         self.model = task.model
         self.params = jax.jit(lambda r: nn.unbox(task.init(r)))(jax.random.PRNGKey(0))
+        if cfg.model.family == "gpt":  # as zoo.load(...).generate decodes: on a CPU, kernels [out, in] (decode_layout)
+            from zoo.nn import decode_layout
+            self.params = decode_layout.transposed(self.model, self.params)
         B, P, self.new = spec["batch"], spec["prompt"], spec["new"]
         self.prompt = jax.random.randint(jax.random.PRNGKey(1), (B, P), 0, cfg.model.vocab_size)
         kw = dict(model=self.model, temperature=0.0, top_k=0, top_p=1.0, vocab_limit=cfg.model.vocab_size, eos_id=None)
