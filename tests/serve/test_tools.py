@@ -93,6 +93,20 @@ def test_the_format_is_chosen_by_the_template():
     assert [tool_calls.format_of(t) for t in (HERMES, LLAMA3, chat.DEFAULT_TEMPLATE)] == ["hermes", "llama3", None]
 
 
+def test_legacy_functions_and_function_call_map_onto_tools():
+    f = TOOLS[0]["function"]
+    assert tools.of({"functions": [f], "function_call": {"name": "weather"}}, "hermes") == tools.Tools(
+        [{"type": "function", "function": f}], "weather", True, "hermes")
+    assert tools.of({"functions": [f], "function_call": "none", "parallel_tool_calls": False}, None) == tools.Tools(
+        [{"type": "function", "function": f}], "none", False, None)
+    assert tools.of({"tools": TOOLS}, "llama3").choice == "auto" and tools.of({"tools": [], "tool_choice": "none"},
+                                                                              "hermes") is None
+    legacy = tools.conversation(ASK + [{"role": "assistant", "content": None, "function_call": {
+        "name": "weather", "arguments": '{"city": "Paris", "days": 2}'}}, {"role": "function", "name": "weather",
+                                                                           "content": "sunny"}])
+    assert legacy[1]["tool_calls"] == [{"type": "function", "function": PARIS}] and legacy[2]["role"] == "tool"
+
+
 def loop_conversation() -> tuple[list[dict], list[dict]]:
     """A tool loop as OpenAI's client sends it (arguments a JSON text) and as transformers' templates take it
     (arguments a dict)."""
@@ -235,6 +249,7 @@ def test_bad_tool_requests_are_one_line_in_openais_shape(engine, tmp_path):
     _, http = serving(engine, tmp_path / "plain", None)  # zoo's default template: no tools
     r = http.post("/v1/chat/completions", json={"messages": ASK, "tools": TOOLS})
     assert r.status_code == 400 and "chat template renders no tool calls" in r.json()["error"]["message"]
-    r = http.post("/v1/chat/completions", json={"messages": ASK, "tools": TOOLS, "tool_choice": "none",
+    long = [{"role": "user", "content": "Weather? " * 70}]  # in the prefill program the other tests compiled
+    r = http.post("/v1/chat/completions", json={"messages": long, "tools": TOOLS, "tool_choice": "none",
                                                 "max_tokens": 2})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
