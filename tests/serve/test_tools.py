@@ -93,6 +93,36 @@ def test_the_format_is_chosen_by_the_template():
     assert [tool_calls.format_of(t) for t in (HERMES, LLAMA3, chat.DEFAULT_TEMPLATE)] == ["hermes", "llama3", None]
 
 
+def accepts(g, text: str) -> bool:
+    """Whether grammar `g` takes `text` whole (byte tokens) and may end there."""
+    from zoo.data.tokenizers import get_tokenizer
+    m = g.matcher()
+    for t in get_tokenizer("bytes").encode(text):
+        if not m.m.consume_token(t):
+            return False
+    return m.m.is_accepting()
+
+
+def test_the_grammar_of_required_calls_takes_valid_calls_only():
+    from zoo.data.tokenizers import get_tokenizer
+    from zoo.infer import grammar
+    tok = get_tokenizer("bytes")
+    compiled = {(fmt, choice, parallel): grammar.compile_lark(tok, (tok.eot_token,), tools.Tools(
+        TOOLS, choice, parallel, fmt).grammar()) for fmt, choice, parallel in [
+        ("hermes", "required", True), ("hermes", "required", False), ("hermes", "weather", True),
+        ("llama3", "required", True)]}
+    now = '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
+    two = f"<tool_call>\n{CALL}\n</tool_call>\n{now}"
+    assert accepts(compiled["hermes", "required", True], two) and accepts(compiled["hermes", "required", True], now)
+    assert not accepts(compiled["hermes", "required", False], two)  # parallel_tool_calls false: one call
+    assert not accepts(compiled["hermes", "weather", True], now)  # the named function only
+    assert not accepts(compiled["hermes", "required", True], f"<tool_call>\n{CALL[:-3]}9}}}}\n</tool_call>")  # days 9
+    assert not accepts(compiled["hermes", "required", True], "Sure.")
+    llama = '{"name": "weather", "parameters": {"city": "Oslo", "days": 7}}'
+    assert accepts(compiled["llama3", "required", True], llama)
+    assert not accepts(compiled["llama3", "required", True], '{"name": "weather", "arguments": {}}')
+
+
 def test_legacy_functions_and_function_call_map_onto_tools():
     f = TOOLS[0]["function"]
     assert tools.of({"functions": [f], "function_call": {"name": "weather"}}, "hermes") == tools.Tools(
