@@ -224,11 +224,13 @@ HOSTILE = [  # (what, path, body: a dict, raw bytes or an iterator of bytes (sen
     ("a schema the grammar compiler refuses", COMPLETIONS, {"prompt": "x", "response_format": {
         "type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "nope"}}}}, 400,
      "the JSON schema is refused by the grammar compiler: Invalid type: nope", "response_format", None),
+    ("tools for a template without them", CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+     "chat template renders no tool calls", "tools", None),  # tests/serve/test_tools.py: templates with tools
     ("an unknown route", "/v1/rerank", {"input": "x"}, 404, "Invalid URL (POST /v1/rerank)", None, None),
     *[(f"'{name}', not implemented", path, {**base, name: value}, 400, f"'{name}' is not implemented", name,
        "unsupported_parameter")
-      for name, value, path, base in [("tools", [{"type": "function", "function": {"name": "f"}}], CHAT, {}),
-                                      ("tool_choice", "auto", CHAT, {}), ("functions", [{"name": "f"}], CHAT, {}),
+      for name, value, path, base in [("tools", [{"type": "function", "function": {"name": "f"}}], COMPLETIONS,
+                                       {"prompt": "x"}), ("functions", [{"name": "f"}], COMPLETIONS, {"prompt": "x"}),
                                       ("logprobs", True, CHAT, {}), ("best_of", 3, COMPLETIONS, {"prompt": "x"}),
                                       ("suffix", " end", COMPLETIONS, {"prompt": "x"})]],
 ]

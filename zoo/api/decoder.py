@@ -143,15 +143,16 @@ def shaped(texts: list[str], single: bool, n: int):
     return per[0] if single else per
 
 
-def prompt_tokens(lm, texts: list[str] | None = None, conversations: list[list[dict]] | None = None):
+def prompt_tokens(lm, texts: list[str] | None = None, conversations: list[list[dict]] | None = None,
+                  tools: list | None = None):
     """The token ids of plain prompts as transformers' `tokenizer(text)` gives them (with the checkpoint's BOS where
     its tokenizer adds one: zoo.data.tokenizers.encode_text), or of conversations rendered for the assistant's turn
-    (the run's chat template, zoo.infer.chat; the template writes any BOS itself)."""
+    (the run's chat template, zoo.infer.chat, with `tools` where given; the template writes any BOS itself)."""
     if conversations is None:
         from zoo.data.tokenizers import encode_text
         return [encode_text(lm.tokenizer, t) for t in texts]
     from zoo.infer.chat import prompt_ids
-    return [prompt_ids(lm.tokenizer, lm.config.data.tokenizer, c, lm.run_dir) for c in conversations]
+    return [prompt_ids(lm.tokenizer, lm.config.data.tokenizer, c, lm.run_dir, tools) for c in conversations]
 
 
 def generate(lm, prompts, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,

@@ -15,18 +15,22 @@ from zoo.data import chat
 
 
 def render(tokenizer_name: str, messages: list[dict], run_dir: str | None = None, *, tokenizer=None,
-           add_generation_prompt: bool = True) -> str:
+           add_generation_prompt: bool = True, tools: list | None = None) -> str:
     """`messages` ([{"role": "user", "content": ...}]) as the run's chat template writes them: ready for the
     assistant's turn, or with `add_generation_prompt=False` as they stand (a finished conversation, e.g.
     fine-tuning data), as transformers' apply_chat_template does. `tokenizer_name` is the run's
-    cfg.data.tokenizer (`tokenizer`, if given, is it loaded); the template sees every special token."""
+    cfg.data.tokenizer (`tokenizer`, if given, is it loaded); the template sees every special token, and `tools`
+    (OpenAI's tool objects, as transformers' apply_chat_template passes them) where given."""
     if tokenizer is None:
         from zoo.data.tokenizers import get_tokenizer
         tokenizer = get_tokenizer(tokenizer_name)
+    variables = {**chat.specials(tokenizer, tokenizer_name), **({"tools": tools} if tools else {})}
     return chat.render(chat.template_for(tokenizer_name, run_dir), messages, add_generation_prompt=add_generation_prompt,
-                       variables=chat.specials(tokenizer, tokenizer_name))
+                       variables=variables)
 
 
-def prompt_ids(tokenizer, tokenizer_name: str, messages: list[dict], run_dir: str | None = None) -> list[int]:
+def prompt_ids(tokenizer, tokenizer_name: str, messages: list[dict], run_dir: str | None = None,
+               tools: list | None = None) -> list[int]:
     """The token ids of `render(...)`: the prompt the model answers."""
-    return tokenizer.encode_with_offsets(render(tokenizer_name, messages, run_dir, tokenizer=tokenizer))[0]
+    return tokenizer.encode_with_offsets(render(tokenizer_name, messages, run_dir, tokenizer=tokenizer,
+                                                tools=tools))[0]

@@ -102,6 +102,30 @@ def compile_schema(tokenizer, eos: tuple[int, ...], schema) -> "Grammar":
     return Grammar(tok, text, schema)
 
 
+def schema_problem(schema) -> str | None:
+    """Why the grammar compiler refuses a JSON schema (e.g. 'Invalid type: nope'), or None: no tokenizer needed."""
+    llg = _import()
+    if not isinstance(schema, (dict, bool)):
+        return f"a JSON schema is an object; got {json.dumps(schema)[:80]}"
+    problem = llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_json_schema(schema), None)
+    return problem if problem and not problem.startswith("WARNING") else None
+
+
+def compile_lark(tokenizer, eos: tuple[int, ...], lark: str) -> "Grammar":
+    """The grammar of a Lark text in llguidance's dialect (%json {schema} embeds a JSON schema; zoo.infer.tool_calls
+    writes them); one the compiler refuses raises SchemaError."""
+    llg = _import()
+    tok = ll_tokenizer(tokenizer, eos)
+    try:
+        text = llg.LLMatcher.grammar_from_lark(lark)
+    except ValueError as e:
+        raise SchemaError(f"the grammar is refused by its compiler: {e}") from None
+    problem = llg.LLMatcher.validate_grammar(text, tok)
+    if problem and not problem.startswith("WARNING"):
+        raise SchemaError(f"the grammar is refused by its compiler: {problem}")
+    return Grammar(tok, text, None)
+
+
 class Grammar:
     """A compiled schema: `matcher()` gives each sequence its own state."""
 

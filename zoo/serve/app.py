@@ -5,7 +5,9 @@ one engine (zoo.engine.batching) and stream or gather what comes back; nothing h
     GET  /v1/models              the one model served
     POST /v1/chat/completions    messages (rendered with the checkpoint's chat template), max_tokens (or
                                  max_completion_tokens), temperature (default 1), top_p, top_k, seed, stop, n, stream,
-                                 response_format (json_object, json_schema: zoo.infer.grammar's token mask)
+                                 response_format (json_object, json_schema: zoo.infer.grammar's token mask),
+                                 tools, tool_choice, parallel_tool_calls (and the legacy functions, function_call):
+                                 zoo.serve.tools
     POST /v1/completions         prompt (a string or a list of them), the same settings, logprobs (k: each token's
                                  log-probability and the k likeliest at its position; with echo the prompt's tokens
                                  scored too, as zoo-eval scores them) and echo
@@ -43,60 +45,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from zoo.errors import ZooError
-from zoo.serve import operations
+from zoo.serve import operations, tools
+from zoo.serve.choices import Choice
 from zoo.serve.metrics import Metrics
 from zoo.serve.request_checks import (CHAT_NOT_IMPLEMENTED, COMPLETION_NOT_IMPLEMENTED, INLINE, ApiError, _field,
                                       parse_json, refuse_not_implemented, response_schema, sampling, without_paths)
-
-class Choice:
-    """One completion: the ids the engine hands out, the text so far (cut at a stop string) and how it ended."""
-
-    def __init__(self, tokenizer, stops: list[str], loop, queue: asyncio.Queue):
-        self.tok, self.stops, self.loop, self.queue = tokenizer, stops, loop, queue
-        self.ids: list[int] = []
-        self.text, self.sent, self.finish, self.gone = "", 0, None, False
-        self._done, self._prefix, self._read = "", 0, 0  # the final text of ids[:_read]; ids[_prefix:_read] its tail
-
-    def decoded(self) -> str:
-        """The text of self.ids, decoding only the newest ids beside the few before them (the incremental
-        detokenizer of vLLM and transformers' TextStreamer: ids[_prefix:_read] are context, whose own text is cut
-        off the front), so a completion of n tokens costs O(n) decoding, not O(n^2). A half-decoded character
-        (a trailing U+FFFD) stays pending until its next token comes."""
-        base = self.tok.decode(self.ids[self._prefix:self._read])
-        full = self.tok.decode(self.ids[self._prefix:])
-        if not full.startswith(base):  # a tokenizer whose text of a tail is no suffix of the whole: decode it all
-            return self.tok.decode(self.ids)
-        if full.endswith("\ufffd"):
-            return self._done + full[len(base):]
-        self._done += full[len(base):]
-        self._prefix, self._read = self._read, len(self.ids)
-        return self._done
-
-    def emit(self, ids: list[int], finish: str | None) -> bool:
-        """Engine thread: new ids (and the finish reason at the end); True when a stop string ended it early."""
-        self.ids += ids
-        text = self.decoded()
-        ends = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        if finish is not None or ends:  # the answer's text is the whole decode, whatever the increments gave
-            text = self.tok.decode(self.ids)
-            ends = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        stopped = bool(ends)
-        if stopped:
-            text, finish = text[:min(ends)], "stop"
-        self.text = text
-        if finish is not None:
-            self.finish = finish
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, self)
-        return stopped
-
-    def pending(self) -> str:
-        """The text not sent yet, less what could still become a stop string or a half-decoded character."""
-        end = len(self.text)
-        if self.finish is None:
-            hold = max((len(s) - 1 for s in self.stops), default=0)
-            end = max(self.sent, len(self.text.rstrip("\ufffd")) - hold)
-        piece, self.sent = self.text[self.sent:end], max(self.sent, end)
-        return piece
 
 
 def create_app(engine, *, model_id: str, api_key: str | None = None, max_request_bytes: int = 8 << 20,
@@ -110,6 +63,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
     app = FastAPI(title="zoo-serve", docs_url=None, redoc_url=None)
     lm = engine.lm if engine is not None else lm
     tok = lm.tokenizer
+    tool_format = tools.template_format(lm) if engine is not None else None  # hermes, llama3 or None
     one_at_a_time = asyncio.Lock()  # an encoder's embeddings, without an engine to take turns on
     metrics, app.state.drain = Metrics(engine), operations.Drain()
 
@@ -193,17 +147,22 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                                 f"{max_tokens}", param="max_tokens")
         return max_tokens
 
-    async def grammar_of(body: dict):
-        """response_format's schema compiled (zoo.infer.grammar, in a worker thread: a large vocabulary's first
-        compile takes a second), or None; a schema the compiler refuses is a 400 naming the problem."""
+    async def grammar_of(body: dict, calls: tools.Tools | None = None):
+        """response_format's schema, or the grammar of the tool calls tool_choice requires, compiled
+        (zoo.infer.grammar, in a worker thread: a large vocabulary's first compile takes a second), or None; a
+        schema the compiler refuses is a 400 naming the problem."""
         from zoo.infer import grammar
-        schema = response_schema(body)
-        if schema is None:
+        schema, lark = response_schema(body), calls.grammar() if calls is not None else None
+        if lark is not None and schema is not None:
+            raise ApiError(400, "'response_format' and a tool_choice that requires a call both constrain the answer; "
+                                "send one of them", param="response_format")
+        if schema is None and lark is None:
             return None
+        compiling = (grammar.compile_schema, schema) if lark is None else (grammar.compile_lark, lark)
         try:
-            return await asyncio.to_thread(grammar.compile_schema, tok, tuple(int(e) for e in engine.eos), schema)
+            return await asyncio.to_thread(compiling[0], tok, tuple(int(e) for e in engine.eos), compiling[1])
         except grammar.SchemaError as e:
-            raise ApiError(400, str(e), param="response_format") from None
+            raise ApiError(400, str(e), param="response_format" if lark is None else "tools") from None
 
     def start(prompts: list[list[int]], s: dict, default_max: int, guide=None) -> tuple[list[Choice], asyncio.Queue,
                                                                                           list]:
@@ -245,8 +204,9 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
         c = sum(len(x.ids) for x in choices)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    def stream(kind: str, rid: str, prompts, choices: list[Choice], queue, n: int, request: Request):
+    def stream(kind: str, rid: str, prompts, choices: list[Choice], queue, n: int, request: Request, calls=None):
         created = int(time.time())
+        deltas = [tools.Deltas(calls) for _ in choices]  # a chat's tool calls held back until they parse
 
         def chunk(index: int, piece: dict, finish=None, extra=None):
             if kind == "chat.completion.chunk":
@@ -266,27 +226,29 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                 while len(told) < len(choices):
                     c = await queue.get()
                     i = choices.index(c)
-                    piece = c.pending()
-                    if piece:
-                        yield chunk(i, {"content": piece})
+                    for delta in deltas[i].feed(c.pending(), c.finish is not None):
+                        yield chunk(i, delta)
                     if c.finish and i not in told:
                         told.add(i)
                         last = len(told) == len(choices)
-                        yield chunk(i, {}, c.finish, {"usage": usage(prompts, choices, n)} if last else None)
+                        yield chunk(i, {}, deltas[i].finish(c.finish),
+                                    {"usage": usage(prompts, choices, n)} if last else None)
                 yield "data: [DONE]\n\n"
             finally:  # a client gone mid-stream: its rows are freed at the next chunk
                 for c in choices:
                     c.gone = c.finish is None
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    def render(messages: list) -> list[list[int]]:
-        """The conversation's prompt ids (a worker thread's job); a template that fails is a 400 naming no path."""
+    def render(messages: list, calls: tools.Tools | None) -> list[list[int]]:
+        """The conversation's prompt ids (a worker thread's job), with its tools; a template that fails is a 400
+        naming no path."""
         try:
-            convs, _ = decoder.conversations_of(messages, None)
+            plain = calls is None and not tools.mentions_tools(messages)
+            convs = decoder.conversations_of(messages, None)[0] if plain else [tools.conversation(messages)]
         except ZooError as e:
             raise ApiError(400, str(e), param="messages") from None
         try:
-            return decoder.prompt_tokens(lm, conversations=convs)
+            return decoder.prompt_tokens(lm, conversations=convs, tools=calls.tools if calls else None)
         except ZooError as e:
             raise ApiError(400, without_paths(str(e)), param="messages") from None
 
@@ -298,17 +260,18 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "'messages' must be a non-empty list of {role, content} messages", param="messages")
-        guide = await grammar_of(body)
-        prompts = await asyncio.to_thread(render, list(messages))
+        calls = tools.of(body, tool_format)
+        guide = await grammar_of(body, calls)
+        prompts = await asyncio.to_thread(render, list(messages), calls)
         choices, queue, _ = start(prompts, s, 256, guide)
         rid = "chatcmpl-" + operations.request_id()
         if s["stream"]:
-            return stream("chat.completion.chunk", rid, prompts, choices, queue, s["n"], request)
+            return stream("chat.completion.chunk", rid, prompts, choices, queue, s["n"], request, calls)
         await gather(choices, queue)
+        answers = [tools.message(c.text, c.finish, calls) for c in choices]
         return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model_id,
-                "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
-                             "finish_reason": c.finish, "logprobs": None} for i, c in enumerate(choices)],
-                "usage": usage(prompts, choices, s["n"])}
+                "choices": [{"index": i, "message": m, "finish_reason": f, "logprobs": None}
+                            for i, (m, f) in enumerate(answers)], "usage": usage(prompts, choices, s["n"])}
 
     def encode(texts: list[str]) -> list[list[int]]:  # a worker thread's job
         prompts = decoder.prompt_tokens(lm, texts)  # as transformers tokenizes them (the checkpoint's BOS first)

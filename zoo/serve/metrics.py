@@ -69,7 +69,7 @@ class Metrics:
         return generate_latest(self.registry)
 
     def watch(self, choice) -> Callable:
-        """`choice.emit` (zoo.serve.app.Choice: the engine's `emit(ids, finish)`) that also counts its tokens and
+        """`choice.emit` (zoo.serve.choices.Choice: the engine's `emit(ids, finish)`) that also counts its tokens and
         times its first one and the rest, on the engine's thread."""
         submitted, first = time.perf_counter(), None
 

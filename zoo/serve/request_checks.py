@@ -13,10 +13,10 @@ INLINE = 64 << 10  # bytes of body or prompt text handled on the event loop; mor
 MAX_DEPTH = 32  # how deeply a request's JSON may nest (OpenAI's own requests nest a few levels)
 # OpenAI's fields that zoo does not implement, each with the values that ask for nothing (some clients send them as
 # defaults); any other value is refused, naming the field, rather than silently ignored.
-NOT_IMPLEMENTED = {"tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-                   "function_call": (None, "none"), "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0)}
+NOT_IMPLEMENTED = {"logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0)}
 CHAT_NOT_IMPLEMENTED = {**NOT_IMPLEMENTED, "logprobs": (None, False), "top_logprobs": (None, 0)}
-COMPLETION_NOT_IMPLEMENTED = {**NOT_IMPLEMENTED, "suffix": (None, "")}
+COMPLETION_NOT_IMPLEMENTED = {**NOT_IMPLEMENTED, "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
+                              "functions": (None, []), "function_call": (None, "none")}  # a chat's (zoo.serve.tools)
 _PATH = re.compile(r"(?<![\w.~])/(?:[^\s/'\"()]+/)+([^\s/'\"()]+)")  # an absolute path; group 1 its last part
 
 
