@@ -71,6 +71,10 @@ class DataConfig:
     # instead of a split of data.source (which then trains whole), and at each evaluation their last answers
     # generated greedily and scored as zoo-eval --task generate scores them (eval_answer_exact_match, _contains)
     eval_source: str = ""
+    # sft: conversations trained beside data.source's and never held out (any source zoo reads, the same columns),
+    # so a fine-tune on a few chats keeps answering other questions as its base did; "zoo_general": the general
+    # questions with plain answers zoo ships (zoo.data.zoo_commands.GENERAL); "": data.source alone
+    mix_source: str = ""
 
     def __post_init__(self):
         _check(self.seq_len > 0, f"data.seq_len={self.seq_len} must be positive")

@@ -1,5 +1,5 @@
 """A new user's first hour, round three: a fine-tune sized in epochs (steps from the data's rows, said before
-training, and the time left after the first steps), a given train.steps kept, zoo-sample --system, and
+training, and the time left from the first step), a given train.steps kept, zoo-sample --system, and
 zoo-convert refusing a non-empty output directory before anything loads."""
 
 import math
@@ -22,7 +22,7 @@ def test_epochs_set_the_steps_from_the_data_and_the_time_left_is_said(finished_g
     line = next(x for x in out.splitlines() if x.startswith("train.epochs=0.05: "))
     steps, rows = int(line.split()[1]), int(line.split(" over ")[1].split()[0])
     assert steps == math.ceil(0.05 * rows / 8) > 2 and runs.load_config(str(tmp_path / "ft")).train.steps == steps
-    assert " s a step: about " in out and f"for the {steps - 2} steps left" in out
+    assert " s a step: about " in out and f"for the {steps - 1} steps left" in out
 
 
 def test_fine_tuning_defaults_are_epochs_unless_steps_are_given(finished_gpt, tmp_path):

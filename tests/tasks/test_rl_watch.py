@@ -119,7 +119,8 @@ def test_the_checkpoint_that_sampled_the_best_reward_survives_rotation_and_is_na
                                                         eval_every=0))
     work = tmp_path / "run"
     run(cfg, work, devices=jax.devices()[:1])
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "for the 2 steps left" in out  # a rollout's step 1 compiles the sampler too: timed from step 2
     # step 2's rollout (reward 3) was sampled by checkpoint 1's params: kept though keep=1 rotated 2 and 3 out
     assert 1 in checkpoint.all_steps(str(work)) and 4 in checkpoint.all_steps(str(work))
     assert not {2, 3} & set(checkpoint.all_steps(str(work))) - {checkpoint.last_good(str(work))}

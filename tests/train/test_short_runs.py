@@ -1,8 +1,9 @@
 """A small set's fine-tune is long enough to teach (issue #54): epochs of a packed set make at least
 sizing.MIN_UPDATES updates, never more than the same epochs unpacked; a run without packing (every pretraining
-config) keeps its steps; a short run logs as it goes and says the time left from its second step; the first step
-says what compiled and what it cost; a fine-tune too short or too hot is told so in one line naming the settings."""
+config) keeps its steps; a short run logs as it goes and says the time left from its first step (its compile
+apart; a rollout's from the second); the first step says what compiled and what it cost; a fine-tune too short or too hot is told so in one line naming the settings."""
 
+import dataclasses
 import json
 import math
 import re
@@ -65,9 +66,17 @@ def test_a_fine_tune_too_short_or_too_hot_is_told_which_settings_to_change():
     memorise = sizing.size_warning(fine_tune(steps=100), 15)  # 800 rows drawn from 15: 53 times each
     assert "each of the 15 training rows is drawn about 53 times" in memorise and "train.epochs" in memorise
     assert sizing.size_warning(Config(train=TrainConfig(steps=6)), 15) is None  # a run from scratch: nothing said
+    # a hot chat fine-tune is told how to keep the base's general answers; a short one, or one mixing, is not
+    chat = lambda cfg, **d: dataclasses.replace(cfg, task="sft", data=dataclasses.replace(cfg.data, **d))  # noqa: E731
+    hot = sizing.size_warning(chat(fine_tune(steps=100)), 15)
+    assert hot.startswith(memorise) and hot.endswith("; a hot chat fine-tune moves the base's general answers too: "
+                                                     "data.mix_source=zoo_general (or general chats of your own) "
+                                                     "trains them beside yours")
+    assert sizing.size_warning(chat(fine_tune(steps=100), mix_source="zoo_general"), 15) == memorise
+    assert sizing.size_warning(chat(fine_tune(steps=6)), 15) == short
 
 
-def test_the_first_step_says_what_compiled_and_the_time_left_comes_at_the_second(tiny_cfg, tmp_path, capsys):
+def test_the_first_step_says_what_compiled_and_the_time_left_at_once(tiny_cfg, tmp_path, capsys):
     cfg = replace(tiny_cfg, train=dict(steps=6, log_every=10, eval_every=0, save_every=6))
     trainer.train(cfg, str(tmp_path), quiet=False)
     out = capsys.readouterr().out.splitlines()
@@ -79,7 +88,8 @@ def test_the_first_step_says_what_compiled_and_the_time_left_comes_at_the_second
                      out[at["compiled the train step in"]])
     assert m and abs(float(m[1]) - float(m[2]) - float(m[3])) <= 0.11
     left, = [x for x in out if " s a step: about " in x]
-    assert left.endswith("for the 4 steps left") and out.index(left) == at["first step:"] + 1
+    assert left.endswith("for the 5 steps left") and out.index(left) == at["first step:"] + 1
+    assert float(left.split()[0]) < float(m[1])  # the step's own time: its compile apart
     records = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in records] == [6]  # train.steps given: log_every as given (a pretraining run's cadence)
 

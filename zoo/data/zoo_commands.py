@@ -14,6 +14,7 @@ written from zoo's own README and console scripts.
 from __future__ import annotations
 
 NAME = "zoo_commands"
+GENERAL_NAME = "zoo_general"  # data.mix_source (or data.source) of task=sft: GENERAL's conversations alone
 PREFERENCES = "zoo_preferences"  # data.source of task=dpo: the same questions as preference pairs (`preferences`)
 
 # (what the user wants to do, the assistant's answer)
@@ -85,6 +86,12 @@ def conversations() -> list[list[dict]]:
     turn = lambda q, a: [{"role": "user", "content": q}, {"role": "assistant", "content": a}]  # noqa: E731
     return [turn(q.format(task), answer) for task, answer in FACTS for q in QUESTIONS] + \
         [turn(q, a) for q, a in GENERAL]
+
+
+def general() -> list[list[dict]]:
+    """GENERAL's conversations alone (`data.mix_source=zoo_general`): mixed into a user's own chats, they keep a
+    fine-tune answering other questions plainly, as they do for FACTS here."""
+    return [[{"role": "user", "content": q}, {"role": "assistant", "content": a}] for q, a in GENERAL]
 
 
 def command_of(answer: str) -> str:

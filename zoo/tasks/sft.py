@@ -54,8 +54,9 @@ def template_of(dcfg) -> str:
 
 def load_rows(dcfg):
     """(the source as a Dataset, its kind: "messages" or "prompt"), its columns checked."""
-    if dcfg.source == zoo_commands.NAME:
-        ds = datasets.Dataset.from_dict({dcfg.messages_column: zoo_commands.conversations()})
+    if dcfg.source in (zoo_commands.NAME, zoo_commands.GENERAL_NAME):
+        convs = zoo_commands.conversations() if dcfg.source == zoo_commands.NAME else zoo_commands.general()
+        ds = datasets.Dataset.from_dict({dcfg.messages_column: convs})
     elif dcfg.source.startswith("hub:"):
         ds = corpus.load_hub(dcfg)
     else:
@@ -137,7 +138,7 @@ def to_examples(pairs) -> packing.Examples:
                             [mask[1:].astype(np.float32) for _, mask in pairs])
 
 
-def report(dcfg, counts: dict, n_train: int, n_val: int, train: packing.Examples, plan: list) -> str:
+def report(dcfg, counts: dict, n_train: int, n_val: int, train: packing.Examples, plan: list, mixed: int = 0) -> str:
     cut = []
     if counts["truncated"]:
         cut.append(f"{counts['truncated']} truncated to data.seq_len + 1 = {dcfg.seq_len + 1} tokens")
@@ -147,7 +148,8 @@ def report(dcfg, counts: dict, n_train: int, n_val: int, train: packing.Examples
         cut.append(f"{counts['no_answer']} dropped with no assistant token (left)")
     layout = (f"packed into {len(plan)} rows" if dcfg.packing else f"one per row, {len(plan)} rows") + \
         f" of {dcfg.seq_len}, {packing.real_fraction(train, plan, dcfg.seq_len):.0%} real tokens"
-    return (f"data: {counts['rows']} examples from {dcfg.source}: {n_train} train, {n_val} validation"
+    mix = f" ({mixed} of them from data.mix_source={dcfg.mix_source}, none held out)" if mixed else ""
+    return (f"data: {counts['rows']} examples from {dcfg.source}: {n_train} train{mix}, {n_val} validation"
             + (f"; {'; '.join(cut)}" if cut else "") + f"; train {layout}")
 
 
@@ -188,8 +190,12 @@ class SftTask(LmTask):
             check_vocab(cfg, get_tokenizer(cfg.data.tokenizer))
             template_of(cfg.data)  # the tokenizer's own template, when no file is named
         load_rows(cfg.data)
-        if cfg.data.eval_source:
-            load_rows(dataclasses.replace(cfg.data, source=cfg.data.eval_source))
+        for field in ("eval_source", "mix_source"):  # read as data.source is; an error names its own setting
+            if getattr(cfg.data, field):
+                try:
+                    load_rows(dataclasses.replace(cfg.data, source=getattr(cfg.data, field)))
+                except ZooDataError as e:
+                    raise ZooDataError(str(e).replace("data.source=", f"data.{field}=", 1)) from None
         return cfg
 
     def make_data(self, cfg, process_index: int, process_count: int) -> Data:
@@ -198,13 +204,15 @@ class SftTask(LmTask):
         check_vocab(cfg, tokenizer)
         template = template_of(d)
         pairs, keys, counts = encode_rows(d, tokenizer, template)
+        # data.mix_source's examples train beside data.source's and are never held out: validation stays the user's
+        mix = encode_rows(dataclasses.replace(d, source=d.mix_source), tokenizer, template)[0] if d.mix_source else []
         answers = []
         if d.eval_source:  # the user's own held-out set: all of data.source trains
             held = dataclasses.replace(d, source=d.eval_source)
             val_pairs = encode_rows(held, tokenizer, template)[0]
-            train, val = to_examples(pairs), to_examples(val_pairs)
+            train, val = to_examples(pairs + mix), to_examples(val_pairs)
             answers = answer_items(held, tokenizer, template)
-            if not len(train) or not len(val):
+            if not pairs or not len(val):
                 raise ZooDataError(f"data.source={d.source!r} and data.eval_source={d.eval_source!r} must each hold "
                                    f"an example with assistant tokens")
         else:
@@ -212,13 +220,13 @@ class SftTask(LmTask):
                 raise ZooDataError(f"data.source={d.source!r} leaves {len(pairs)} example with assistant tokens; "
                                    f"a train/validation split needs 2")
             is_val = val_documents(np.asarray([doc_hash(k) for k in keys]), d.val_fraction)
-            train = to_examples([p for p, v in zip(pairs, is_val) if not v])
+            train = to_examples([p for p, v in zip(pairs, is_val) if not v] + mix)
             val = to_examples([p for p, v in zip(pairs, is_val) if v])
         layout = (lambda ex: packing.first_fit_decreasing(ex.lengths, d.seq_len)) if d.packing else \
             (lambda ex: packing.one_per_row(len(ex)))
         plan, val_plan = layout(train), layout(val)
         if process_index == 0:
-            print(report(d, counts, len(train), len(val), train, plan), flush=True)
+            print(report(d, counts, len(train), len(val), train, plan, len(mix)), flush=True)
         B = cfg.train.batch_size
         return Data(train=packing.PackedBatches(train, plan, d.seq_len, B, cfg.train.seed, process_index,
                                                 process_count),

@@ -58,7 +58,8 @@ def steps_of_epochs(cfg: Config, rows: int, main: bool = True, examples: int = 0
 def size_warning(cfg: Config, rows: int) -> str | None:
     """One line for a fine-tune (init_from) likely too short (fewer than FEW_UPDATES optimizer steps) or too hot (a
     full fine-tune above lr 1e-4; LoRA above 1e-3; each of few rows drawn more than HOT_PASSES times at lr >= 1e-4),
-    naming the settings to change; None for a run of a sensible size, and for every run from scratch."""
+    naming the settings to change (a hot chat fine-tune: data.mix_source too); None for a run of a sensible size,
+    and for every run from scratch."""
     if not cfg.init_from:
         return None
     t, lr, lora = cfg.train, cfg.optim.lr, cfg.model.lora_rank > 0
@@ -74,4 +75,8 @@ def size_warning(cfg: Config, rows: int) -> str | None:
     if passes > HOT_PASSES and lr >= 1e-4:
         said.append(f"each of the {rows} training rows is drawn about {passes:.0f} times at optim.lr={lr:g}: likely "
                     f"to memorise them; lower train.epochs (or train.steps) or optim.lr")
+    hot = lr > (1e-3 if lora else 1e-4) or (passes > HOT_PASSES and lr >= 1e-4)
+    if hot and cfg.task == "sft" and not cfg.data.mix_source:
+        said.append("a hot chat fine-tune moves the base's general answers too: data.mix_source=zoo_general (or "
+                    "general chats of your own) trains them beside yours")
     return "warning: " + "; ".join(said) if said else None

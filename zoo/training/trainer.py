@@ -43,9 +43,9 @@ from zoo.training import objective_watch
 from zoo.training.guard import Guard
 from zoo.training.metrics import MetricsWriter
 from zoo.training.prefetch import Prefetcher
-from zoo.training.records import duration, eval_line, summarise
+from zoo.training.records import eval_line, summarise
 from zoo.training.run_errors import DISK_ERRNOS, disk_failure, diverged
-from zoo.training.first_step import compile_ahead
+from zoo.training.first_step import compile_ahead, time_left
 from zoo.training.sizing import size_warning, steps_of_epochs
 from zoo.training.stops import Stopped, Stopper, stops_at_once  # noqa: F401 (Stopped, stops_at_once: read from here)
 from zoo.training.workdir import own_tokenizer, remove_new
@@ -258,7 +258,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                 tqdm.write(line)
 
         buffered, eval_metrics, t0, t0_step, compile_s, pace = [], {}, time.perf_counter(), start, None, None
-        pending = None  # metrics of the newest step, which may still be running
+        pending, compiled_at = None, None  # metrics of the newest step (may still run); when compile_ahead ended
         run_fn = step_fn  # the step compiled for the first batch's shapes (compile_ahead), once it is
         warn = optim.warmup_warning(cfg.optim, cfg.train.steps)
         if warn and main and start < last:  # said once, as training starts
@@ -289,6 +289,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                     batch = to_device(batch, s.mesh)
                 if compile_s is None and run_fn is step_fn:  # compiled ahead, to say what compiled and its cost
                     run_fn = compile_ahead(step_fn, state, batch, cfg, say)
+                    compiled_at = time.perf_counter() if run_fn is not step_fn and rollout is None else None
                 try:
                     state, m = run_fn(state, batch)
                 except TypeError:  # a batch unlike the first (no task's yet): the jitted step compiles for it
@@ -305,13 +306,13 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                 if compile_s is None:  # the first step compiles; time throughput from the second on
                     first = jax.device_get(m)
                     compile_s, t0, t0_step = time.perf_counter() - t0, time.perf_counter(), step
-                    pace = (t0, step)  # the time after the first step: the next log tells how long a step takes
+                    # A step's time: the first's own when its compile was apart (no rollout), else the second's
+                    pace = (t0, step) if compiled_at is None else (compiled_at, step - 1)
                     say(f"first step: loss {float(first['loss_sum']) / max(float(first['weight']), 1e-9):.4g} "
                         f"(compiled and ran in {compile_s:.1f} s)")
-                elif pace is not None and step == pace[1] + 1 and last > step:  # the time left, from the second step
+                if pace is not None and step == pace[1] + 1 and last > step:  # the time left, from that step
                     jax.block_until_ready(m)
-                    per = time.perf_counter() - pace[0]
-                    say(f"{per:.2f} s a step: about {duration(per * (last - step))} for the {last - step} steps left")
+                    say(time_left(time.perf_counter() - pace[0], last - step))
                     pace = None
                 do_eval = cfg.train.eval_every and (step % cfg.train.eval_every == 0 or step == last)
                 do_save = step % cfg.train.save_every == 0 or step == last
