@@ -18,6 +18,7 @@ typed exceptions of zoo.errors, each one line naming the culprit.
 from __future__ import annotations
 
 import importlib
+import sys
 
 from zoo import errors, runtime
 
@@ -35,6 +36,8 @@ _LAZY = {"load": "zoo.api.load:load", "Pretrained": "zoo.api.pretrained:Pretrain
 
 def __getattr__(name: str):
     if name in _LAZY:
+        if "jax" not in sys.modules:  # these names import jax: XLA's C++ log level is read then (zoo.runtime)
+            runtime.quiet_xla()
         module, _, attr = _LAZY[name].partition(":")
         value = importlib.import_module(module)
         value = getattr(value, attr) if attr else value
@@ -50,5 +53,4 @@ def __dir__() -> list[str]:
 def from_pretrained(path: str):
     """zoo.load(path) (the name zoo had first): a Pretrained, which also unpacks as the old tuple
     `model, params, tokenizer, config = zoo.from_pretrained(path)`."""
-    from zoo.api.load import load as _load
-    return _load(path)
+    return __getattr__("load")(path)

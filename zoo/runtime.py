@@ -21,8 +21,11 @@
   and tokenizes a source (`quiet_datasets`, around zoo's own calls into datasets only), in a command or a Python
   run, in a terminal or not; the user's setting is back afterwards, and HF_DATASETS_DISABLE_PROGRESS_BARS=0 shows them.
 - Python runs: zoo.load and zoo.train (`use_compile_cache`) quiet libtpu as the commands do, which takes effect where
-  they are the first to start jax's backend. XLA's C++ log level cannot follow: jaxlib reads TF_CPP_MIN_LOG_LEVEL
-  once, when jax is imported, so a Python user sets it before (`TF_CPP_MIN_LOG_LEVEL=3 python ...`).
+  they are the first to start jax's backend. jaxlib reads TF_CPP_MIN_LOG_LEVEL once, when jax is imported (set
+  later, it changes nothing), so the first use of a zoo name that imports jax (zoo.load, zoo.train, zoo.config, ...)
+  sets the commands' default then (`quiet_xla`), where jax is not imported yet and the user set no level: a script
+  that imports only zoo sees no "Very slow compile?" alarm. One that imports jax first keeps XLA's lines (set
+  TF_CPP_MIN_LOG_LEVEL=3 before importing it to quiet them).
 - Cache directories users name (data.cache_dir, zoo-eval's --cache-dir): `check_cache_dir` refuses one that
   cannot take files in one line naming the setting, before any work.
 """
@@ -76,6 +79,13 @@ def quiet_libtpu(env=None) -> None:
         env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
+def quiet_xla(env=None) -> None:
+    """XLA's C++ log lines at fatal only (TF_CPP_MIN_LOG_LEVEL=3) unless the user chose a level; read by jaxlib when
+    jax is imported, so it counts only before that (see the module's docstring)."""
+    env = os.environ if env is None else env
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
 def prepare_command(env=None) -> None:
     """For a command, before jax is imported: the compilation cache and XLA's log level, as environment
     variables jax reads when it starts (the user's own settings kept)."""
@@ -84,7 +94,7 @@ def prepare_command(env=None) -> None:
     path = compile_cache_dir()
     if path is not None and "JAX_COMPILATION_CACHE_DIR" not in env:
         env["JAX_COMPILATION_CACHE_DIR"] = path
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    quiet_xla(env)
     quiet_libtpu(env)
     if "jax" in sys.modules:  # imported already (a command called from Python): the same, through jax.config
         use_compile_cache()
