@@ -102,9 +102,8 @@ def bench(steps: int, seeds: int, eval_every: int, rows=None, threads: int | Non
     cfgs = {name: recipe(ROWS[name](), sets) for name in rows if ROWS[name] is not None}
     check_shapes({**cfgs, "base": base})
     threads = threads or os.cpu_count()
-    curves = {}
-    for name in rows:
-        curves[name] = []
+    curves = {name: [] for name in rows}  # the table's order; the target's row runs first (a stopped run keeps it)
+    for name in sorted(rows, key=lambda n: n != NANOGPT):
         for seed in range(seeds):
             curve = (run_nanogpt(base, steps, eval_every, seed, threads) if name == NANOGPT
                      else run_zoo(cfgs[name], steps, eval_every, seed, devices))
@@ -114,14 +113,19 @@ def bench(steps: int, seeds: int, eval_every: int, rows=None, threads: int | Non
                     json.dump(curves, f)
             say(f"{name}, seed {seed}: eval_loss {curve[-1]['eval_loss']:.4f} at {curve[-1]['tokens']:,} tokens, "
                 f"{curve[-1]['seconds']:.0f} s")
-    budget = steps * tokens_per_step(base)
-    reference = NANOGPT if NANOGPT in curves else rows[0]
+    return results(curves, steps * tokens_per_step(base), steps=steps, seeds=seeds, eval_every=eval_every,
+                   sets=list(sets), threads=threads)
+
+
+def results(curves: dict, budget: int, **meta) -> dict:
+    """The results of curves (row -> one curve per seed) at a token budget: the target (the nanoGPT row's mean
+    final loss, else the first row's), each row's summary and the table; `meta` (steps, seeds, ...) kept beside."""
+    reference = NANOGPT if curves.get(NANOGPT) else next(iter(curves))
     target = loss_curves.spread([c[-1]["eval_loss"] for c in curves[reference]])["mean"]
     summary = loss_curves.summarise(curves, target, budget)
-    return {"date": datetime.date.today().isoformat(), "steps": steps, "seeds": seeds, "eval_every": eval_every,
-            "sets": list(sets),
-            "budget_tokens": budget, "threads": threads, "target_row": reference, "target_loss": target,
-            "summary": summary, "curves": curves, "table": loss_curves.table(summary, target, budget)}
+    return {"date": datetime.date.today().isoformat(), **meta, "budget_tokens": budget, "target_row": reference,
+            "target_loss": target, "summary": summary, "curves": curves,
+            "table": loss_curves.table(summary, target, budget)}
 
 
 def write(results: dict, out: str) -> list[str]:
