@@ -9,6 +9,8 @@ import re
 
 import numpy as np
 
+from zoo.errors import ZooDataError
+
 NAME = "bm25"  # the model name zoo-eval reads as this baseline
 WORD = re.compile(r"\w+")
 
@@ -19,7 +21,10 @@ def tokenize(text: str) -> list[str]:
 
 def search(queries: list[str], docs: list[str], k: int) -> np.ndarray:
     """int[Q, k]: each query's top k document indices, best first."""
-    from rank_bm25 import BM25Okapi
+    try:
+        from rank_bm25 import BM25Okapi
+    except ImportError:
+        raise ZooDataError("the bm25 baseline needs rank-bm25: pip install rank-bm25 (zoo's retrieval extra)") from None
     index = BM25Okapi([tokenize(d) for d in docs])
     k = min(k, len(docs))
     return np.stack([np.argsort(-index.get_scores(tokenize(q)), kind="stable")[:k] for q in queries])

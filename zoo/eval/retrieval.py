@@ -119,7 +119,10 @@ def search(q_QD: np.ndarray, c_ND: np.ndarray, k: int = MAX_K) -> tuple[np.ndarr
 
 def search_faiss(q_QD: np.ndarray, c_ND: np.ndarray, k: int = MAX_K) -> tuple[np.ndarray, np.ndarray]:
     """search's results from faiss-cpu's exact inner-product index over the unit vectors, on the host."""
-    import faiss
+    try:
+        import faiss
+    except ImportError:
+        raise ZooDataError("--index faiss needs faiss-cpu: pip install faiss-cpu (zoo's retrieval extra)") from None
     unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)  # noqa: E731
     index = faiss.IndexFlatIP(c_ND.shape[1])
     index.add(np.ascontiguousarray(unit(np.asarray(c_ND, np.float32))))
