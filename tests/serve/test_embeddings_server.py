@@ -1,6 +1,7 @@
 """zoo-serve's /v1/embeddings (zoo.serve.embeddings): all-MiniLM-L6-v2 served alone answers the openai client
-(base64, its default) and plain JSON (float) with Pretrained.embed's vectors, refuses completions and bad input
-in OpenAI's shape; a decoder's server answers it between decode chunks (tests/serve/test_server.py)."""
+(base64, its default) and plain JSON (float) with Pretrained.embed's vectors, of texts or of their token ids,
+refuses completions and bad input in OpenAI's shape; a decoder's server answers it between decode chunks
+(tests/serve/test_server.py)."""
 
 import subprocess
 import sys
@@ -54,10 +55,25 @@ def test_an_encoder_serves_embeddings_equal_to_embed(server):
     assert httpx.get(server + "/health").json() == {"status": "ok", "model": "minilm", "serves": "embeddings"}
 
 
+def test_token_ids_embed_as_their_text(server):
+    lm = zoo.load(minilm_dir())
+    want = lm.embed(TEXTS[:2])
+    ids = [lm.tokenizer.encode(t) for t in TEXTS[:2]]  # the model's own ids, no [CLS]/[SEP], as OpenAI's have none
+    c = openai.OpenAI(base_url=server + "/v1", api_key="x", max_retries=0)
+    r = c.embeddings.create(model="minilm", input=ids)
+    np.testing.assert_allclose(np.asarray([d.embedding for d in r.data], np.float32), want, atol=1e-6)
+    assert r.usage.prompt_tokens == sum(map(len, ids))
+    one = c.embeddings.create(model="minilm", input=ids[0], encoding_format="float")  # one text's list of ints
+    assert len(one.data) == 1 and one.usage.total_tokens == len(ids[0])
+    np.testing.assert_allclose(one.data[0].embedding, want[0], atol=1e-6)
+
+
 @pytest.mark.parametrize("path, body, status, piece", [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}, 400, "answers /v1/embeddings only"),
     ("/v1/embeddings", {"input": []}, 400, "'input' must be a non-empty string"),
-    ("/v1/embeddings", {"input": [[1, 2, 3]]}, 400, "token ids is not supported"),
+    ("/v1/embeddings", {"input": [[1, 2, 30522]]}, 400, "token ids 0 must be a non-empty list of ids from 0 to 30521"),
+    ("/v1/embeddings", {"input": [[1, 2], []]}, 400, "'input' as token ids must be a non-empty list of ints"),
+    ("/v1/embeddings", {"input": [[1, "a"]]}, 400, "'input' as token ids must be a non-empty list of ints"),
     ("/v1/embeddings", {"input": ["a"] * 5}, 413, "at most 4"),
     ("/v1/embeddings", {"input": "a", "dimensions": 128}, 400, "the model's own width, 384"),
     ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, 400, "'float' or 'base64'"),

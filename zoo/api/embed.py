@@ -74,7 +74,10 @@ def truncate(vectors: np.ndarray, dimensions: int, normalize: bool) -> np.ndarra
 
 def _rows(lm, texts: list[str], pool: Pooling) -> list[list[int]]:
     """Token ids of each text as the model reads it: an encoder's [CLS] text [SEP], cut to pool.max_len."""
-    ids = lm.tokenizer.encode_batch(texts)
+    return _framed(lm, lm.tokenizer.encode_batch(texts), pool)
+
+
+def _framed(lm, ids: list[list[int]], pool: Pooling) -> list[list[int]]:
     if lm.config.model.family != "bert":
         return [x[:pool.max_len] for x in ids]
     from zoo.tasks.mlm import bert_specials
@@ -98,7 +101,6 @@ def embed(lm, texts, *, batch_size: int = 32, normalize: bool | None = None, pro
           prompt_name: str | None = None, progress: bool | None = None, dimensions: int | None = None) -> np.ndarray:
     """See Pretrained.embed."""
     from zoo.api.decoder import texts_of
-    from zoo.infer.encoder import batches, bucket
     items, single = texts_of(texts, "texts")
     if batch_size < 1:
         raise ArgumentError(f"batch_size={batch_size} must be >= 1")
@@ -127,16 +129,36 @@ def embed(lm, texts, *, batch_size: int = 32, normalize: bool | None = None, pro
     for i, r in enumerate(rows):
         if len(r) == 0:
             raise ArgumentError(f"text {i} is empty")
+    out = _embed_rows(lm, rows, pool, batch_size, pool.normalize if normalize is None else bool(normalize),
+                      progress or (progress is None and len(rows) >= PROGRESS_AT), dimensions)
+    return out[0] if single else out
+
+
+def embed_ids(lm, ids: list[list[int]], *, batch_size: int = 32) -> np.ndarray:
+    """float32[N, D]: the vectors of texts given as the model's token ids (no special tokens: what
+    `lm.tokenizer.encode` gives), framed and cut as `embed` frames a text, so equal to `embed` of that text."""
+    width, vocab = lm.model.cfg.d_model, lm.model.cfg.vocab_size
+    for i, x in enumerate(ids):
+        if not x or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in x):
+            raise ArgumentError(f"token ids {i} must be a non-empty list of ids from 0 to {vocab - 1}")
+    pool = pooling_of(lm)
+    return _embed_rows(lm, _framed(lm, ids, pool), pool, batch_size, pool.normalize, False, width)
+
+
+def _embed_rows(lm, rows: list[list[int]], pool: Pooling, batch_size: int, norm: bool, progress: bool,
+                dimensions: int | None) -> np.ndarray:
+    """float32[N, D] of the framed rows, in length-sorted jitted batches of bucketed shapes."""
+    from zoo.infer.encoder import batches, bucket
+    width = lm.model.cfg.d_model
     decoder = lm.config.model.family != "bert"
     pad = 0
     if not decoder:
         from zoo.tasks.mlm import bert_specials
         pad = bert_specials(lm.tokenizer).pad
-    norm = pool.normalize if normalize is None else bool(normalize)
     out = np.zeros((len(rows), lm.model.cfg.d_model), np.float32)
     groups = batches([len(r) for r in rows], batch_size)
     bar = None
-    if progress or (progress is None and len(rows) >= PROGRESS_AT):
+    if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(rows), desc="embedding", unit="texts")
     for idx in groups:
@@ -156,4 +178,4 @@ def embed(lm, texts, *, batch_size: int = 32, normalize: bool | None = None, pro
         bar.close()
     if dimensions is not None and dimensions < width:
         out = truncate(out, dimensions, norm)
-    return out[0] if single else out
+    return out

@@ -13,7 +13,7 @@ setup, sharding, train step and input pipeline; `hf` gives the matching transfor
 from __future__ import annotations
 
 WORKLOADS = ("gpt_train", "llama_train", "lora_train", "dpo_train", "grpo_train", "sft_train", "bert_mlm",
-             "encdec_train", "generate", "llama_generate", "input", "eval_score")
+             "encdec_train", "generate", "llama_generate", "input", "eval_score", "embed")
 # input and sft_train have no peer. llama_*: the Llama architecture (rope, RMSNorm, SwiGLU, GQA) beside GPT-2.
 # lora_train: llama_train's model and shapes, adapters on every attention and MLP matrix, base frozen.
 # dpo_train: preference tuning (task=dpo, sigmoid loss, beta 0.1) of lora_train's adapters, the base with the
@@ -27,10 +27,12 @@ WORKLOADS = ("gpt_train", "llama_train", "lora_train", "dpo_train", "grpo_train"
 # sampling's share of the step; zoo's row adds its in-loop sampler beside zoo.load(...).generate. Not in the GPU story.
 # sft_train: chat fine-tuning (task=sft) on zoo's shipped conversations, packed and padded rows.
 # eval_score: zoo-eval's scoring beside the forward pass (zoo.bench.eval_speed), peer lm-eval-hf; not in the GPU story.
+# embed: all-MiniLM-L6-v2's texts/s through .embed at batch 1, 32 and 256 (zoo.bench.embed_speed), peer st-torch
+# (sentence-transformers' encode); the same shapes in the full and cpu sets, not in the GPU story.
 PEER_WORKLOADS = ("gpt_train", "llama_train", "lora_train", "dpo_train", "grpo_train", "bert_mlm", "encdec_train",
-                  "generate", "llama_generate", "eval_score")
+                  "generate", "llama_generate", "eval_score", "embed")
 # zoo.bench.torch_peer: transformers, eager or torch.compile; zoo.bench.harness_peer: lm-eval's hf model (eval_score)
-PEER_NAMES = ("hf-torch", "hf-torch-compile", "lm-eval-hf")
+PEER_NAMES = ("hf-torch", "hf-torch-compile", "lm-eval-hf", "st-torch")
 
 
 def _gpt(L, D, N, F, V, T, B, dtype=None, preset=None):
@@ -189,6 +191,7 @@ SHAPES.update({
     ("encdec_train", "gpu"): [("t5_small-S512-T128-B16", _t5(6, 512, 8, 2048, 32128, 512, 128, 16))],
     ("generate", "gpu"): SHAPES[("generate", "full")],
 })
+SHAPES.update({("embed", kind): [(f"minilm-B{b}", {"batch": b}) for b in (1, 32, 256)] for kind in ("full", "cpu")})
 SHAPE_SETS = ("full", "cpu", "gpu")
 
 

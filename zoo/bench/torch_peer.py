@@ -136,6 +136,12 @@ def make(name: str, spec: dict):
     """The peer `name` (one of PEER_NAMES) set up for `spec`."""
     if name not in PEER_NAMES:
         raise ValueError(f"unknown peer {name!r}; choose one of {', '.join(PEER_NAMES)}")
+    if (name == "st-torch") != (spec["workload"] == "embed"):
+        raise ValueError(f"{spec['workload']}'s peer is st-torch" if spec["workload"] == "embed" else
+                         f"st-torch is the embed workload's peer, not {spec['workload']}'s")
+    if name == "st-torch":
+        from zoo.bench.embed_speed import StEmbed
+        return StEmbed(spec, name)
     if (name == "lm-eval-hf") != (spec["workload"] == "eval_score"):
         raise ValueError(f"{spec['workload']}'s peers are " + ("lm-eval-hf" if spec["workload"] == "eval_score"
                                                               else "hf-torch and hf-torch-compile"))

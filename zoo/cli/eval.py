@@ -11,6 +11,7 @@
     zoo-eval runs/mlm --data held_out.txt               # a masked-LM run: pseudo-accuracy on masked tokens
     zoo-eval runs/s2s --data pairs.jsonl --beam 4       # an encoder-decoder run: BLEU and exact match
     zoo-eval MINILM --task retrieval scifact/          # embeddings on a BEIR folder: nDCG@10, MRR@10, recall@k
+    zoo-eval bm25 --task retrieval builtin              # the lexical baseline on the offline pydoc set
 
 Run the same command on every process of a multi-host job (zoo.distributed: started by itself on SLURM, Open
 MPI and TPU pods, or by --coordinator/--num-processes/--process-id): each scores its share of the documents
@@ -55,7 +56,7 @@ NEEDS_DATA = {"classify": "a labelled file, directory or hub:NAME to classify",
               "mlm": "a held-out text source (builtin, a file, a directory, hub:NAME) to mask and predict",
               "translate": "a source/target file, directory or hub:NAME to translate",
               "perplexity": "a text source to score (builtin, a file, a directory, hub:NAME)",
-              "retrieval": "a BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)"}
+              "retrieval": "a BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) or builtin"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -79,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--held-out", action="store_true",
                     help="perplexity: only the documents a zoo run's training held out (its data.val_fraction, "
                          "split by document hash as the token store splits)")
+    ap.add_argument("--index", choices=("exact", "faiss"), default="exact", help="retrieval: search exactly on "
+                    "the device, or with faiss-cpu's IndexFlatIP on the host (default: %(default)s)")
     ap.add_argument("--split", help="the split of a hub or local dataset (default: train; retrieval: the qrels' test)")
     ap.add_argument("--max-docs", type=int, help="score the first N documents (questions with --task choice)")
     ap.add_argument("--stride", type=int, help="tokens between window starts (default: half the context)")
@@ -103,6 +106,10 @@ def _check_args(a) -> None:
     a.split = a.split or ("test" if a.task == "retrieval" else "train")
     if a.task == "retrieval" and a.file and not a.data:  # zoo-eval MODEL --task retrieval DIR
         a.data, a.file = a.file, None
+    bm25 = a.workdir == "bm25" and not os.path.exists(a.workdir)  # the lexical baseline, no checkpoint
+    if bm25 and a.task != "retrieval":
+        raise ZooDataError(f"bm25 is a retrieval baseline (--task retrieval); --task {a.task} scores a run or a "
+                           f"checkpoint")
     if a.task in NEEDS_DATA and not a.data:
         raise ZooDataError(f"give --data SOURCE: {NEEDS_DATA[a.task]}")
     if a.held_out and a.task != "perplexity":
@@ -120,7 +127,7 @@ def _check_args(a) -> None:
             raise ZooDataError(f"{flag} {v} must be >= 1")
     if a.data and glob.glob(os.path.expanduser(a.data)):  # local files: their Arrow copy goes under --cache-dir
         runtime.check_cache_dir(a.cache_dir, "--cache-dir", "--cache-dir ~/.cache/zoo")
-    if not (os.path.isdir(os.path.join(a.workdir, "checkpoints"))
+    if not bm25 and not (os.path.isdir(os.path.join(a.workdir, "checkpoints"))
             or os.path.isfile(os.path.join(a.workdir, "config.json"))
             or os.path.isfile(os.path.join(a.workdir, "adapter_config.json"))
             or (a.workdir.endswith(".gguf") and os.path.isfile(a.workdir))):
@@ -186,12 +193,12 @@ def classify(a) -> dict:
 def retrieval(a) -> dict:
     import zoo
     from zoo.eval import retrieval as beir
-    if not os.path.isdir(a.data):
+    if not os.path.isdir(a.data) and a.data != beir.BUILTIN:
         raise FileNotFoundError(f"--data {a.data!r}: no such folder ({NEEDS_DATA['retrieval']})")
     from zoo.api.embed import pooling_of
-    lm = zoo.load(a.workdir)
-    out = beir.evaluate(lm, a.data, split=a.split, batch_size=a.batch_size, max_docs=a.max_docs,
-                        prompts=[name for name, _ in pooling_of(lm).prompts])
+    lm = a.workdir if a.workdir == "bm25" and not os.path.exists(a.workdir) else zoo.load(a.workdir)
+    out = beir.evaluate(lm, a.data, split=a.split, batch_size=a.batch_size, max_docs=a.max_docs, index=a.index,
+                        prompts=[] if isinstance(lm, str) else [name for name, _ in pooling_of(lm).prompts])
     if _gather("retrieval", {}) is None:  # several processes: each searched every query; process 0 prints
         return None
     return {"run": a.workdir, "data": a.data, "split": a.split, **out}

@@ -10,7 +10,8 @@ def table(r: dict) -> str:
     if "ndcg@10" in r:
         rows = [("queries", f"{r['queries']:,}"), ("documents", f"{r['documents']:,}")]
         rows += [(k, f"{v:.4f}") for k, v in r.items() if "@" in k]
-        return "\n".join([f"{r['run']} on {r['data']} (retrieval, split {r['split']}, exact cosine search)",
+        return "\n".join([f"{r['run']} on {r['data']} (retrieval, split {r['split']}, "
+                          f"{r.get('search', 'exact cosine search')})",
                           *(f"  {k:<11}{v}" for k, v in rows)])
     if "per_type" in r:
         lines = [f"{r['run']} on {r['data']} (token classification, {r['examples']:,} examples, {r['words']:,} "

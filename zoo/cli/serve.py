@@ -6,7 +6,8 @@
         print(c.chat.completions.create(model='chat', messages=[{'role': 'user', 'content': 'Hi'}]))"
 
 SOURCE is a zoo run, a Hugging Face directory, a GGUF file or a PEFT adapter directory (whatever zoo.load reads); a
-decoder, or a BERT-family encoder (all-MiniLM-L6-v2), which answers /v1/embeddings alone (an encoder-decoder is
+decoder, or a BERT-family encoder (all-MiniLM-L6-v2), which answers /v1/embeddings alone, or a cross-encoder (a bert_cls
+model with one output), which answers /v1/rerank alone (an encoder-decoder is
 refused in one line). A decoder answers /v1/embeddings too, with its last token's hidden state. The address is taken
 first, so a port in use is one `error:` line before anything loads; the chat template is rendered once on a tiny
 conversation before the server answers (a template that fails is one line, not a 500 for each chat request). Every
@@ -134,13 +135,18 @@ def _run(a, app, sock, uvicorn) -> None:
 
 
 def _serve_encoder(a, lm, sock, uvicorn) -> int:
-    """An encoder (all-MiniLM-L6-v2, any BERT-family checkpoint) served for /v1/embeddings; its first batch
-    compiled before the port answers."""
+    """An encoder (all-MiniLM-L6-v2, any BERT-family checkpoint) served for /v1/embeddings, or a cross-encoder for
+    /v1/rerank; its first batch compiled before the port answers."""
     from zoo.serve.app import create_app
-    lm.embed(["warm"])
+    from zoo.serve.rerank import is_cross_encoder
     model_id = a.model_id or os.path.basename(os.path.normpath(a.source))
-    print(f"serving {model_id} on http://{a.host}:{a.port}/v1 (embeddings, {lm.model.cfg.d_model} dimensions); "
-          f"Ctrl-C stops", flush=True)
+    if is_cross_encoder(lm):  # a reranker: /v1/rerank alone
+        lm.rerank("warm", ["warm"])
+        what = "rerank, a cross-encoder"
+    else:
+        lm.embed(["warm"])
+        what = f"embeddings, {lm.model.cfg.d_model} dimensions"
+    print(f"serving {model_id} on http://{a.host}:{a.port}/v1 ({what}); Ctrl-C stops", flush=True)
     app = create_app(None, lm=lm, model_id=model_id, api_key=a.api_key, max_request_bytes=a.max_request_bytes,
                      max_prompts=a.max_prompts, log_requests=a.log_requests)
     _run(a, app, sock, uvicorn)

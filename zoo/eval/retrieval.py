@@ -8,7 +8,12 @@ document, the top MAX_K kept, queries in blocks), and the metrics BEIR reports (
 - MRR@10: 1 / the rank of the first relevant document (relevance > 0) in the top 10, 0 when none is;
 - recall@k (k = 1, 10, 100): the relevant documents in the top k over all of the query's relevant documents.
 
-Each is the mean over the queries that have a relevant document in the qrels of the split. The layout:
+Each is the mean over the queries that have a relevant document in the qrels of the split. `--index faiss` searches
+with faiss-cpu's exact inner-product index (IndexFlatIP) on the host instead, for corpora larger than the device
+holds; the model `bm25` is the lexical baseline (zoo.eval.bm25). `builtin` (not a folder) is the offline set built
+from Python's documentation (zoo.data.pydoc_pairs): its test topics' paragraphs, each first sentence a query whose
+one relevant document is the rest of its paragraph (split `train`: the topics task=embed's builtin trains on).
+The layout:
 DIR/corpus.jsonl ({"_id", "title", "text"} a line; a document is embedded as title + " " + text, as BEIR's
 sentence-transformers model joins them), DIR/queries.jsonl ({"_id", "text"}), DIR/qrels/SPLIT.tsv (query-id,
 corpus-id, score; a header line).
@@ -24,10 +29,13 @@ import os
 import numpy as np
 
 from zoo.errors import ZooDataError
+from zoo.eval import bm25
 
 K_VALUES = (1, 10, 100)
 MAX_K = 100
 BLOCK = 256  # queries scored against the whole corpus at once
+BUILTIN = "builtin"
+INDEXES = ("exact", "faiss")  # exact on the device (search), or faiss-cpu's IndexFlatIP (search_faiss)
 
 
 def _jsonl(path: str, fields: tuple) -> list[dict]:
@@ -78,6 +86,21 @@ def read_beir(path: str, split: str = "test") -> tuple[dict, dict, dict]:
     return corpus, queries, qrels
 
 
+def read_builtin(split: str = "test") -> tuple[dict, dict, dict]:
+    """The offline pydoc set as read_beir gives a folder: query i's one relevant document is passage i."""
+    from zoo.data import pydoc_pairs
+    if split not in pydoc_pairs.SPLITS:
+        raise ZooDataError(f"--split {split!r}: the builtin retrieval set has splits {', '.join(pydoc_pairs.SPLITS)}")
+    queries, passages = pydoc_pairs.pairs(split)
+    return ({f"d{i}": p for i, p in enumerate(passages)}, {f"q{i}": q for i, q in enumerate(queries)},
+            {f"q{i}": {f"d{i}": 1} for i in range(len(queries))})
+
+
+def read_set(path: str, split: str = "test") -> tuple[dict, dict, dict]:
+    """(corpus, queries, qrels) of a BEIR folder, or of `builtin` where no folder of that name exists."""
+    return read_builtin(split) if path == BUILTIN and not os.path.isdir(path) else read_beir(path, split)
+
+
 def search(q_QD: np.ndarray, c_ND: np.ndarray, k: int = MAX_K) -> tuple[np.ndarray, np.ndarray]:
     """Exact cosine search on the device: (scores [Q, k], document indices [Q, k]), best first."""
     import jax
@@ -92,6 +115,18 @@ def search(q_QD: np.ndarray, c_ND: np.ndarray, k: int = MAX_K) -> tuple[np.ndarr
         scores.append(np.asarray(s))
         idx.append(np.asarray(j))
     return np.concatenate(scores), np.concatenate(idx)
+
+
+def search_faiss(q_QD: np.ndarray, c_ND: np.ndarray, k: int = MAX_K) -> tuple[np.ndarray, np.ndarray]:
+    """search's results from faiss-cpu's exact inner-product index over the unit vectors, on the host."""
+    try:
+        import faiss
+    except ImportError:
+        raise ZooDataError("--index faiss needs faiss-cpu: pip install faiss-cpu (zoo's retrieval extra)") from None
+    unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)  # noqa: E731
+    index = faiss.IndexFlatIP(c_ND.shape[1])
+    index.add(np.ascontiguousarray(unit(np.asarray(c_ND, np.float32))))
+    return index.search(np.ascontiguousarray(unit(np.asarray(q_QD, np.float32))), min(k, c_ND.shape[0]))
 
 
 def metrics(ranked: dict, qrels: dict, k_values=K_VALUES) -> dict:
@@ -118,21 +153,29 @@ def metrics(ranked: dict, qrels: dict, k_values=K_VALUES) -> dict:
 
 
 def evaluate(lm, path: str, *, split: str = "test", batch_size: int = 32, max_docs: int | None = None,
-             prompts=()) -> dict:
-    """The metrics of `lm`'s embeddings on the BEIR folder `path` (see the module's docstring); `max_docs` keeps the
-    first documents of the corpus (and the judgements on them) for a quick look; `prompts` the names of the
-    checkpoint's prompts (zoo.api.embed.pooling_of(lm).prompts): "query" and "document" are used where named."""
-    corpus, queries, qrels = read_beir(path, split)
+             prompts=(), index: str = "exact") -> dict:
+    """The metrics of `lm`'s embeddings (a Pretrained, or "bm25": zoo.eval.bm25) on the set `path` (a BEIR folder
+    or `builtin`, see the module's docstring), searched by `index` (INDEXES); `max_docs` keeps the first documents
+    of the corpus (and the judgements on them) for a quick look; `prompts` the names of the checkpoint's prompts
+    (zoo.api.embed.pooling_of(lm).prompts): "query" and "document" are used where named."""
+    if index not in INDEXES:
+        raise ZooDataError(f"--index {index!r}: choose one of {', '.join(INDEXES)}")
+    corpus, queries, qrels = read_set(path, split)
     if max_docs:
         corpus = dict(list(corpus.items())[:max_docs])
         qrels = {q: {d: r for d, r in j.items() if d in corpus} for q, j in qrels.items()}
     qids = [q for q in qrels if q in queries]
     dids = list(corpus)
-    named = set(prompts)
-    q_QD = lm.embed([queries[q] for q in qids], batch_size=batch_size,
-                    prompt_name="query" if "query" in named else None)
-    c_ND = lm.embed([corpus[d] for d in dids], batch_size=batch_size,
-                    prompt_name="document" if "document" in named else None)
-    _, idx = search(q_QD, c_ND)
+    how = {"exact": "exact cosine search", "faiss": "faiss IndexFlatIP cosine search"}[index]
+    if isinstance(lm, str) and lm == bm25.NAME:
+        how = "BM25Okapi"
+        idx = bm25.search([queries[q] for q in qids], [corpus[d] for d in dids], MAX_K)
+    else:
+        named = set(prompts)
+        q_QD = lm.embed([queries[q] for q in qids], batch_size=batch_size,
+                        prompt_name="query" if "query" in named else None)
+        c_ND = lm.embed([corpus[d] for d in dids], batch_size=batch_size,
+                        prompt_name="document" if "document" in named else None)
+        _, idx = (search_faiss if index == "faiss" else search)(q_QD, c_ND)
     ranked = {q: [dids[j] for j in row] for q, row in zip(qids, idx)}
-    return {"documents": len(dids), **metrics(ranked, qrels)}
+    return {"search": how, "documents": len(dids), **metrics(ranked, qrels)}

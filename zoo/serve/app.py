@@ -11,8 +11,10 @@ one engine (zoo.engine.batching) and stream or gather what comes back; nothing h
     POST /v1/completions         prompt (a string or a list of them), the same settings, logprobs (k: each token's
                                  log-probability and the k likeliest at its position; with echo the prompt's tokens
                                  scored too, as zoo-eval scores them) and echo
-    POST /v1/embeddings          input (a string or a list of them), encoding_format (float, base64):
+    POST /v1/embeddings          input (a string, a list of them, or token ids), encoding_format (float, base64):
                                  zoo.serve.embeddings; an encoder's server (no engine) answers this route alone
+    POST /v1/rerank              query, documents, top_n, return_documents (vLLM's and Cohere's shape): a
+                                 cross-encoder's server answers this route alone (zoo.serve.rerank)
 
 Every response carries `usage` (prompt, completion and total tokens; a stream in its last chunk). Errors are
 OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 for a malformed body, a bad value, a field zoo
@@ -59,7 +61,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
     answers /v1/embeddings alone. Every request gets an id, is counted in GET /metrics and, with `log_requests`, said
     in a line; `app.state.drain` stops it gracefully (zoo.serve.operations, zoo.serve.shutdown)."""
     from zoo.api import decoder
-    from zoo.serve import embeddings
+    from zoo.serve import embeddings, rerank
     app = FastAPI(title="zoo-serve", docs_url=None, redoc_url=None)
     lm = engine.lm if engine is not None else lm
     tok = lm.tokenizer
@@ -69,8 +71,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
 
     def decoding() -> None:
         if engine is None:
-            raise ApiError(400, f"'{model_id}' is an embedding model (an encoder): this server answers "
-                                f"/v1/embeddings only")
+            raise ApiError(400, f"'{model_id}' is {rerank.kind(lm)}: this server answers /v1/{rerank.serves(lm)} only")
 
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
@@ -100,7 +101,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
     @app.get("/health")
     async def health():
         if engine is None:
-            return {"status": "ok", "model": model_id, "serves": "embeddings"}
+            return {"status": "ok", "model": model_id, "serves": rerank.serves(lm)}
         stopping = engine.stopping.is_set() or app.state.drain.stopping
         return {"status": "ok" if not stopping else "stopping", "model": model_id,
                 "slots": engine.slots, "active": engine.active(), "waiting": engine.waiting.qsize(),
@@ -340,17 +341,19 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
     @app.post("/v1/embeddings")
     async def embed(request: Request):
         body = await body_of(request, {})
+        rerank.refuse_unless_embedder(lm, model_id)
         texts = embeddings.texts_of(body, max_prompts)
         if engine is None:
             async with one_at_a_time:
-                vectors = await asyncio.to_thread(lm.embed, texts)
+                vectors = await asyncio.to_thread(embeddings.vectors, lm, texts)
         else:  # between two decode chunks, on the engine's thread
             try:
-                vectors = await asyncio.wrap_future(engine.job(lambda: lm.embed(texts)))
+                vectors = await asyncio.wrap_future(engine.job(lambda: embeddings.vectors(lm, texts)))
             except RuntimeError as e:
                 raise ApiError(503, str(e), "server_error") from None
         return await asyncio.to_thread(embeddings.response, lm, body, texts, vectors, model_id)
 
+    rerank.install(app, lm=lm, model_id=model_id, body_of=body_of, lock=one_at_a_time, max_documents=max_prompts)
     operations.install(app, metrics, app.state.drain, log_requests)  # the last: its route counts by name
     return app
 

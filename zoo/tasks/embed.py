@@ -4,8 +4,9 @@ optionally a hard negative each, and sentence-transformers' MultipleNegativesRan
 Data: any source of zoo.data (`hub:NAME[/CONFIG]`, local json/jsonl/parquet/csv/tsv) with the columns
 sentence-transformers and TRL name, found automatically: anchor/positive (optional negative) or query/document
 (optional negative). `builtin` is an offline set of pairs: the first sentence of a pydoc topic paragraph and the
-rest of it. Each text is framed as `Pretrained.embed` frames it ([CLS] text [SEP], cut to data.seq_len); a batch
-is inputs/valid [B, K, T] (K = 2, or 3 with negatives) and weights [B] (0: an eval batch's padding row).
+rest of it, of the training topics only (zoo.data.pydoc_pairs). Each text is framed as `Pretrained.embed` frames it
+([CLS] text [SEP], cut to data.seq_len); a batch is inputs/valid [B, K, T] (K = 2, or 3 with negatives) and weights
+[B] (0: an eval batch's padding row).
 
 Loss (per anchor i, over the whole global batch inside the jitted step, so under data parallelism the similarity
 matrix spans every device's rows: every device's positives and negatives are each anchor's candidates):
@@ -27,7 +28,6 @@ import functools
 import json
 import math
 import os
-import re
 
 import datasets
 import flax.linen as nn
@@ -35,14 +35,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from zoo.data import corpus
+from zoo.data import corpus, pydoc_pairs
 from zoo.data.batches import EpochOrder, process_rows
 from zoo.data.store import doc_hash, val_documents
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ZooDataError
 from zoo.models.bert import Bert, BertConfig
 from zoo.tasks.base import Data
-from zoo.tasks.classify import MIN_PARAGRAPH, _Encoder
+from zoo.tasks.classify import _Encoder
 from zoo.tasks.mlm import check_bert_vocab, check_ids
 
 # Column sets, first match wins: (anchor, positive, optional hard negative).
@@ -56,16 +56,9 @@ MASKED = -1e9  # the logit of a padding row as a candidate: finite, so a padding
 
 
 def builtin_pairs() -> datasets.Dataset:
-    """Offline pairs: each pydoc topic paragraph's first sentence (anchor) and the rest of it (positive)."""
-    from pydoc_data.topics import topics
-    anchors, positives, seen = [], [], set()
-    for name in sorted(topics):
-        for para in re.split(r"\n\s*\n", topics[name]):
-            head, _, rest = " ".join(para.split()).partition(". ")
-            if len(head) >= 20 and len(rest) >= MIN_PARAGRAPH and head not in seen:
-                seen.add(head)
-                anchors.append(head + ".")
-                positives.append(rest)
+    """Offline pairs: a pydoc topic paragraph's first sentence (anchor) and the rest of it (positive), of the
+    training topics only (zoo.data.pydoc_pairs: `zoo-eval --task retrieval builtin` searches the others)."""
+    anchors, positives = pydoc_pairs.pairs("train")
     return datasets.Dataset.from_dict({"anchor": anchors, "positive": positives})
 
 

@@ -1,0 +1,34 @@
+"""zoo-bench's embed workload (zoo.bench.embed_speed): zoo's .embed and its peer, sentence-transformers' encode, embed
+the same pydoc sentences with the same checkpoint (their vectors sum alike) and report texts/s and real tokens/s,
+so the row's zoo / st-torch ratio is a texts/s ratio; the peer belongs to this workload only."""
+
+import pytest
+
+from zoo.bench import embed_speed, run, shapes, torch_peer
+
+
+def test_the_texts_are_pydoc_sentences_the_same_every_time():
+    texts = embed_speed.sentences(300)
+    assert texts == embed_speed.sentences(300) and len(set(texts)) > 250
+    assert all(len(t) >= embed_speed.MIN_CHARS for t in texts) and texts[0].endswith(".")
+    assert [embed_speed.texts_per_round(b) for b in (1, 32, 256)] == [64, 128, 1024]
+    assert [s["name"] for s in shapes.specs(["embed"], "cpu")] == ["minilm-B1", "minilm-B32", "minilm-B256"]
+    assert "embed" not in shapes.workloads_with("gpu") and "embed" in shapes.PEER_WORKLOADS
+
+
+def test_zoo_and_sentence_transformers_embed_the_same_texts_and_the_row_has_their_ratio():
+    spec = {**shapes.specs(["embed"], "cpu", names=["minilm-B32"])[0]}
+    zoo, st = embed_speed.ZooEmbed(spec), torch_peer.make("st-torch", spec)
+    reports = [(w.round(), w.final()) for w in (zoo, st)]
+    (z_round, z_final), (s_round, s_final) = reports
+    assert z_final["texts"] == s_final["texts"] == 128
+    assert z_final["vector_sum"] == pytest.approx(s_final["vector_sum"], abs=1e-3)  # the same vectors
+    assert z_final["tokens_per_s"] / z_final["sequences_per_s"] == pytest.approx(
+        s_final["tokens_per_s"] / s_final["sequences_per_s"])  # the same real tokens a text
+    row = run.summarise(spec, (zoo.ready(), [z_round], z_final), {"st-torch": (st.ready(), [s_round], s_final,
+                                                                                  z_final)})
+    assert row["ratio_sequences_per_s"] == pytest.approx(z_final["sequences_per_s"] / s_final["sequences_per_s"])
+    with pytest.raises(ValueError, match="embed's peer is st-torch"):
+        torch_peer.make("hf-torch", spec)
+    with pytest.raises(ValueError, match="st-torch is the embed workload's peer, not gpt_train's"):
+        torch_peer.make("st-torch", shapes.specs(["gpt_train"], "cpu")[0])
