@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -185,7 +186,17 @@ def start_zoo(source: str, port: int, slots: int, max_len: int = 256, *flags: st
     return subprocess.Popen([sys.executable, "-m", "zoo.cli.serve", source, "--port", str(port), "--slots", str(slots),
                              "--max-len", str(max_len), "--max-queue", "256", "--model-id", "m", *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,  # "m": what requests send
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Kill a server and every process it started (vLLM's EngineCore and Worker outlive a killed api_server and
+    would go on taking the CPU the next server is measured on): each server runs in its own session."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 LOG = os.path.join(tempfile.gettempdir(), "zoo-bench-vllm.log")  # vLLM logs steadily: a pipe nobody reads would fill
@@ -197,12 +208,14 @@ def start_vllm(python: str, hf_dir: str, port: int, max_len: int) -> subprocess.
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     return subprocess.Popen([python, "-m", "vllm.entrypoints.openai.api_server", "--model", hf_dir, "--dtype",
                              "float32", "--max-model-len", str(max_len), "--port", str(port), "--served-model-name",
-                             "m"], stdout=subprocess.DEVNULL, stderr=open(LOG, "w"), text=True, env=env)
+                             "m"], stdout=subprocess.DEVNULL, stderr=open(LOG, "w"), text=True, env=env,
+                            start_new_session=True)
 
 
 def start_peer(hf_dir: str, port: int) -> subprocess.Popen:
     code = PEER.format(path=hf_dir, port=port, threads=os.cpu_count() or 1)
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
 
 
 def main(argv=None) -> int:
@@ -260,8 +273,7 @@ def main(argv=None) -> int:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:
-                proc.kill()
-                proc.wait()
+                stop(proc)
     if a.out:
         with open(a.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
