@@ -226,7 +226,7 @@ HOSTILE = [  # (what, path, body: a dict, raw bytes or an iterator of bytes (sen
      "the JSON schema is refused by the grammar compiler: Invalid type: nope", "response_format", None),
     ("tools for a template without them", CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
      "chat template renders no tool calls", "tools", None),  # tests/serve/test_tools.py: templates with tools
-    ("an unknown route", "/v1/rerank", {"input": "x"}, 404, "Invalid URL (POST /v1/rerank)", None, None),
+    ("an unknown route", "/v1/audio/speech", {"input": "x"}, 404, "Invalid URL (POST /v1/audio/speech)", None, None),
     *[(f"'{name}', not implemented", path, {**base, name: value}, 400, f"'{name}' is not implemented", name,
        "unsupported_parameter")
       for name, value, path, base in [("tools", [{"type": "function", "function": {"name": "f"}}], COMPLETIONS,
