@@ -32,7 +32,9 @@ def test_an_editable_install_imports_zoo_beside_a_folder_named_zoo(tmp_path):
     user = tmp_path / "work"  # the folder a user runs Python from: it holds a clone named zoo (no __init__.py)
     (user / "zoo" / "docs").mkdir(parents=True)
     (user / "zoo" / "README.md").write_text("a clone\n")
-    out = subprocess.run([sys.executable, "-c", f"import site; site.addsitedir({str(site)!r}); import zoo; "
-                          "print(zoo.__file__, callable(zoo.load))"], cwd=user, capture_output=True, text=True,
+    # -S: none of this environment's own site-packages, where the editable install of the clone under test (CI's)
+    # would put its path before the wheel's; `import zoo` itself needs no package beyond the standard library.
+    out = subprocess.run([sys.executable, "-S", "-c", f"import site; site.addsitedir({str(site)!r}); import zoo; "
+                          "print(zoo.__file__, 'load' in zoo.__all__)"], cwd=user, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": ""})
     assert out.stdout.split() == [str(clone / "zoo" / "__init__.py"), "True"], out.stderr
