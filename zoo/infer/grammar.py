@@ -92,13 +92,9 @@ def compile_schema(tokenizer, eos: tuple[int, ...], schema) -> "Grammar":
     if not isinstance(schema, dict):
         raise SchemaError(f"a JSON schema must be an object; got {json.dumps(schema)[:80]}")
     tok = ll_tokenizer(tokenizer, eos)
-    try:
-        text = llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
-    except ValueError as e:
-        raise SchemaError(f"the JSON schema is refused by the grammar compiler: {e}") from None
-    problem = llg.LLMatcher.validate_grammar(text, tok)
-    if problem and not problem.startswith("WARNING"):
-        raise SchemaError(f"the JSON schema is refused by the grammar compiler: {problem}")
+    compact = {"whitespace_flexible": False}
+    text = _checked(tok, lambda: llg.LLMatcher.grammar_from_json_schema(schema, defaults=compact),
+                    "the JSON schema is refused by the grammar compiler")
     return Grammar(tok, text, schema)
 
 
@@ -116,14 +112,21 @@ def compile_lark(tokenizer, eos: tuple[int, ...], lark: str) -> "Grammar":
     writes them); one the compiler refuses raises SchemaError."""
     llg = _import()
     tok = ll_tokenizer(tokenizer, eos)
+    return Grammar(tok, _checked(tok, lambda: llg.LLMatcher.grammar_from_lark(lark),
+                                 "the grammar is refused by its compiler"), None)
+
+
+def _checked(tok, build, refused: str) -> str:
+    """The grammar text `build()` makes, validated against the tokenizer; SchemaError "<refused>: why" when the
+    compiler refuses it (warnings pass)."""
     try:
-        text = llg.LLMatcher.grammar_from_lark(lark)
+        text = build()
     except ValueError as e:
-        raise SchemaError(f"the grammar is refused by its compiler: {e}") from None
-    problem = llg.LLMatcher.validate_grammar(text, tok)
+        raise SchemaError(f"{refused}: {e}") from None
+    problem = _import().LLMatcher.validate_grammar(text, tok)
     if problem and not problem.startswith("WARNING"):
-        raise SchemaError(f"the grammar is refused by its compiler: {problem}")
-    return Grammar(tok, text, None)
+        raise SchemaError(f"{refused}: {problem}")
+    return text
 
 
 class Grammar:
