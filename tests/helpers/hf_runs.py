@@ -169,12 +169,20 @@ def build_reference(row, path) -> None:
     torch.manual_seed(row.seed)
     model = getattr(transformers, row.model)(getattr(transformers, row.config)(**row.kwargs)).eval()
     with torch.no_grad():
+        for name, std in row.redraw:  # a weight of its own, drawn before the perturbation
+            owner, attr = name.rsplit(".", 1)
+            shape = getattr(model.get_submodule(owner), attr).shape
+            setattr(model.get_submodule(owner), attr, torch.nn.Parameter(std * torch.randn(*shape)))
         for n, p in model.named_parameters():
             if "all" in row.perturb or ("norm" in row.perturb and "norm" in n) or \
                     ("bias" in row.perturb and n.endswith(".bias")):
                 p.add_(row.scale * torch.randn_like(p))
             if "router" in row.perturb and n.endswith("mlp.gate.weight"):
                 p.normal_(0.0, 0.2)
+        for name, op, value in row.then:  # a parameter or a buffer (BART's final_logits_bias)
+            owner, attr = name.rsplit(".", 1) if "." in name else ("", name)
+            t = getattr(model.get_submodule(owner), attr)
+            t.mul_(value) if op == "mul" else t.normal_(0.0, value)
     model.save_pretrained(str(path))
     if row.tokenizer:
         from tests.hf.parity_table import save_tokenizer

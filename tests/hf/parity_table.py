@@ -41,6 +41,13 @@ class Row:
     left_pad: bool = False
     param_keys: tuple = ()
     absent: tuple = ()  # param paths the conversion must not make
+    # encoder-decoders: weights redrawn before the perturbation (name, std: a head of its own) and set after it
+    # (name, "mul" | "normal", value); how sources are framed ("t5": text then pad 0; "bart": <s> text </s> then
+    # pad 1) and the decoder's start id
+    redraw: tuple = ()
+    then: tuple = ()
+    frame: str = ""
+    start_id: int = 0
 
 
 # ---- decoders -------------------------------------------------------------------------------------------
@@ -228,7 +235,64 @@ ENCODERS = {
     "distilbert_tokens": encoder("DistilBertConfig", "DistilBertForTokenClassification",
                                  dict(DISTILBERT, pad_token_id=0, **LABELS), "bert_tokens", 2, **TAGGED),
 }
-ROWS = {**DECODERS, **ENCODERS}
+
+# ---- encoder-decoders: T5 v1.0 / v1.1, mT5, BART, every weight perturbed ---------------------------------
+# T5: N * H = 32 = D; v1.0 with a deeper decoder (transformers' generate fails on that with v1.0's tied head:
+# its cache follows num_layers; greedy decoding is compared on every row all the same).
+T5 = dict(vocab_size=256, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+          relative_attention_max_distance=20, decoder_start_token_id=0, dropout_rate=0.0)
+T5_IDS = dict(decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+# mT5: head width 24 over width 40 and 3 heads; T5's init std 1.0 on `shared` gives logits of ~100, where float32
+# rounding nears 1e-4: scaled by 0.2
+MT5 = dict(vocab_size=200, d_model=40, d_kv=24, d_ff=56, num_layers=2, num_decoder_layers=2, num_heads=3,
+           relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0,
+           feed_forward_proj="gated-gelu", decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+# BART over the trained byte-level BPE (5 specials, 256 bytes, 39 merges); zoo's decoding forces no EOS at max length
+BART = dict(vocab_size=300, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
+            dropout=0.0, forced_eos_token_id=None)
+BART_IDS = dict(bos_token_id=0, decoder_start_token_id=2, eos_token_id=2, pad_token_id=1)
+
+
+def seq2seq(config, model, kwargs, converts_to, seed, scale, frame, **fields) -> Row:
+    return Row(config, model, kwargs, converts_to, perturb=("all",), scale=scale, seed=seed, task="seq2seq",
+               frame=frame, **fields)
+
+
+SEQ2SEQ = {
+    "t5_v1_0": seq2seq("T5Config", "T5ForConditionalGeneration", dict(T5, feed_forward_proj="relu",
+                                                                      num_decoder_layers=3),
+                       dict(activation="relu", tie_output=True, output_scale=True, num_decoder_layers=3), 0, 0.1,
+                       "t5", tokenizer="t5_unigram", export_json=T5_IDS),
+    # untied: transformers 5 keeps an lm_head saved with other values
+    "t5_v1_1": seq2seq("T5Config", "T5ForConditionalGeneration", dict(T5, feed_forward_proj="gated-gelu",
+                                                                      tie_word_embeddings=False),
+                       dict(activation="gated_gelu", tie_output=False, output_scale=False, num_decoder_layers=2), 1,
+                       0.1, "t5", tokenizer="t5_unigram", redraw=(("lm_head.weight", 0.2),), export_json=T5_IDS),
+    # mT5 exports as the T5 it equals; its decoder output is never scaled (transformers 5's mT5 does not,
+    # whatever tie_word_embeddings says); saved without a tokenizer, so the export writes no special id past its
+    # 200 rows (zoo's bytes framing says 256-258), leaving transformers' T5 defaults
+    "mt5_tied": seq2seq("MT5Config", "MT5ForConditionalGeneration", MT5,
+                        dict(activation="gated_gelu", head_dim=24, output_scale=False, tie_output=True), 0, 0.1, "t5",
+                        then=(("shared.weight", "mul", 0.2),), exports_as="T5ForConditionalGeneration",
+                        export_json=dict(model_type="t5")),
+    "mt5_untied": seq2seq("MT5Config", "MT5ForConditionalGeneration", MT5,
+                          dict(activation="gated_gelu", head_dim=24, output_scale=False, tie_output=False), 1, 0.1,
+                          "t5", redraw=(("lm_head.weight", 0.2),), then=(("shared.weight", "mul", 0.2),),
+                          exports_as="T5ForConditionalGeneration", export_json=dict(model_type="t5")),
+    # bart-base's layout (one embedding, output tied) with a non-zero final_logits_bias, larger embeddings and
+    # decoder positions (greedy output varies by row and step); untied: separate encoder, decoder and output weights
+    "bart_tied": seq2seq("BartConfig", "BartForConditionalGeneration", BART,
+                         dict(logits_bias=True, share_embeddings=True, tie_output=True), 0, 0.05, "bart",
+                         tokenizer="bart_bpe", start_id=2, export_json=BART_IDS,
+                         then=(("final_logits_bias", "normal", 1.0), ("model.decoder.embed_positions.weight",
+                                                                      "normal", 1.0),
+                               ("model.shared.weight", "normal", 0.5))),
+    "bart_untied": seq2seq("BartConfig", "BartForConditionalGeneration", dict(BART, tie_word_embeddings=False),
+                           dict(logits_bias=False, share_embeddings=False, tie_output=False), 1, 0.05, "bart",
+                           tokenizer="bart_bpe", start_id=2, export_json=BART_IDS),
+}
+ROWS = {**DECODERS, **ENCODERS, **SEQ2SEQ}
 
 
 # ---- tokenizers a row saves beside its weights ----------------------------------------------------------
@@ -255,10 +319,52 @@ def byte_level_tokenizer():
     return tok
 
 
-def save_tokenizer(kind: str, path) -> None:
-    """Save the tokenizer a row names into checkpoint directory `path`."""
+def t5_tokenizer():
+    """A 250-piece unigram (tokenizers) over 40 pydoc topics, wrapped as transformers' T5Tokenizer with 4
+    sentinels."""
+    import json
     import transformers
-    assert kind == "llama3", kind
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=byte_level_tokenizer(), bos_token=BOS, eos_token=EOS)
-    fast.chat_template = CHAT
-    fast.save_pretrained(str(path))
+    from pydoc_data.topics import topics
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()])
+    tok.train_from_iterator(list(topics.values())[:40], trainers.UnigramTrainer(
+        vocab_size=250, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>"))
+    vocab = [tuple(v) for v in json.loads(tok.to_str())["model"]["vocab"]]
+    return transformers.T5Tokenizer(vocab=vocab, extra_ids=4)
+
+
+def bart_bpe(path) -> str:
+    """vocab.json + merges.txt of a 300-id byte-level BPE over 40 pydoc topics, BART's specials first (<s>=0
+    <pad>=1 </s>=2 <unk>=3 <mask>=4), saved into `path`."""
+    from pydoc_data.topics import topics
+    from tokenizers import ByteLevelBPETokenizer
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(list(topics.values())[:40], vocab_size=300,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.save_model(str(path))
+    return str(path)
+
+
+def bart_tokenizer(bpe_dir: str):
+    import os
+    import transformers
+    return transformers.BartTokenizer(vocab=os.path.join(bpe_dir, "vocab.json"),
+                                      merges=os.path.join(bpe_dir, "merges.txt"))
+
+
+def save_tokenizer(kind: str, path) -> None:
+    """Save the tokenizer a row names into checkpoint directory `path` (transformers 5 writes tokenizer.json)."""
+    import tempfile
+    import transformers
+    if kind == "llama3":
+        fast = transformers.PreTrainedTokenizerFast(tokenizer_object=byte_level_tokenizer(), bos_token=BOS,
+                                                    eos_token=EOS)
+        fast.chat_template = CHAT
+        fast.save_pretrained(str(path))
+    elif kind == "t5_unigram":
+        t5_tokenizer().save_pretrained(str(path))
+    else:
+        assert kind == "bart_bpe", kind
+        with tempfile.TemporaryDirectory() as d:
+            bart_tokenizer(bart_bpe(d)).save_pretrained(str(path))

@@ -1,22 +1,23 @@
-"""BART from and to Hugging Face: logits (with a non-zero final_logits_bias, and untied embeddings)
-match transformers under padding; round trips are exact; greedy and beam search equal `generate`;
-byte-level BPE ids and the "<s> text </s>" framing equal transformers'; a converted run batches and
-translates with BART's own ids."""
+"""What only BART has, beside the parity table's steps (tests/hf/test_parity_seq2seq.py: tied with a non-zero
+final_logits_bias and untied, logits under padding, greedy decoding, export and round trip, on the references of
+tests/hf/parity_table.py): an all-zero final_logits_bias is dropped and written back; beam search equals `generate`
+under BART's settings; byte-level BPE ids and the "<s> text </s>" framing equal transformers'; a converted run
+batches and translates with BART's own ids; unsupported variants are named."""
 
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
-from tests.helpers import hf_runs
+from tests.helpers.hf_runs import hf_refs_fixture  # noqa: F401,E402  (the session's references)
+from tests.hf.parity_table import bart_bpe, bart_tokenizer  # noqa: E402
 from zoo.infer import decoding  # noqa: E402
 from zoo import hf  # noqa: E402
-from zoo.tasks import seq2seq_data
+from zoo.tasks import seq2seq_data  # noqa: E402
 from zoo.tasks.seq2seq import Seq2SeqTask  # noqa: E402
 from zoo.cli import translate  # noqa: E402
 from zoo.configuration import Config, DataConfig  # noqa: E402
@@ -26,60 +27,19 @@ from zoo.errors import ConversionError  # noqa: E402
 from tests.helpers.hf_runs import one_torch_thread  # noqa: F401,E402  (autouse fixture)
 
 V = 300  # the trained byte-level BPE: 5 specials, 256 bytes, 39 merges
-SMALL = dict(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-             decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
-             dropout=0.0, forced_eos_token_id=None)  # zoo.decoding forces no EOS at max length
-# "tied": bart-base's layout (one embedding, output tied) with a non-zero final_logits_bias; "untied":
-# tie_word_embeddings False, which transformers 5 builds with separate encoder, decoder and output weights.
-VARIANTS = {"tied": {}, "untied": dict(tie_word_embeddings=False)}
 SENTENCES = ["The if statement is used for conditional execution.", "Classes are callable",
              "  spaces\tand\nnewlines  ", "Unicode: naïve café — ünïcödé 😀"]
 
 
-
 @pytest.fixture(scope="module")
 def bpe_dir(tmp_path_factory):
-    """vocab.json + merges.txt of a byte-level BPE with BART's specials first (<s>=0 <pad>=1 </s>=2 <unk>=3)."""
-    from pydoc_data.topics import topics
-    from tokenizers import ByteLevelBPETokenizer
-    d = tmp_path_factory.mktemp("bpe")
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(list(topics.values())[:40], vocab_size=V,
-                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
-    bpe.save_model(str(d))
-    return str(d)
+    """vocab.json + merges.txt of the parity table's byte-level BPE (<s>=0 <pad>=1 </s>=2 <unk>=3)."""
+    return bart_bpe(tmp_path_factory.mktemp("bpe"))
 
 
 @pytest.fixture(scope="module")
 def hf_tok(bpe_dir):
-    return transformers.BartTokenizer(vocab=os.path.join(bpe_dir, "vocab.json"),
-                                      merges=os.path.join(bpe_dir, "merges.txt"))
-
-
-@pytest.fixture(scope="module")
-def hf_dirs(tmp_path_factory, hf_tok):
-    out = {}
-    for i, (name, extra) in enumerate(VARIANTS.items()):
-        torch.manual_seed(i)
-        model = transformers.BartForConditionalGeneration(transformers.BartConfig(**SMALL, **extra)).eval()
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-            if name == "tied":  # larger embeddings and decoder positions: greedy output varies by row and step
-                model.final_logits_bias.normal_(0, 1.0)
-                model.model.decoder.embed_positions.weight.normal_(0, 1.0)
-                model.model.shared.weight.normal_(0, 0.5)
-        d = tmp_path_factory.mktemp(name)
-        model.save_pretrained(d)
-        hf_tok.save_pretrained(d)  # transformers 5 writes tokenizer.json (no vocab.json / merges.txt)
-        out[name] = (str(d), model)
-    return out
-
-
-@pytest.fixture(scope="module")
-def runs(hf_dirs, tmp_path_factory):
-    """name -> (run directory, from_hf's report) of each converted checkpoint."""
-    return hf_runs.convert_all(hf_dirs, tmp_path_factory)
+    return bart_tokenizer(bpe_dir)
 
 
 def padded_sources(lengths=(20, 13, 5), seed=0):
@@ -92,54 +52,13 @@ def padded_sources(lengths=(20, 13, 5), seed=0):
     return src, src != 1
 
 
-def hf_logits(model, src, valid, tgt):
-    with torch.no_grad():
-        t = lambda x: torch.tensor(np.asarray(x), dtype=torch.long)
-        return model(input_ids=t(src), attention_mask=t(valid), decoder_input_ids=t(tgt)).logits.numpy()
-
-
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_logits_match_transformers_under_padding(hf_dirs, runs, name):
-    run, out = runs[name]
-    m = out["config"].model
-    assert out["unused"] == [] and out["config"].task == "seq2seq"
-    assert (m.logits_bias, m.share_embeddings, m.tie_output) == {"tied": (True, True, True),
-                                                                 "untied": (False, False, False)}[name]
-    zmodel, params, _, _ = hf.from_pretrained(run)
-    src, valid = padded_sources()
-    tgt = np.concatenate([np.full((3, 1), 2), np.random.default_rng(1).integers(0, V, (3, 11))], 1).astype(np.int32)
-    ours = np.asarray(jax.jit(zmodel.apply)({"params": params}, src, valid, tgt))
-    diff = np.abs(ours - hf_logits(hf_dirs[name][1], src, valid, tgt)).max()
-    print(f"BART {name}: max abs logit diff {diff:.2e}")
-    assert diff <= 1e-4
-
-
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_round_trip_is_exact_and_export_loads_in_transformers(hf_dirs, runs, tmp_path, name):
-    run = runs[name][0]
-    hf.to_hf(run, str(tmp_path / "out"), verbose=False)
-    a, b = runs[name][1]["params"], hf.from_pretrained(str(tmp_path / "out"))[1]  # zoo -> HF -> zoo (in memory)
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(x, y)
-    exported, info = transformers.BartForConditionalGeneration.from_pretrained(str(tmp_path / "out"),
-                                                                               output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    cfg = json.load(open(tmp_path / "out" / "config.json"))
-    assert [cfg[k] for k in ("bos_token_id", "decoder_start_token_id", "eos_token_id", "pad_token_id")] == [0, 2, 2, 1]
-    src, valid = padded_sources(seed=2)
-    tgt = np.random.default_rng(3).integers(0, V, (3, 7)).astype(np.int32)
-    theirs = hf_logits(hf_dirs[name][1], src, valid, tgt)
-    np.testing.assert_array_equal(hf_logits(exported.eval(), src, valid, tgt), theirs)
-
-
-def test_all_zero_final_logits_bias_is_dropped_and_written_back(hf_dirs, runs):
-    src = hf_dirs["untied"][0]  # transformers saved its (zero) final_logits_bias
+def test_all_zero_final_logits_bias_is_dropped_and_written_back(hf_refs):
+    src, run = hf_refs.directory("bart_untied"), hf_refs.converted("bart_untied")  # transformers saved a zero bias
     from safetensors.numpy import load_file
     assert not load_file(os.path.join(src, "model.safetensors"))["final_logits_bias"].any()
-    cfg = runs["untied"][1]["config"].model
-    assert not cfg.logits_bias and "logits_bias" not in runs["untied"][1]["params"]
-    assert not bart.params_to_hf(runs["untied"][1]["params"], cfg)["final_logits_bias"].any()
+    cfg = run.config.model
+    assert not cfg.logits_bias and "logits_bias" not in run.params
+    assert not bart.params_to_hf(run.params, cfg)["final_logits_bias"].any()
 
 
 # transformers' early_stopping True with a long-favouring penalty, and its default rule with a negative
@@ -147,9 +66,9 @@ def test_all_zero_final_logits_bias_is_dropped_and_written_back(hf_dirs, runs):
 SETTINGS = [(1, 1.0, False), (3, 2.0, True), (3, -1.0, False)]
 
 
-def test_greedy_and_beam_search_equal_transformers_generate(hf_dirs):
+def test_greedy_and_beam_search_equal_transformers_generate(hf_refs):
     from test_t5 import eos_for_variety
-    src_dir, model = hf_dirs["tied"]
+    src_dir, model = hf_refs.reference("bart_tied")
     zmodel, params, _, _ = hf.from_pretrained(src_dir)
     src, valid = padded_sources((12, 9, 5, 7), seed=4)
     eos = eos_for_variety(decoding.greedy(params, src, valid, model=zmodel, max_len=10, bos_id=2, eos_id=V,
@@ -169,8 +88,8 @@ def test_greedy_and_beam_search_equal_transformers_generate(hf_dirs):
 
 
 @pytest.mark.parametrize("layout", ["tokenizer.json", "vocab.json + merges.txt"])
-def test_tokenizer_ids_and_framing_equal_transformers(hf_tok, hf_dirs, bpe_dir, runs, layout):
-    run = runs["tied"][1]["config"]
+def test_tokenizer_ids_and_framing_equal_transformers(hf_tok, hf_refs, bpe_dir, layout):
+    run = hf_refs.converted("bart_tied").config
     if layout == "tokenizer.json":  # what transformers 5 saves, copied into the converted run
         assert "vocab.json" not in os.listdir(run.data.tokenizer)
         ours = get_tokenizer(run.data.tokenizer)
@@ -191,11 +110,12 @@ def test_tokenizer_ids_and_framing_equal_transformers(hf_tok, hf_dirs, bpe_dir, 
         assert ours.decode(sp.target(ids)) == text == hf_tok.decode(labels, skip_special_tokens=True)
 
 
-def test_converted_run_batches_and_translates_with_bart_ids(runs, hf_dirs, hf_tok, tmp_path, capsys):
-    run, out = runs["tied"]
+def test_converted_run_batches_and_translates_with_bart_ids(hf_refs, hf_tok, tmp_path, capsys):
+    converted = hf_refs.converted("bart_tied")
+    run, model_cfg, tokenizer = converted.run, converted.config.model, converted.config.data.tokenizer
     from test_t5 import word_pairs
-    cfg = Config(task="seq2seq", model=out["config"].model,
-                 data=DataConfig(source=word_pairs(tmp_path / "pairs.jsonl"), tokenizer=out["config"].data.tokenizer,
+    cfg = Config(task="seq2seq", model=model_cfg,
+                 data=DataConfig(source=word_pairs(tmp_path / "pairs.jsonl"), tokenizer=tokenizer,
                                  seq_len=16))
     b = Seq2SeqTask(cfg).make_data(cfg, 0, 1).train(0)
     n = b["src_valid"].sum(1)
@@ -207,13 +127,13 @@ def test_converted_run_batches_and_translates_with_bart_ids(runs, hf_dirs, hf_to
     texts = ["Classes are callable", "the if statement"]
     enc = hf_tok(texts, padding=True, return_tensors="pt")
     with torch.no_grad():
-        gen = hf_dirs["tied"][1].generate(**enc, max_new_tokens=8, num_beams=1, do_sample=False)
+        gen = hf_refs.reference("bart_tied")[1].generate(**enc, max_new_tokens=8, num_beams=1, do_sample=False)
     assert translate.main([run, *[a for t in texts for a in ("--text", t)], "--beam", "1", "--max-len", "8"]) == 0
     assert capsys.readouterr().out.splitlines() == hf_tok.batch_decode(gen, skip_special_tokens=True)
 
 
-def test_unsupported_variants_are_named(hf_dirs, tmp_path):
-    src = hf_dirs["tied"][0]
+def test_unsupported_variants_are_named(hf_refs, tmp_path):
+    src = hf_refs.directory("bart_tied")
     cfg = json.load(open(os.path.join(src, "config.json")))
     for name, change, match in [
             ("silu", {"activation_function": "silu"},

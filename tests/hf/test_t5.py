@@ -1,7 +1,8 @@
-"""T5 from and to Hugging Face: v1.0 (ReLU, tied, scaled output) and v1.1 (gated GELU, untied) logits
-match transformers under padding; round trips are exact; greedy and beam search equal `generate`;
-relative-position buckets, SentencePiece ids and the "text </s>" framing equal transformers'; a
-converted T5 fine-tunes through the trainer and translates as its export does in transformers."""
+"""What only T5 has, beside the parity table's steps (tests/hf/test_parity_seq2seq.py: v1.0 and v1.1 logits under
+padding, greedy decoding, export and round trip, on the references of tests/hf/parity_table.py): beam search equal
+to `generate` under three settings, also with model rows past the tokenizer's ids; relative-position buckets,
+SentencePiece ids and the "text </s>" framing equal transformers'; a converted T5 fine-tunes through the trainer and
+translates as its export does in transformers; unsupported variants and missing keys are named."""
 
 import json
 import os
@@ -14,11 +15,12 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: HF parity tests need transformers (PyTorch)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
-from tests.helpers import hf_runs
+from tests.helpers.hf_runs import hf_refs_fixture  # noqa: F401,E402  (the session's references)
+from tests.hf.parity_table import T5 as SMALL, t5_tokenizer  # noqa: E402
 from zoo.infer import decoding  # noqa: E402
 from zoo import hf  # noqa: E402
 from zoo.nn import positions  # noqa: E402
-from zoo.tasks import seq2seq_data
+from zoo.tasks import seq2seq_data  # noqa: E402
 from zoo.tasks.seq2seq import Seq2SeqTask  # noqa: E402
 from zoo.training import trainer  # noqa: E402
 from zoo.cli import translate  # noqa: E402
@@ -28,61 +30,18 @@ from zoo.errors import ConversionError  # noqa: E402
 from tests.helpers.hf_runs import one_torch_thread  # noqa: F401,E402  (autouse fixture)
 
 V, EXTRA = 256, 4  # model rows; the tokenizer has 250 pieces + 4 sentinels
-SMALL = dict(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-             relative_attention_max_distance=20, decoder_start_token_id=0, dropout_rate=0.0)
-# v1.0 gets a deeper decoder (transformers' generate fails on that: its cache follows num_layers; the
-# generation test uses v1.1).
-VARIANTS = {"v1.0": dict(feed_forward_proj="relu", num_decoder_layers=3),
-            "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)}
+V11 = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)  # v1.1's fields (the table's t5_v1_1)
 SENTENCES = ["The if statement is used for conditional execution.", "Classes are callable",
              "  spaces\tand\nnewlines  ", "x <extra_id_0> y"]
 
 
-
-def train_unigram(out_dir, texts):
-    """A 250-piece unigram (tokenizers) wrapped as transformers' T5Tokenizer and saved (tokenizer.json)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.Unigram())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()])
-    tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=250, special_tokens=["<pad>", "</s>", "<unk>"],
-                                                           unk_token="<unk>"))
-    vocab = [tuple(v) for v in json.loads(tok.to_str())["model"]["vocab"]]
-    hf_tok = transformers.T5Tokenizer(vocab=vocab, extra_ids=EXTRA)
-    hf_tok.save_pretrained(out_dir)
-    return hf_tok
-
-
 @pytest.fixture(scope="module")
 def hf_tok(tmp_path_factory):
-    from pydoc_data.topics import topics
+    """(directory, transformers' T5Tokenizer): the parity table's trained unigram, saved."""
     d = tmp_path_factory.mktemp("t5_tok")
-    return str(d), train_unigram(d, list(topics.values())[:40])
-
-
-@pytest.fixture(scope="module")
-def hf_dirs(tmp_path_factory, hf_tok):
-    """v1.0 and v1.1 over one small random config, every weight perturbed; the trained tokenizer saved
-    beside the weights."""
-    out = {}
-    for i, (name, extra) in enumerate(VARIANTS.items()):
-        torch.manual_seed(i)
-        model = transformers.T5ForConditionalGeneration(transformers.T5Config(**SMALL, **extra)).eval()
-        with torch.no_grad():
-            if name == "v1.1":  # untie: transformers 5 keeps an lm_head saved with other values
-                model.lm_head.weight = torch.nn.Parameter(0.2 * torch.randn(V, 32))
-            for p in model.parameters():
-                p.add_(0.1 * torch.randn_like(p))
-        d = tmp_path_factory.mktemp(name)
-        model.save_pretrained(d)
-        hf_tok[1].save_pretrained(d)
-        out[name] = (str(d), model)
-    return out
-
-
-@pytest.fixture(scope="module")
-def runs(hf_dirs, tmp_path_factory):
-    """name -> (run directory, from_hf's report) of each converted checkpoint."""
-    return hf_runs.convert_all(hf_dirs, tmp_path_factory)
+    tok = t5_tokenizer()
+    tok.save_pretrained(d)
+    return str(d), tok
 
 
 def padded_sources(lengths=(24, 15, 5), seed=0):
@@ -91,48 +50,6 @@ def padded_sources(lengths=(24, 15, 5), seed=0):
     B, S = len(lengths), max(lengths)
     valid = np.arange(S)[None] < np.array(lengths)[:, None]
     return np.where(valid, rng.integers(3, V, (B, S)), 0).astype(np.int32), valid
-
-
-def hf_logits(model, src, valid, tgt):
-    with torch.no_grad():
-        t = lambda x: torch.tensor(np.asarray(x), dtype=torch.long)
-        return model(input_ids=t(src), attention_mask=t(valid), decoder_input_ids=t(tgt)).logits.numpy()
-
-
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_logits_match_transformers_under_padding(hf_dirs, runs, name):
-    run, out = runs[name]
-    m = out["config"].model
-    assert out["unused"] == [] and out["config"].task == "seq2seq"
-    assert (m.activation, m.tie_output, m.output_scale, m.num_decoder_layers) == \
-        {"v1.0": ("relu", True, True, 3), "v1.1": ("gated_gelu", False, False, 2)}[name]
-    zmodel, params, _, _ = hf.from_pretrained(run)  # the weights as the run saved them
-    src, valid = padded_sources()
-    tgt = np.random.default_rng(1).integers(0, V, (3, 12)).astype(np.int32)
-    ours = np.asarray(jax.jit(zmodel.apply)({"params": params}, src, valid, tgt))
-    diff = np.abs(ours - hf_logits(hf_dirs[name][1], src, valid, tgt)).max()
-    print(f"T5 {name}: max abs logit diff {diff:.2e}")
-    assert diff <= 1e-4
-
-
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_round_trip_is_exact_and_export_loads_in_transformers(hf_dirs, runs, tmp_path, name):
-    run, out = runs[name]
-    hf.to_hf(run, str(tmp_path / "out"), verbose=False)
-    a, b = out["params"], hf.from_pretrained(str(tmp_path / "out"))[1]  # zoo -> HF -> zoo (in memory)
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(x, y)
-    exported, info = transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path / "out"),
-                                                                              output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    cfg = json.load(open(tmp_path / "out" / "config.json"))
-    assert (cfg["decoder_start_token_id"], cfg["eos_token_id"], cfg["pad_token_id"]) == (0, 1, 0)
-    src, valid = padded_sources(seed=2)
-    tgt = np.random.default_rng(3).integers(0, V, (3, 7)).astype(np.int32)
-    theirs = hf_logits(hf_dirs[name][1], src, valid, tgt)
-    np.testing.assert_array_equal(hf_logits(exported.eval(), src, valid, tgt), theirs)
-    assert "tokenizer.json" in os.listdir(tmp_path / "out") and "seq2seq.json" not in os.listdir(tmp_path / "out")
 
 
 def test_relative_position_buckets_equal_transformers():
@@ -169,8 +86,8 @@ def eos_for_variety(raw_BL) -> int:
     return max(sorted({t for r in rows for t in r}), key=lambda t: (len(outcome(t)), None in outcome(t)))
 
 
-def test_greedy_and_beam_search_equal_transformers_generate(hf_dirs):
-    src_dir, model = hf_dirs["v1.1"]
+def test_greedy_and_beam_search_equal_transformers_generate(hf_refs):
+    src_dir, model = hf_refs.reference("t5_v1_1")
     zmodel, params, _, _ = hf.from_pretrained(src_dir)
     src, valid = padded_sources((12, 9, 5, 7), seed=4)
     eos = eos_for_variety(decoding.greedy(params, jnp.asarray(src), jnp.asarray(valid), model=zmodel, max_len=10,
@@ -186,12 +103,12 @@ def test_greedy_and_beam_search_equal_transformers_generate(hf_dirs):
     assert len(lengths) >= 3 and 10 in lengths  # rows that stop at EOS at different steps, and rows cut at 10
 
 
-def test_rows_past_the_tokenizer_count_in_the_scores_as_transformers_counts_them(hf_dirs):
+def test_rows_past_the_tokenizer_count_in_the_scores_as_transformers_counts_them(hf_refs):
     """A model with more rows than its tokenizer has ids (t5-small: 32128 and 32100): beam scores are
     log-probabilities over every row, as transformers computes them, and only ids the tokenizer can write are
     chosen, as transformers' suppress_tokens does. Normalising over the tokenizer's ids alone changed which
     beams won."""
-    src_dir, model = hf_dirs["v1.1"]
+    src_dir, model = hf_refs.reference("t5_v1_1")
     zmodel, params, _, _ = hf.from_pretrained(src_dir)
     src, valid = padded_sources((12, 9, 5, 7), seed=4)
     limit = V // 2
@@ -205,14 +122,14 @@ def test_rows_past_the_tokenizer_count_in_the_scores_as_transformers_counts_them
         assert ours == theirs, (beam, alpha, early)
 
 
-def test_tokenizer_ids_and_framing_equal_transformers(hf_tok, hf_dirs, runs):
+def test_tokenizer_ids_and_framing_equal_transformers(hf_tok, hf_refs):
     from zoo.data.tokenizers import get_tokenizer
     tok_dir, theirs = hf_tok
-    ours = get_tokenizer(runs["v1.0"][1]["config"].data.tokenizer)  # the converted run's copy + seq2seq.json
+    ours = get_tokenizer(hf_refs.converted("t5_v1_0").config.data.tokenizer)  # the converted run's copy + seq2seq.json
     assert type(ours).__name__ == "Pretrained" and (ours.n_vocab, ours.eot_token) == (250 + EXTRA, 1)
     sp = seq2seq_data.framing(ours)
     assert (sp.decoder_start, sp.eos, sp.pad, sp.beam_style) == (0, 1, 0, "hf")
-    model = hf_dirs["v1.0"][1]
+    model = hf_refs.reference("t5_v1_0")[1]
     for text in SENTENCES:
         ids = ours.encode(text)
         assert ids == theirs(text, add_special_tokens=False).input_ids
@@ -261,7 +178,7 @@ def test_converted_t5_fine_tunes_and_translates_as_transformers(hf_tok, tmp_path
     transformers' generate of its export."""
     torch.manual_seed(5)
     src = tmp_path / "hf"
-    transformers.T5ForConditionalGeneration(transformers.T5Config(**{**SMALL, "num_layers": 1}, **VARIANTS["v1.1"])
+    transformers.T5ForConditionalGeneration(transformers.T5Config(**{**SMALL, "num_layers": 1}, **V11)
                                             ).save_pretrained(src)
     hf_tok[1].save_pretrained(src)
     conv = hf.from_hf(str(src), str(tmp_path / "run"), verbose=False)
@@ -294,8 +211,8 @@ def test_converted_t5_fine_tunes_and_translates_as_transformers(hf_tok, tmp_path
     assert capsys.readouterr().out.splitlines() == want
 
 
-def test_unsupported_variants_and_missing_keys_are_named(hf_dirs, tmp_path):
-    src = hf_dirs["v1.0"][0]
+def test_unsupported_variants_and_missing_keys_are_named(hf_refs, tmp_path):
+    src = hf_refs.directory("t5_v1_0")
     cfg = json.load(open(os.path.join(src, "config.json")))
     from safetensors.numpy import load_file, save_file
     tensors = load_file(os.path.join(src, "model.safetensors"))

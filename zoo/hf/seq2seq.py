@@ -99,12 +99,15 @@ def unsupported_generation(hf: dict, gen: dict) -> list[str]:
 
 def run_fields(cfg) -> dict:
     """config.json ids from the run's seq2seq framing (its tokenizer's seq2seq.json, else zoo's
-    BOS/PAD after the vocabulary), and the beam-search settings of a run that decodes in HF style."""
+    BOS/PAD after the vocabulary), and the beam-search settings of a run that decodes in HF style. An id the
+    model has no row for (a checkpoint converted without its tokenizer, framed by zoo's bytes) is not written:
+    transformers' defaults stand, as GPT-2's and Llama's exports leave such ids out."""
     from zoo.data.tokenizers import get_tokenizer
     from zoo.tasks.seq2seq_data import framing
     sp = framing(get_tokenizer(cfg.data.tokenizer))
     out = {"decoder_start_token_id": sp.decoder_start, "eos_token_id": sp.eos, "pad_token_id": sp.pad,
            "bos_token_id": sp.src_prefix[0] if sp.src_prefix else None}
+    out = {k: v for k, v in out.items() if v is None or v < cfg.model.vocab_size}
     if sp.beam_style == "hf":
         out.update(length_penalty=sp.length_penalty, early_stopping=sp.early_stopping)
     return out
