@@ -44,7 +44,7 @@ def _abstract_batch(s, cfg: Config) -> dict:
 
 def compile_step(cfg: Config, devices) -> tuple[dict, float]:
     """(the report's figures that do not depend on the chip table, compile seconds) of cfg's train step."""
-    from zoo.training import freeze, trainer
+    from zoo.training import freeze, sharding, trainer
     s = trainer.setup(cfg, devices, abstract_base=True)
     batch = _abstract_batch(s, cfg)
     st = s.abstract_state
@@ -58,7 +58,7 @@ def compile_step(cfg: Config, devices) -> tuple[dict, float]:
            "mesh": dict(s.mesh.shape), "model_flops": float(fpt * rows * length),
            "loop_trips": cfg.train.grad_accum}  # XLA's cost analysis counts the microbatch loop's body once
     t0 = time.perf_counter()
-    with trainer.kernels_mesh(s.mesh):  # traced under the target's mesh, as the trainer traces it on a TPU
+    with sharding.kernels_mesh(s.mesh):  # traced under the target's mesh, as the trainer traces it on a TPU
         out = report.compiled(lambda: s.jit_train_step().lower(st, batch).compile(), fixed)
     return {**fig, **out}, time.perf_counter() - t0
 

@@ -9,6 +9,7 @@ rather than failing.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import flax.linen as nn
@@ -87,3 +88,12 @@ def shardings(boxed_abstract, mesh: Mesh):
     specs = nn.logical_to_mesh(nn.get_partition_spec(boxed_abstract), RULES)
     return jax.tree.map(lambda s, a: NamedSharding(mesh, _fit(s, a.shape, mesh)), specs, nn.unbox(boxed_abstract),
                         is_leaf=lambda x: isinstance(x, P))
+
+
+def kernels_mesh(mesh):
+    """On a TPU the steps are traced under their mesh (jax.set_mesh), so zoo.nn's Pallas kernels (splash attention,
+    grouped experts: zoo.nn.tpu_kernels) run per shard in shard_map rather than on gathered arrays; elsewhere
+    nothing changes (CPU and GPU paths pick their backends as before)."""
+    if mesh.devices.flat[0].platform != "tpu":
+        return contextlib.nullcontext()
+    return jax.set_mesh(mesh)

@@ -83,15 +83,6 @@ class Setup:
                        out_shardings=(self.state_shardings, sharding.replicated(self.mesh)), donate_argnums=0)
 
 
-def kernels_mesh(mesh):
-    """On a TPU the steps are traced under their mesh (jax.set_mesh), so zoo.nn's Pallas kernels (splash attention,
-    grouped experts: zoo.nn.tpu_kernels) run per shard in shard_map rather than on gathered arrays; elsewhere
-    nothing changes (CPU and GPU paths pick their backends as before)."""
-    if mesh.devices.flat[0].platform != "tpu":
-        return contextlib.nullcontext()
-    return jax.set_mesh(mesh)
-
-
 def setup(cfg: Config, devices=None, *, abstract_base: bool = False) -> Setup:
     """`abstract_base`: a LoRA or partial run without init_from takes its own model's shapes as the base's (a
     step compiled for another machine and never run, zoo.aot)."""
@@ -219,7 +210,7 @@ def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_ste
         if resume:
             checkpoint.prune(mngr, cfg.train.keep)
         try:
-            with orbax_errors.held(), kernels_mesh(s.mesh):
+            with orbax_errors.held(), sharding.kernels_mesh(s.mesh):
                 return _loop(cfg, path, s, state, data, mngr, stop_at_step, progress, quiet)
         except orbax_errors.SaveError as e:
             raise TrainError(f"{e}; the run stopped (free space or fix permissions, then --resume {path})") from None
