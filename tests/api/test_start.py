@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.helpers.shared_runs import finished_gpt_fixture  # noqa: F401 (the fixture finished_gpt)
+from tests.helpers.shared_runs import finished_gpt_fixture, smollm2_gguf_run_fixture  # noqa: F401 (the fixtures)
 from zoo.api.start import start
 from zoo.cli.train import train_main
 from zoo.errors import ArgumentError, ConfigError
@@ -75,3 +75,18 @@ def test_print_config_prints_the_config_start_resolves(hf_gpt2, tmp_path, capsys
     printed = json.loads(capsys.readouterr().out)
     want = start(init_from=hf_gpt2, workdir=work, overrides=["task=sft", "optim.lr=3e-4"], dry=True).config
     assert printed == json.loads(want.to_json())
+
+
+def test_data_tokenizer_may_name_a_gguf_file_whose_conversion_gives_the_tokenizer(smollm2_gguf_run, tmp_path):
+    """A fresh student on SmolLM2's tokenizer (configs/smollm2_distill_tiny.py): data.tokenizer=FILE.gguf is the
+    tokenizer of the file's cached conversion (the session's, shared with zoo.load), and the vocabulary follows it;
+    named to the tokenizer loader directly, a GGUF file is one line that says what to do, not its bytes."""
+    from zoo.data.tokenizers import get_tokenizer
+    from zoo.errors import ZooDataError
+    gguf = smollm2_gguf_run["gguf"]
+    s = start("llama_tiny", workdir=str(tmp_path / "w"), overrides={"data.tokenizer": gguf}, dry=True)
+    assert s.config.data.tokenizer.endswith("tokenizer") and os.path.isdir(s.config.data.tokenizer)
+    assert get_tokenizer(s.config.data.tokenizer).n_vocab == 49152 and s.config.model.vocab_size >= 49152
+    with pytest.raises(ZooDataError, match=r"is a GGUF file: its tokenizer is read once the file is converted") as e:
+        get_tokenizer(gguf)
+    assert "\n" not in str(e.value) and "\\x" not in str(e.value)

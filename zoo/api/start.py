@@ -125,6 +125,7 @@ def _config(config=None, *, workdir: str, sets: list[str], init_from: str | None
         cfg = dataclasses.replace(cfg, init_from=init_from)
     if cfg.data.tokenizer == "init_from" and not cfg.init_from:
         raise ConfigError("data.tokenizer=init_from needs --set init_from=RUN")
+    cfg = gguf_tokenizer(cfg)
     source = cfg.init_from or None
     if source:
         if not dry and fine_tune.needs_conversion(cfg.init_from):  # the data, before converting
@@ -197,6 +198,20 @@ def warn_restarted_schedule(old, new, workdir: str, step: int | None = None) -> 
               f"low rate, start a new schedule from the weights: python train.py --init-from {workdir} "
               f"--set optim.lr={was:.3g} --set optim.warmup=0", flush=True)
 
+
+
+def gguf_tokenizer(cfg):
+    """data.tokenizer naming a GGUF file (a student distilled from SmolLM2, a fresh model on a released
+    tokenizer): the tokenizer of its conversion, kept in zoo's cache (zoo.load's: converted once, shared with
+    every zoo.load and init_from of the same file; the cache is not the run, so a dry start converts too)."""
+    name = os.path.expanduser(cfg.data.tokenizer)
+    if not (name.lower().endswith(".gguf") and os.path.isfile(name)):
+        return cfg
+    from zoo.api.load import converted_gguf
+    from zoo.training import runs
+    tokenizer = runs.load_config(converted_gguf(name)).data.tokenizer
+    print(f"data.tokenizer: {cfg.data.tokenizer} -> {tokenizer} (the GGUF file's, converted once)")
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=tokenizer))
 
 
 def vocab_from_tokenizer(cfg):

@@ -74,12 +74,19 @@ def load_tiktoken_file(path: str) -> TiktokenTokenizer:
         raise ZooDataError(f"data.tokenizer={path!r}: no such file; give a .tiktoken ranks file or one of "
                            f"bytes, {', '.join(tiktoken.list_encoding_names())}")
     with open(full, "rb") as f:
-        sha = hashlib.sha256(f.read()).hexdigest()
+        content = f.read()
+    if content[:4] == b"GGUF":
+        raise ZooDataError(f"data.tokenizer={path!r} is a GGUF file: its tokenizer is read once the file is "
+                           f"converted; train.py and zoo.train convert it for you (data.tokenizer=FILE.gguf, or "
+                           f"init_from=FILE.gguf with data.tokenizer=init_from), or name the directory "
+                           f"`zoo-convert from-gguf FILE.gguf OUT` writes (data.tokenizer=OUT/tokenizer)")
+    sha = hashlib.sha256(content).hexdigest()
     try:
         # tiktoken caches every file it reads by path; pinning the hash makes an edited file miss that cache.
         ranks = tiktoken.load.load_tiktoken_bpe(full, expected_hash=sha)
     except ValueError as e:
-        raise ZooDataError(f"data.tokenizer={path!r} is not a .tiktoken ranks file ({e})") from None
+        reason = str(e).splitlines()[0][:120]  # the parser quotes the offending line: a binary file's is noise
+        raise ZooDataError(f"data.tokenizer={path!r} is not a .tiktoken ranks file ({reason})") from None
     stem = os.path.basename(full).split(".")[0]
     if stem in openai_public.ENCODING_CONSTRUCTORS:
         pat_str, special = encoding_spec(stem)
