@@ -29,6 +29,6 @@ def get_config() -> Config:
         model=STUDENT,
         data=DataConfig(source="builtin", tokenizer=GGUF, seq_len=128),
         optim=OptimConfig(lr=2e-3, schedule="cosine", warmup=10, weight_decay=0.1, b2=0.99),
-        train=TrainConfig(steps=150, batch_size=8, log_every=10, eval_every=50, eval_batches=4, save_every=150),
+        train=TrainConfig(steps=60, batch_size=8, log_every=10, eval_every=20, eval_batches=4, save_every=60),
         distill=DistillConfig(teacher=GGUF, temperature=2.0, alpha=0.5),
     )
