@@ -15,7 +15,8 @@ from starlette.testclient import TestClient
 
 import zoo
 from zoo.cli import serve as serve_cli
-from zoo.engine.adapters import AdapterTable
+from zoo.engine.adapters import AdapterTable, read
+from zoo.errors import ArgumentError
 from zoo.engine.batching import Engine, Sequence
 
 KEY = "sk-adapters"
@@ -89,10 +90,10 @@ def test_rows_of_two_adapters_and_the_base_decode_in_one_batch_as_each_merged_al
     row = next(i for i, r in enumerate(engine.row_adapter) if r == slots["b"])
     assert engine.shared(engine.held[row] + [7], slots["b"])[0] == len(engine.held[row]) >= 32
     assert engine.shared(engine.held[row] + [7], slots["a"]) == (0, -1)
-    want = {}
+    want, alone = {}, Engine(lm, **{**ENGINE, "prefix_cache": False})
     for s, src in ((0, lm), (slots["a"], zoo.load(dirs["a"])), (slots["b"], zoo.load(dirs["b"]))):
-        alone = Engine(src, **ENGINE)  # the base alone, or an adapter merged into it (zoo.load of its directory)
-        want[s] = dict(zip(map(tuple, prompts), greedy(alone, [(p, 0) for p in prompts])))
+        alone.params = src.decoding(scan=False)[1]  # the base, or an adapter merged into it (zoo.load of its
+        want[s] = dict(zip(map(tuple, prompts), greedy(alone, [(p, 0) for p in prompts])))  # directory), alone
     for (p, s), tokens in zip(jobs, got):
         assert tokens == want[s][tuple(p)], s
         assert s == 0 or tokens != want[0][tuple(p)], "an adapter that changes nothing tests nothing"
@@ -106,7 +107,7 @@ def http(setup):
     return TestClient(create_app(engine, model_id="base", api_key=KEY), headers={"Authorization": f"Bearer {KEY}"})
 
 
-def complete(http, model: str, prompt: str = "Hello", **kw):
+def complete(http, model: str, prompt: str = "A prompt of a few more bytes", **kw):  # test 1's bucket: 32
     return http.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0,
                                               **kw})
 
@@ -153,6 +154,18 @@ def test_an_adapter_the_table_cannot_hold_is_refused_in_one_line(setup, http, na
     assert r.status_code == 400 and words in message and "\n" not in message and dirs[name] not in message
 
 
+def test_a_table_started_without_adapters_holds_the_layers_lora_targets_names(setup):
+    lm, dirs, _, _ = setup
+    table = AdapterTable.build(lm, {}, slots=1, rank=4, targets="q_proj,v_proj")
+    assert sorted(table.shapes) == sorted(f"h_{i}/attn/{k}" for i in range(lm.config.model.num_layers)
+                                          for k in ("query", "value"))
+    assert table.put("a", read(lm, dirs["a"])) == 1 and float(abs(table.tables["h_0/attn/query"][0][1]).sum()) > 0
+    with pytest.raises(ArgumentError, match="adapts h_0/mlp/.*restart the server with that layer among --lora-targets"):
+        table.check("b", read(lm, dirs["b"]))  # b adapts down_proj too
+    with pytest.raises(ArgumentError, match="--lora-targets names 'qproj', no layer of the base; choose from .*q_proj"):
+        AdapterTable.build(lm, {}, rank=4, targets="qproj")
+
+
 def test_the_admin_routes_need_a_server_started_with_a_key(setup):
     from zoo.serve.app import create_app
     _, dirs, engine, _ = setup
@@ -163,7 +176,7 @@ def test_the_admin_routes_need_a_server_started_with_a_key(setup):
 
 @pytest.mark.parametrize("argv, words", [(["--adapter", "a"], "--adapter 'a': give NAME=PATH"),
                                          (["--adapter", "a=x", "--adapter", "a=y"], "--adapter a=... is given twice"),
-                                         (["--max-loras", "2"], "--max-loras goes with --adapter NAME=PATH")])
+                                         (["--max-loras", "2"], "--max-loras goes with --adapter NAME=PATH or --lora-targets")])
 def test_a_malformed_adapter_flag_is_one_error_line(argv, words, capsys):
     assert serve_cli.main(["llama_tiny", *argv]) == 2
     err = capsys.readouterr().err

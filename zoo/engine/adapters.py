@@ -8,7 +8,8 @@ and every program (prefill, decode) gathers each row's A and B, so rows of diffe
 
 The table's shape is fixed when the server starts: `slots` (--max-loras, default max(SLOTS, the adapters given)),
 the rank R (--max-lora-rank, default the largest adapter given) and the Einsums targeted (those of the adapters
-given at start). An adapter loaded later (POST /v1/load_lora_adapter) is written into a free slot: no shape changes
+given at start, and those of --lora-targets: PEFT module names such as q_proj,v_proj, or "all"; each targeted layer
+costs every decode step its rows' gathered A and B). An adapter loaded later (POST /v1/load_lora_adapter) is written into a free slot: no shape changes
 and nothing compiles. One the table cannot hold (no free slot, a rank above R, a layer no start-up adapter targets)
 is refused in one line naming the setting to restart with. An adapter's base is checked by its tensors' shapes
 against the served base (zoo.hf.peft._plan: its layer names and sizes); base_model_name_or_path is not compared (the
@@ -64,6 +65,23 @@ def read(lm, path: str) -> Adapter:
     return Adapter(r, pairs, path)
 
 
+def _layers(lm, targets: str, rank: int) -> dict:
+    """{Einsum path: (in shape, out shape)} of the base's layers that PEFT module names `targets` pick ("all": every
+    layer PEFT adapts); ArgumentError listing the names where one picks nothing."""
+    from zoo.hf import peft
+    cfg = lm.config
+    if cfg.model.scan_layers:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, scan_layers=False))
+    sites = peft.layers(cfg, rank)[0]
+    names = sorted({m.rsplit(".", 1)[-1] for m in sites})
+    wanted = names if targets == "all" else [t.strip() for t in targets.split(",") if t.strip()]
+    for t in wanted:
+        if not any(peft.hit(m, [t]) for m in sites):
+            raise ArgumentError(f"--lora-targets names {t!r}, no layer of the base; choose from {', '.join(names)} "
+                                f"or all")
+    return {e: (s.a[:-1], s.b[1:]) for m, s in sites.items() if peft.hit(m, wanted) for e in s.einsums}
+
+
 class AdapterTable:
     """The adapters served beside one base (see the module's docstring): `names` maps each to its slot; `tables`
     ({Einsum path: (a, b)}) is what the engine's programs take."""
@@ -76,17 +94,20 @@ class AdapterTable:
                        for p, (i, o) in shapes.items()}
 
     @classmethod
-    def build(cls, lm, paths: dict, slots: int | None = None, rank: int | None = None) -> "AdapterTable":
+    def build(cls, lm, paths: dict, slots: int | None = None, rank: int | None = None,
+              targets: str | None = None) -> "AdapterTable":
         """The table of the adapters `paths` ({name: directory}) on `lm`, with `slots` slots (default max(SLOTS,
-        len(paths))) of rank `rank` (default the largest adapter's)."""
-        if not paths:
-            raise ArgumentError("an adapter table needs at least one adapter (--adapter NAME=PATH)")
+        len(paths))) of rank `rank` (default the largest adapter's), over the layers they target and `targets`
+        (PEFT module names, comma-separated, or "all": room for adapters loaded later)."""
+        if not paths and (rank is None or not targets):
+            raise ArgumentError("an adapter table needs an adapter (--adapter NAME=PATH), or --max-lora-rank and "
+                                "--lora-targets to load them later")
         got = {name: read(lm, p) for name, p in paths.items()}
         rank = rank or max(a.rank for a in got.values())
         slots = max(SLOTS, len(got)) if slots is None else slots
         if slots < len(got):
             raise ArgumentError(f"--max-loras {slots} holds fewer adapters than the {len(got)} given (--adapter)")
-        shapes = {}
+        shapes = _layers(lm, targets, rank) if targets else {}
         for a in got.values():
             shapes.update({p: (x.shape[:-1], y.shape[1:]) for p, (x, y) in a.pairs.items()})
         table = cls(dict(sorted(shapes.items())), slots, rank)
@@ -106,7 +127,7 @@ class AdapterTable:
         outside = sorted(p for p in a.pairs if p not in self.shapes)
         if outside:
             raise ArgumentError(f"adapter {name!r} adapts {outside[0]}, which no adapter given at the start targets; "
-                                f"restart the server with an adapter of that layer among --adapter")
+                                f"restart the server with that layer among --lora-targets (or all)")
 
     def put(self, name: str, a: Adapter, engine=None) -> int:
         """Write adapter `a` into a free slot under `name` (on the engine's thread: between two decode chunks);

@@ -68,8 +68,7 @@ def install(app, engine, *, model_id: str, api_key: str | None, body_of) -> None
         data = [{"id": model_id, "object": "model", "created": created, "owned_by": "zoo"}]
         table = getattr(engine, "adapters", None)
         for name in (table.names if table is not None else ()):
-            data.append({"id": name, "object": "model", "created": created, "owned_by": "zoo", "parent": model_id,
-                         "root": table.paths[name]})
+            data.append({"id": name, "object": "model", "created": created, "owned_by": "zoo", "parent": model_id})
         return {"object": "list", "data": data}
 
     if engine is None:
@@ -80,8 +79,8 @@ def install(app, engine, *, model_id: str, api_key: str | None, body_of) -> None
             raise ApiError(403, "loading and unloading adapters reads paths on the server's machine: it needs a server "
                                 "started with --api-key", "permission_error")
         if engine.adapters is None:
-            raise ApiError(400, "this server was started without adapters; its adapter table (targets, rank, slots) is "
-                                "fixed at start: restart it with --adapter NAME=PATH")
+            raise ApiError(400, "this server was started without adapters; its adapter table (layers, rank, slots) is "
+                                "fixed at start: restart it with --adapter NAME=PATH or --lora-targets")
 
     async def on_engine(fn):
         from zoo.engine.adapters import InUse
