@@ -89,6 +89,7 @@ class AdapterTable:
     def __init__(self, shapes: dict, slots: int, rank: int):
         self.slots, self.rank, self.shapes = slots, rank, shapes  # shapes: {path: (in shape, out shape)}
         self.names: dict[str, int] = {}
+        self._last = 0  # the slot written last
         self.paths: dict[str, str] = {}  # name -> the directory it was read from
         self.tables = {p: (jnp.zeros((slots + 1, *i, rank), jnp.float32), jnp.zeros((slots + 1, rank, *o), jnp.float32))
                        for p, (i, o) in shapes.items()}
@@ -135,7 +136,8 @@ class AdapterTable:
         self.check(name, a)
         if name in self.names:
             raise ArgumentError(f"an adapter named {name!r} is loaded already; unload it first")
-        free = [s for s in range(1, self.slots + 1) if s not in self.names.values()]
+        taken = set(self.names.values())  # the free slot after the last taken first: a slot just freed is reused last
+        free = sorted((s for s in range(1, self.slots + 1) if s not in taken), key=lambda s: (s <= self._last, s))
         if not free:
             raise ArgumentError(f"all {self.slots} adapter slots are taken (--max-loras {self.slots}); unload one "
                                 f"first")
@@ -146,7 +148,7 @@ class AdapterTable:
             y = np.pad(y, [(0, self.rank - y.shape[0])] + [(0, 0)] * (y.ndim - 1))
             tables[p] = ta.at[slot].set(x), tb.at[slot].set(y)
         self._forget(slot, engine)
-        self.tables, self.names[name], self.paths[name] = tables, slot, a.path
+        self.tables, self.names[name], self.paths[name], self._last = tables, slot, a.path, slot
         return slot
 
     def remove(self, name: str, engine=None) -> int:

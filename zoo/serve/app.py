@@ -158,10 +158,11 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
         except grammar.SchemaError as e:
             raise ApiError(400, str(e), param="response_format" if lark is None else "tools") from None
 
-    def start(prompts: list[list[int]], s: dict, default_max: int, guide=None, adapter: int = 0) -> tuple[
+    def start(prompts: list[list[int]], s: dict, default_max: int, guide=None, model=None) -> tuple[
             list[Choice], asyncio.Queue, list]:
-        """Queue n sequences per prompt, each with its own matcher of `guide` (a compiled grammar) if any; (their
-        choices, the queue their updates arrive on, the sequences)."""
+        """Queue n sequences per prompt, each with its own matcher of `guide` (a compiled grammar) if any, running
+        the adapter `model` names (its slot looked up just before they queue: one unloaded meanwhile is a 404);
+        (their choices, the queue their updates arrive on, the sequences)."""
         from zoo.engine.batching import Sequence
         from zoo.engine.programs import key_data
         if engine.stopping.is_set():
@@ -171,7 +172,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                                 f"server queues at most {engine.max_queue} (--max-queue)",
                            param="n" if s["n"] > 1 else "prompt")
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-        choices, seqs = [], []
+        choices, seqs, adapter = [], [], adapters.slot_of(engine, model, model_id)
         for prompt in prompts:
             max_tokens = room(prompt, s["max_tokens"], default_max)
             for i in range(s["n"]):
@@ -257,7 +258,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
         calls = tools.of(body, tool_format)
         guide = await grammar_of(body, calls)
         prompts = await asyncio.to_thread(render, list(messages), calls)
-        choices, queue, _ = start(prompts, s, 256, guide, request.state.adapter)
+        choices, queue, _ = start(prompts, s, 256, guide, body.get("model"))
         rid = "chatcmpl-" + operations.request_id()
         if s["stream"]:
             return stream("chat.completion.chunk", rid, prompts, choices, queue, s["n"], request, calls)
@@ -320,7 +321,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
             choices = []
             metrics.prompt_tokens.inc(sum(map(len, prompts)))
         else:
-            choices, queue, _ = start(prompts, s, 16, guide, request.state.adapter)
+            choices, queue, _ = start(prompts, s, 16, guide, body.get("model"))
             if s["stream"]:
                 return stream("text_completion", rid, prompts, choices, queue, s["n"], request)
             await gather(choices, queue)
