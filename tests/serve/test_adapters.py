@@ -115,8 +115,15 @@ def complete(http, model: str, prompt: str = "A prompt of a few more bytes", **k
 def test_models_lists_the_adapters_and_a_request_s_model_picks_one(setup, http):
     data = http.get("/v1/models").json()["data"]
     assert [(m["id"], m.get("parent")) for m in data] == [("base", None), ("a", "base"), ("b", "base")]
-    texts = {m: complete(http, m).json()["choices"][0]["text"] for m in ("base", "a", "b")}
-    assert len(set(texts.values())) == 3  # three models, three answers
+    answers = {m: complete(http, m).json() for m in ("base", "a", "b")}
+    assert [a["model"] for a in answers.values()] == ["base", "a", "b"]
+    assert len({a["choices"][0]["text"] for a in answers.values()}) == 3  # three models, three answers
+    chat = {"model": "b", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}
+    whole = http.post("/v1/chat/completions", json=chat).json()
+    events = [json.loads(line[6:]) for line in http.post("/v1/chat/completions", json={**chat, "stream": True}).text
+              .splitlines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == \
+        whole["choices"][0]["message"]["content"] and {e["model"] for e in events} == {whole["model"]} == {"b"}
     r = complete(http, "c")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     assert "this server serves 'base', 'a', 'b'" in r.json()["error"]["message"]

@@ -177,7 +177,7 @@ class Engine(Scoring, BatchedPrefill):
             if kind == "prefill":
                 self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, 0,
                                                            jnp.zeros((1, shape[0]), jnp.int32), 1, 0,
-                                                           self._lora([0]), P=shape[0], S=shape[1])
+                                                           adapters=self._lora([0]), P=shape[0], S=shape[1])
                 self.held[0] = []
                 self._compiled.add(("prefill", *shape))
             else:
@@ -344,7 +344,8 @@ class Engine(Scoring, BatchedPrefill):
             self.say(f"zoo-serve: compiling the {prefill_name(P, S)} (first use)")
             self._compiled.add(("prefill", P, S))
         self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, row, jnp.asarray(ids),
-                                                   len(rest), m, self._lora(self.row_adapter[row:row + 1]), P=P, S=S)
+                                                   len(rest), m, adapters=self._lora(self.row_adapter[row:row + 1]),
+                                                   P=P, S=S)
         self.held[row] = list(prompt[:end])
 
     def _run_chunk(self, B: int | None = None, K: int | None = None, L: int | None = None) -> np.ndarray:

@@ -127,6 +127,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
         raw = b"".join(parts)
         body = parse_json(raw) if size <= INLINE else await asyncio.to_thread(parse_json, raw)
         request.state.adapter = adapters.slot_of(engine, body.get("model"), model_id)  # the base's 0 or an adapter's
+        request.state.model = body["model"] if request.state.adapter else model_id  # what the answer names
         refuse_not_implemented(body, refused)
         return body
 
@@ -209,7 +210,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
             else:
                 choice = {"index": index, "text": piece.get("content", ""), "finish_reason": finish,
                           "logprobs": None}
-            return "data: " + json.dumps({"id": rid, "object": kind, "created": created, "model": model_id,
+            return "data: " + json.dumps({"id": rid, "object": kind, "created": created, "model": request.state.model,
                                           "choices": [choice], **(extra or {})}) + "\n\n"
 
         async def events():
@@ -264,7 +265,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
             return stream("chat.completion.chunk", rid, prompts, choices, queue, s["n"], request, calls)
         await gather(choices, queue)
         answers = [tools.message(c.text, c.finish, calls) for c in choices]
-        return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model_id,
+        return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": request.state.model,
                 "choices": [{"index": i, "message": m, "finish_reason": f, "logprobs": None}
                             for i, (m, f) in enumerate(answers)], "usage": usage(prompts, choices, s["n"])}
 
@@ -331,7 +332,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
         if logprobs is not None:
             scored = await score([p + (c.ids if c else []) for p, c in rows], top=logprobs > 0)
         usage_ = usage(prompts, choices, s["n"])
-        answer = (completion_response, tok, rid, model_id, rows, scored, echo, logprobs, usage_)
+        answer = (completion_response, tok, rid, request.state.model, rows, scored, echo, logprobs, usage_)
         return answer[0](*answer[1:]) if small and scored is None else await asyncio.to_thread(*answer)
 
     @app.post("/v1/embeddings")
