@@ -7,6 +7,8 @@ table's, a server without a key and a malformed --adapter are refused in one lin
 
 import json
 import os
+import queue
+import types
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from starlette.testclient import TestClient
 
 import zoo
 from zoo.cli import serve as serve_cli
-from zoo.engine.adapters import AdapterTable, read
+from zoo.engine.adapters import AdapterTable, InUse, read
 from zoo.errors import ArgumentError
 from zoo.engine.batching import Engine, Sequence
 
@@ -171,6 +173,16 @@ def test_a_table_started_without_adapters_holds_the_layers_lora_targets_names(se
         table.check("b", read(lm, dirs["b"]))  # b adapts down_proj too
     with pytest.raises(ArgumentError, match="--lora-targets names 'qproj', no layer of the base; choose from .*q_proj"):
         AdapterTable.build(lm, {}, rank=4, targets="qproj")
+    # unloading: refused while a sequence waits on it; then its slot zeroed and a free row's prefix under it forgotten
+    waiting = queue.Queue()
+    waiting.put(Sequence(prompt=[1], max_tokens=1, adapter=1))
+    engine = types.SimpleNamespace(slots=2, rows=[None, None], waiting=waiting, row_adapter=np.asarray([1, 0]),
+                                   held=[[5] * 40, [6] * 40])
+    with pytest.raises(InUse, match="adapter 'a' has 1 sequence"):
+        table.remove("a", engine)
+    waiting.get()
+    assert table.remove("a", engine) == 1 and engine.held == [[], [6] * 40] and not table.names
+    assert float(abs(table.tables["h_0/attn/query"][0][1]).sum()) == 0
 
 
 def test_the_admin_routes_need_a_server_started_with_a_key(setup):
