@@ -173,6 +173,8 @@ def test_a_table_started_without_adapters_holds_the_layers_lora_targets_names(se
         table.check("b", read(lm, dirs["b"]))  # b adapts down_proj too
     with pytest.raises(ArgumentError, match="--lora-targets names 'qproj', no layer of the base; choose from .*q_proj"):
         AdapterTable.build(lm, {}, rank=4, targets="qproj")
+    with pytest.raises(ArgumentError, match="leave out --scan-layers"):  # the table names the looped layers
+        Engine(lm, adapters=table, scan_layers=True)
     # unloading: refused while a sequence waits on it; then its slot zeroed and a free row's prefix under it forgotten
     waiting = queue.Queue()
     waiting.put(Sequence(prompt=[1], max_tokens=1, adapter=1))
@@ -195,7 +197,8 @@ def test_the_admin_routes_need_a_server_started_with_a_key(setup):
 
 @pytest.mark.parametrize("argv, words", [(["--adapter", "a"], "--adapter 'a': give NAME=PATH"),
                                          (["--adapter", "a=x", "--adapter", "a=y"], "--adapter a=... is given twice"),
-                                         (["--max-loras", "2"], "--max-loras goes with --adapter NAME=PATH or --lora-targets")])
+                                         (["--max-loras", "2"],
+                                          "--max-loras goes with --adapter NAME=PATH or --lora-targets")])
 def test_a_malformed_adapter_flag_is_one_error_line(argv, words, capsys):
     assert serve_cli.main(["llama_tiny", *argv]) == 2
     err = capsys.readouterr().err

@@ -124,7 +124,8 @@ def main(argv=None) -> int:
         decoder.prompt_tokens(lm, conversations=[[{"role": "user", "content": "Hi"}]])  # the chat template renders
         model_id = a.model_id or os.path.basename(os.path.normpath(a.source))
         if model_id in named:
-            raise ValueError(f"--adapter {model_id}=...: {model_id!r} is the base's name (--model-id); name it otherwise")
+            raise ValueError(f"--adapter {model_id}=...: {model_id!r} is the base's name (--model-id); name it "
+                             f"otherwise")
         table = AdapterTable.build(lm, named, a.max_loras, a.max_lora_rank, a.lora_targets) if lora else None
         engine = Engine(lm, slots=a.slots, max_len=a.max_len or min(lm.config.window, 2048), chunk=a.chunk,
                         max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, prefill_chunk=a.prefill_chunk,

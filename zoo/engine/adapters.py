@@ -9,11 +9,12 @@ and every program (prefill, decode) gathers each row's A and B, so rows of diffe
 The table's shape is fixed when the server starts: `slots` (--max-loras, default max(SLOTS, the adapters given)),
 the rank R (--max-lora-rank, default the largest adapter given) and the Einsums targeted (those of the adapters
 given at start, and those of --lora-targets: PEFT module names such as q_proj,v_proj, or "all"; each targeted layer
-costs every decode step its rows' gathered A and B). An adapter loaded later (POST /v1/load_lora_adapter) is written into a free slot: no shape changes
-and nothing compiles. One the table cannot hold (no free slot, a rank above R, a layer no start-up adapter targets)
-is refused in one line naming the setting to restart with. An adapter's base is checked by its tensors' shapes
-against the served base (zoo.hf.peft._plan: its layer names and sizes); base_model_name_or_path is not compared (the
-same base may be served from a GGUF file, a Hugging Face directory or a zoo run).
+costs every decode step its rows' gathered A and B). An adapter loaded later (POST /v1/load_lora_adapter) is
+written into a free slot: no shape changes and nothing compiles. One the table cannot hold (no free slot, a rank
+above R, a layer the table does not hold) is refused in one line naming the setting to restart with. An adapter's
+base is checked by its tensors' shapes against the served base (zoo.hf.peft._plan: its layer names and sizes);
+base_model_name_or_path is not compared (the same base may be served from a GGUF file, a Hugging Face directory or a
+zoo run).
 """
 
 from __future__ import annotations

@@ -66,6 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from zoo.errors import ArgumentError
 from zoo.infer.grammar import words
 from zoo.infer.sample import stop_ids
 from zoo.engine.batched_prefill import PREFILL_ROWS, BatchedPrefill
@@ -92,6 +93,8 @@ class Engine(Scoring, BatchedPrefill):
     def __init__(self, lm, *, slots: int = 8, max_len: int | None = None, chunk: int = 8, max_queue: int = 64,
                  prefix_cache: bool = True, prefill_chunk: int = PREFILL_CHUNK, scan_layers: bool = False,
                  prefill_rows: int = PREFILL_ROWS, adapters=None):
+        if adapters is not None and scan_layers:  # the adapter table names the looped layers (h_0, h_1, ...)
+            raise ArgumentError("adapters per request decode with the layers looped; leave out --scan-layers")
         self.lm, self.slots, self.chunk, self.max_queue = lm, slots, chunk, max_queue
         self.prefix_cache, self.prefill_chunk = prefix_cache, prefill_chunk
         self.filling: dict[int, int] = {}  # row -> its prompt's tokens in the cache so far, while prefilled in pieces
@@ -327,7 +330,8 @@ class Engine(Scoring, BatchedPrefill):
             return 0, -1
         best, at = 0, -1
         for row, held in enumerate(self.held):
-            if self.row_adapter[row] == adapter and min(len(held), len(prompt) - 1) > best and (k := self._common(held, prompt[:-1])) > best:
+            if self.row_adapter[row] == adapter and min(len(held), len(prompt) - 1) > best and \
+                    (k := self._common(held, prompt[:-1])) > best:
                 best, at = k, row
         return (best, at) if best >= SHARED_MIN else (0, -1)
 
