@@ -200,15 +200,20 @@ def conversations_of(value, system: str | None) -> tuple[list[list[dict]], bool]
 
 
 def chat(lm, messages, *, system: str | None = None, max_new_tokens: int = 256, temperature: float = 0.0,
-         top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop=None, n: int = 1, json_schema: dict | None = None):
-    """The assistant's answer to each conversation: see Pretrained.chat."""
+         top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop=None, n: int = 1, json_schema: dict | None = None,
+         tools: list | None = None):
+    """The assistant's answer to each conversation (with `tools`, an assistant message: zoo.api.tool_answers): see
+    Pretrained.chat."""
+    from zoo.api import tool_answers
     require_decoder(lm, "chat")
     convs, single = conversations_of(messages, system)
     stops = check_settings(lm, max_new_tokens, temperature, top_k, top_p, seed, n, stop)
+    fmt = tool_answers.tool_format(lm, tools) if tools is not None else None
     decode = generate_ids if json_schema is None else functools.partial(guided_ids, schema=json_schema)
-    ids = decode(lm, prompt_tokens(lm, conversations=convs), max_new_tokens=max_new_tokens, temperature=temperature,
-                 top_k=top_k, top_p=top_p, seed=seed, n=n)
-    return shaped([cut(lm.tokenizer.decode(i), stops) for i in ids], single, n)
+    ids = decode(lm, prompt_tokens(lm, conversations=convs, tools=tools), max_new_tokens=max_new_tokens,
+                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, n=n)
+    texts = [cut(lm.tokenizer.decode(i), stops) for i in ids]
+    return shaped(texts if fmt is None else [tool_answers.message(t, fmt) for t in texts], single, n)
 
 
 def token_logprobs(lm, texts: list[str], batch_size: int = 8) -> list[np.ndarray]:

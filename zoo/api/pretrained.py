@@ -84,14 +84,16 @@ class Pretrained:
 
     def chat(self, messages: str | list, *, system: str | None = None, max_new_tokens: int = 256,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             stop: str | list[str] | None = None, n: int = 1, json_schema: dict | None = None) -> str | list:
+             stop: str | list[str] | None = None, n: int = 1, json_schema: dict | None = None,
+             tools: list | None = None) -> str | dict | list:
         """The assistant's answer, rendered with the checkpoint's chat template (a chat run's own, else its
         tokenizer's, else zoo's default): to a user message (a string), to a conversation (a list of {"role":
         "system" | "user" | "assistant", "content": ...} dicts, multi-turn), or to each of a list of user messages
         or of conversations (decoded in one batch, a list back, as generate does with a list of texts). `system` is put first where a conversation has no system message; the other
-        arguments are generate's."""
+        arguments are generate's. `tools` (OpenAI's function tools): rendered by the chat template, and each answer
+        an assistant message {"role", "content", "tool_calls"} with its calls parsed (zoo.api.tool_answers)."""
         return decoder.chat(self, messages, system=system, max_new_tokens=max_new_tokens, temperature=temperature,
-                            top_k=top_k, top_p=top_p, seed=seed, stop=stop, n=n, json_schema=json_schema)
+                            top_k=top_k, top_p=top_p, seed=seed, stop=stop, n=n, json_schema=json_schema, tools=tools)
 
     def logprobs(self, texts: str | list, *, answers=None, batch_size: int = 8):
         """Each token's log-probability (natural log, float32 numpy array of the text's token count) under

@@ -38,6 +38,15 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
     ap.add_argument("--api-key", help="a key every request must send as 'Authorization: Bearer KEY' (default: none)")
     ap.add_argument("--model-id", help="the model's name in the API (default: the source's base name)")
+    ap.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH", help="a PEFT LoRA adapter of the "
+                    "base served beside it: a request whose model is NAME runs it, rows of different adapters in one "
+                    "batch (repeatable; zoo.engine.adapters)")
+    ap.add_argument("--max-loras", type=int, help="adapter slots, room to load more over POST /v1/load_lora_adapter "
+                    "(default: the adapters given, at least 4)")
+    ap.add_argument("--max-lora-rank", type=int, help="the largest adapter rank the server holds (default: the "
+                    "largest of the adapters given); a larger one is refused")
+    ap.add_argument("--lora-targets", metavar="NAMES", help="layers the adapter table holds beside those of the "
+                    "adapters given, for adapters loaded later: PEFT module names (q_proj,v_proj) or all")
     ap.add_argument("--slots", type=int, default=8, help="sequences decoded together (default: %(default)s)")
     ap.add_argument("--max-len", type=int, help="the KV cache's length, prompt and answer (default: the model's "
                                                 "context, at most 2048)")
@@ -81,6 +90,12 @@ def main(argv=None) -> int:
                         ("--max-len", a.max_len if a.max_len is not None else 2)):
             if v < 1 or (flag == "--max-len" and v < 2):
                 raise ValueError(f"{flag} {v} must be >= {2 if flag == '--max-len' else 1}")
+        named = _adapters(a.adapter)
+        lora = bool(named or a.lora_targets)
+        for flag, v in (("--max-loras", a.max_loras), ("--max-lora-rank", a.max_lora_rank)):
+            if v is not None and (v < 1 or not lora):
+                raise ValueError(f"{flag} {v} must be >= 1" if lora else f"{flag} goes with --adapter NAME=PATH or "
+                                                                         f"--lora-targets")
         if not 0 < a.port < 65536:
             raise ValueError(f"--port {a.port} must be from 1 to 65535")
         if not a.shutdown_timeout >= 0:
@@ -98,21 +113,31 @@ def main(argv=None) -> int:
         import zoo
         from zoo.api import decoder
         from zoo.serve.app import create_app
+        from zoo.engine.adapters import AdapterTable
         from zoo.engine.batching import Engine
         lm = zoo.load(a.source)
+        if lm.config.model.family == "bert" and lora:
+            raise ValueError(f"--adapter serves a decoder's LoRA adapters; {a.source!r} is an encoder")
         if lm.config.model.family == "bert":  # an embedding model: /v1/embeddings alone, no engine
             return _serve_encoder(a, lm, sock, uvicorn)
         decoder.require_decoder(lm, "serve")
         decoder.prompt_tokens(lm, conversations=[[{"role": "user", "content": "Hi"}]])  # the chat template renders
+        model_id = a.model_id or os.path.basename(os.path.normpath(a.source))
+        if model_id in named:
+            raise ValueError(f"--adapter {model_id}=...: {model_id!r} is the base's name (--model-id); name it "
+                             f"otherwise")
+        table = AdapterTable.build(lm, named, a.max_loras, a.max_lora_rank, a.lora_targets) if lora else None
         engine = Engine(lm, slots=a.slots, max_len=a.max_len or min(lm.config.window, 2048), chunk=a.chunk,
                         max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, prefill_chunk=a.prefill_chunk,
-                        scan_layers=a.scan_layers, prefill_rows=a.prefill_rows)
+                        scan_layers=a.scan_layers, prefill_rows=a.prefill_rows, adapters=table)
     except BAD_INPUT as e:
         if sock is not None:
             sock.close()
         return error(e)
     seconds = engine.warm(say=lambda line: print(line, flush=True))
-    model_id = a.model_id or os.path.basename(os.path.normpath(a.source))
+    if table is not None:
+        print(f"adapters: {', '.join(table.names) or 'none yet'} ({table.slots} slots of rank {table.rank}, "
+              f"{len(table.shapes)} layers)", flush=True)
     print(f"serving {model_id} on http://{a.host}:{a.port}/v1 ({a.slots} slots, context {engine.max_len}; "
           f"{engine.programs()} programs compiled in {seconds:.1f} s); Ctrl-C stops", flush=True)
     engine.start()
@@ -124,6 +149,20 @@ def main(argv=None) -> int:
         engine.stop()
     print("stopped", flush=True)
     return 0
+
+
+def _adapters(given: list[str]) -> dict:
+    """--adapter NAME=PATH, each given once: {name: path}; a ValueError naming the one malformed."""
+    out = {}
+    for item in given:
+        name, eq, path = item.partition("=")
+        if not eq or not name or not path:
+            raise ValueError(f"--adapter {item!r}: give NAME=PATH (a name for requests' model, a PEFT adapter "
+                             f"directory)")
+        if name in out:
+            raise ValueError(f"--adapter {name}=... is given twice")
+        out[name] = path
+    return out
 
 
 def _run(a, app, sock, uvicorn) -> None:

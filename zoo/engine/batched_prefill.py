@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 PREFILL_ROWS = 8  # the most prompts one batched prefill takes (zoo-serve --prefill-rows; 1: each alone)
@@ -46,7 +47,8 @@ class BatchedPrefill:
         if (R, P) not in self._batched:
             rows, ids, lengths = np.zeros(R, np.int32), np.zeros((R, P), np.int32), np.ones(R, np.int32)
             lowered = self._prefill_many.lower(_shapes(self.params), _shapes(self.cache), _shapes(self.logits_BV),
-                                               rows, ids, lengths, R=R, P=P)
+                                               rows, ids, lengths, _shapes(self._lora(jnp.zeros(R, jnp.int32))),
+                                               R=R, P=P)
             self._batched[(R, P)] = lowered.compile()
         return self._batched[(R, P)]
 
@@ -55,11 +57,13 @@ class BatchedPrefill:
             return
         self._batched_started.add((R, P))
         shapes = _shapes(self.params), _shapes(self.cache), _shapes(self.logits_BV)  # now, on the loop's thread
+        lora = _shapes(self._lora(jnp.zeros(R, jnp.int32)))
 
         def compile_():
             rows, ids, lengths = np.zeros(R, np.int32), np.zeros((R, P), np.int32), np.ones(R, np.int32)
             try:
-                self._batched[(R, P)] = self._prefill_many.lower(*shapes, rows, ids, lengths, R=R, P=P).compile()
+                self._batched[(R, P)] = self._prefill_many.lower(*shapes, rows, ids, lengths, lora, R=R,
+                                                                 P=P).compile()
             except Exception as e:  # noqa: BLE001 - those prompts go on being prefilled one by one
                 self.say(f"zoo-serve: the prefill of {R} prompts of up to {P} tokens did not compile "
                          f"({type(e).__name__}: {e}); they are prefilled one by one")
@@ -97,7 +101,8 @@ class BatchedPrefill:
             ids[i, :len(prompt)] = prompt
         rows = np.asarray([row for row, _ in take], np.int32)
         lengths = np.asarray([len(prompt) for _, prompt in take], np.int32)
-        self.cache, self.logits_BV = self._batched[(R, P)](self.params, self.cache, self.logits_BV, rows, ids, lengths)
+        self.cache, self.logits_BV = self._batched[(R, P)](self.params, self.cache, self.logits_BV, rows, ids, lengths,
+                                                           self._lora(self.row_adapter[rows]))
         for row, prompt in take:
             self.held[row] = list(prompt)
         self.batched += R

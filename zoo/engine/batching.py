@@ -66,6 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from zoo.errors import ArgumentError
 from zoo.infer.grammar import words
 from zoo.infer.sample import stop_ids
 from zoo.engine.batched_prefill import PREFILL_ROWS, BatchedPrefill
@@ -87,11 +88,13 @@ class Engine(Scoring, BatchedPrefill):
     new prompts one prefill takes (zoo.engine.batched_prefill; 1: each alone). `scan_layers`: the layers
     as one scan (each program compiles one layer: a start-up 2-3x faster) instead of one after another (each decoding
     step 1.3-1.5x faster: a scan copies every layer's weights out of their stack at every step,
-    zoo.infer.sample.unscanned)."""
+    zoo.infer.sample.unscanned). `adapters`: a zoo.engine.adapters.AdapterTable, each Sequence's `adapter` its slot."""
 
     def __init__(self, lm, *, slots: int = 8, max_len: int | None = None, chunk: int = 8, max_queue: int = 64,
                  prefix_cache: bool = True, prefill_chunk: int = PREFILL_CHUNK, scan_layers: bool = False,
-                 prefill_rows: int = PREFILL_ROWS):
+                 prefill_rows: int = PREFILL_ROWS, adapters=None):
+        if adapters is not None and scan_layers:  # the adapter table names the looped layers (h_0, h_1, ...)
+            raise ArgumentError("adapters per request decode with the layers looped; leave out --scan-layers")
         self.lm, self.slots, self.chunk, self.max_queue = lm, slots, chunk, max_queue
         self.prefix_cache, self.prefill_chunk = prefix_cache, prefill_chunk
         self.filling: dict[int, int] = {}  # row -> its prompt's tokens in the cache so far, while prefilled in pieces
@@ -118,6 +121,8 @@ class Engine(Scoring, BatchedPrefill):
         self.batch_axis = 1 if self.model.cfg.scan_layers else 0  # scanned stacks put the layer axis first
         self.logits_BV = jnp.zeros((slots, self.model.cfg.vocab_size), jnp.float32)
         self.positions_B = np.full(slots, -1, np.int32)  # the next token's position; -1: the row is free
+        self.adapters, self.row_adapter = adapters, np.zeros(slots, np.int32)  # each row's adapter slot (0: none)
+        self._lora = (lambda index: None) if adapters is None else adapters.args  # what the programs take
         self._prefill = jax.jit(functools.partial(prefill_row, self.model, self.batch_axis),
                                 static_argnames=("P", "S"), donate_argnums=(1, 2))
         self._prefill_many = jax.jit(functools.partial(programs.prefill_rows, self.model, self.batch_axis),
@@ -174,8 +179,8 @@ class Engine(Scoring, BatchedPrefill):
                                                           else decode_name(*shape)))
             if kind == "prefill":
                 self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, 0,
-                                                           jnp.zeros((1, shape[0]), jnp.int32), 1, 0, P=shape[0],
-                                                           S=shape[1])
+                                                           jnp.zeros((1, shape[0]), jnp.int32), 1, 0,
+                                                           adapters=self._lora([0]), P=shape[0], S=shape[1])
                 self.held[0] = []
                 self._compiled.add(("prefill", *shape))
             else:
@@ -270,12 +275,13 @@ class Engine(Scoring, BatchedPrefill):
             if any(self._common(p, seq.prompt) >= SHARED_MIN for _, p in new):  # it may share theirs: in first
                 self._prefill_new(new)
                 new = []
-            m, donor = self.shared(seq.prompt)
+            m, donor = self.shared(seq.prompt, seq.adapter)
             if m > 0 and donor != row:
                 self.cache = self._copy(self.cache, donor, row, S=self._length(m))
             self.reused += m
             self.held[row] = list(seq.prompt[:m])  # what its slots hold now (a piece at a time: until the next)
             self.rows[row], self.positions_B[row] = seq, -1  # -1: no decode step writes or reads it yet
+            self.row_adapter[row] = seq.adapter
             self.admitted += 1
             if busy and len(seq.prompt) - m > self.prefill_chunk:  # rows decode: a piece between two chunks
                 self.filling[row] = m
@@ -316,14 +322,16 @@ class Engine(Scoring, BatchedPrefill):
         same = np.asarray(a[:n], np.int32) == np.asarray(b[:n], np.int32)
         return n if same.all() else int(np.argmin(same))
 
-    def shared(self, prompt: list[int]) -> tuple[int, int]:
+    def shared(self, prompt: list[int], adapter: int = 0) -> tuple[int, int]:
         """(n, row): the most leading tokens of `prompt` whose keys and values a row's slots hold (at most all but
-        its last, whose logits the prefill gives), and that row; (0, -1) below SHARED_MIN or with the cache off."""
+        its last, whose logits the prefill gives) under the same adapter, and that row; (0, -1) below SHARED_MIN or
+        with the cache off."""
         if not self.prefix_cache:
             return 0, -1
         best, at = 0, -1
         for row, held in enumerate(self.held):
-            if min(len(held), len(prompt) - 1) > best and (k := self._common(held, prompt[:-1])) > best:
+            if self.row_adapter[row] == adapter and min(len(held), len(prompt) - 1) > best and \
+                    (k := self._common(held, prompt[:-1])) > best:
                 best, at = k, row
         return (best, at) if best >= SHARED_MIN else (0, -1)
 
@@ -340,7 +348,8 @@ class Engine(Scoring, BatchedPrefill):
             self.say(f"zoo-serve: compiling the {prefill_name(P, S)} (first use)")
             self._compiled.add(("prefill", P, S))
         self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, row, jnp.asarray(ids),
-                                                   len(rest), m, P=P, S=S)
+                                                   len(rest), m, adapters=self._lora(self.row_adapter[row:row + 1]),
+                                                   P=P, S=S)
         self.held[row] = list(prompt[:end])
 
     def _run_chunk(self, B: int | None = None, K: int | None = None, L: int | None = None) -> np.ndarray:
@@ -369,7 +378,8 @@ class Engine(Scoring, BatchedPrefill):
             self.rows[i].grammar.fill(mask, i)
         self.cache, self.logits_BV, toks_BK = self._decode(self.params, self.cache, self.logits_BV,
                                                            jnp.asarray(self.positions_B[:B]), temp, topk, topp,
-                                                           jnp.asarray(keys), steps, mask, np.int32(K), B=B,
+                                                           jnp.asarray(keys), steps, mask, np.int32(K),
+                                                           adapters=self._lora(self.row_adapter[:B]), B=B,
                                                            K=max(K, self.chunk), L=L)
         self.batches += 1
         return np.asarray(toks_BK)[:, :K]

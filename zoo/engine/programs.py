@@ -11,6 +11,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from zoo.nn import multi_lora
+
+
+def _apply(model, adapters, variables, ids_BT, **kw):
+    """model.apply, with each row's LoRA adapter added where `adapters` is (tables, index_B) (zoo.nn.multi_lora;
+    zoo-serve --adapter), the base alone where it is None."""
+    if adapters is None:
+        return model.apply(variables, ids_BT, **kw)
+    with multi_lora.intercept(*adapters):
+        return model.apply(variables, ids_BT, **kw)
+
 
 def _put(c, s, ax: int, row):
     """The cache array c with s written at row `row` of axis ax and slot 0 of axis ax + 1 (s may be shorter in
@@ -64,7 +75,8 @@ def _sample(logits_BV, keys, temp_B, topk_B, topp_B, mask_BW):
     return jax.lax.cond(jnp.any(temp_B > 0), sampled, lambda x: greedy_B, logits_BV)
 
 
-def prefill_row(model, ax: int, params, cache, logits_BV, row, ids_1P, length, start, *, P: int, S: int):
+def prefill_row(model, ax: int, params, cache, logits_BV, row, ids_1P, length, start, adapters=None, *, P: int,
+                S: int):
     """Row `row`'s prompt from position `start` on (ids_1P, its first `length` real, right-padded) into its cache
     row; its last real token's logits into logits_BV[row]. The prompt sees the row's first S slots only
     (S >= start + P; S = P when start is 0): attention over S keys, not the cache's whole length, the slots
@@ -75,14 +87,15 @@ def prefill_row(model, ax: int, params, cache, logits_BV, row, ids_1P, length, s
     sub = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.dynamic_slice_in_dim(c, row, 1, axis=ax), 0, S,
                                                       axis=ax + 1) if rowwise(c) else c, cache)
     pos_1P = jnp.where(jnp.arange(P) < length, start + jnp.arange(P), -1)[None]
-    out, upd = model.apply({"params": params, "cache": sub}, ids_1P, decode=True, positions_BT=pos_1P,
-                           mutable=["cache"])
+    out, upd = _apply(model, adapters, {"params": params, "cache": sub}, ids_1P, decode=True, positions_BT=pos_1P,
+                      mutable=["cache"])
     cache = jax.tree.map(lambda c, s: _put(c, s, ax, row) if rowwise(c) else c, cache, upd["cache"])
     last_V = out[0, length - 1, :].astype(jnp.float32)
     return cache, logits_BV.at[row].set(last_V)
 
 
-def prefill_rows(model, ax: int, params, cache, logits_BV, rows_R, ids_RP, lengths_R, *, R: int, P: int):
+def prefill_rows(model, ax: int, params, cache, logits_BV, rows_R, ids_RP, lengths_R, adapters=None, *, R: int,
+                 P: int):
     """R prompts at once, each from position 0 into its own cache row (rows_R; a row index past the cache's rows
     is padding, written nowhere), ids_RP right-padded to the bucket P, lengths_R their real lengths; each one's
     last real token's logits into logits_BV at its row. A prompt from position 0 attends only to its own first P
@@ -97,8 +110,8 @@ def prefill_rows(model, ax: int, params, cache, logits_BV, rows_R, ids_RP, lengt
         return jnp.zeros(shape, c.dtype)
     sub = jax.tree.map(lambda c: fresh(c) if rowwise(c) else c, cache)
     pos_RP = jnp.where(jnp.arange(P)[None, :] < lengths_R[:, None], jnp.arange(P)[None, :], -1)
-    out, upd = model.apply({"params": params, "cache": sub}, ids_RP, decode=True, positions_BT=pos_RP,
-                           mutable=["cache"])
+    out, upd = _apply(model, adapters, {"params": params, "cache": sub}, ids_RP, decode=True, positions_BT=pos_RP,
+                      mutable=["cache"])
     at = (slice(None),) * ax + (rows_R[:, None], jnp.arange(P)[None, :])
     cache = jax.tree.map(lambda c, s: c.at[at].set(s.astype(c.dtype), mode="drop") if rowwise(c) else c, cache,
                          upd["cache"])
@@ -115,7 +128,7 @@ def copy_prefix(ax: int, cache, src, dst, *, S: int):
 
 
 def decode_chunk(model, vocab: int, ax: int, params, cache, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2,
-                 steps_B, mask_BW, n=None, *, B: int, K: int, L: int):
+                 steps_B, mask_BW, n=None, adapters=None, *, B: int, K: int, L: int):
     """n steps (at most K; None: K) of the first B rows (a bucket holding every active row): sample from each row's
     logits, feed the token back at its position. One program runs a chunk or a single step (a new row's first
     token, a streaming row): n is traced, K is not. The rows' first L slots (a length bucket holding every
@@ -124,7 +137,8 @@ def decode_chunk(model, vocab: int, ax: int, params, cache, logits_BV, positions
     columns sampled; rows free within B, position -1, compute nothing anyone reads). `vocab`: the tokenizer's, the
     ids sampled from (a model may pad its output). mask_BW: each row's allowed tokens (zoo.infer.grammar's bitmask,
     all -1 for a row without a grammar), applied at every step: a batch with a grammar row runs one step (n = 1), its
-    matcher advanced on the host before the next."""
+    matcher advanced on the host before the next. `adapters` (every program's): None, or (tables, index_B) giving
+    each row its LoRA adapter (zoo.nn.multi_lora)."""
     rowwise = lambda c: c.ndim > ax  # noqa: E731
     full_cache, full_logits = cache, logits_BV
     cache = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.slice_in_dim(c, 0, B, axis=ax), 0, L, axis=ax + 1)
@@ -135,8 +149,8 @@ def decode_chunk(model, vocab: int, ax: int, params, cache, logits_BV, positions
         cache, logits_BV, pos_B, toks_KB = carry
         keys = jax.vmap(jax.random.fold_in)(keys_B2, steps_B + i)
         tok_B = _sample(logits_BV[:, :vocab], keys, temp_B, topk_B, topp_B, mask_BW)
-        out, upd = model.apply({"params": params, "cache": cache}, tok_B[:, None], decode=True,
-                               positions_BT=pos_B[:, None], mutable=["cache"])
+        out, upd = _apply(model, adapters, {"params": params, "cache": cache}, tok_B[:, None], decode=True,
+                          positions_BT=pos_B[:, None], mutable=["cache"])
         return (upd["cache"], out[:, -1, :].astype(jnp.float32), jnp.where(pos_B >= 0, pos_B + 1, -1),
                 toks_KB.at[i].set(tok_B))
     init = (cache, logits_BV, positions_B, jnp.zeros((K, B), jnp.int32))

@@ -25,6 +25,7 @@ class Sequence:
     cancelled: Callable = lambda: False  # true once its client is gone: the row is freed at the next chunk
     stream: bool = False  # its client streams: while it decodes, chunks are one step (each token sent as sampled)
     grammar: object = None  # a zoo.infer.grammar.Matcher: its tokens keep to a JSON schema (one step a chunk)
+    adapter: int = 0  # the slot of the LoRA adapter its rows run (zoo.engine.adapters; 0: the base alone)
     generated: int = 0
     enqueued: float = dataclasses.field(default_factory=time.perf_counter)
 

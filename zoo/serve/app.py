@@ -2,7 +2,8 @@
 one engine (zoo.engine.batching) and stream or gather what comes back; nothing here touches the model.
 
     GET  /health                 {"status": "ok", "model", "slots", "active", "waiting"} (no key needed)
-    GET  /v1/models              the one model served
+    GET  /v1/models              the model served and its adapters (zoo.serve.adapters: `model` picks one; admin
+                                 routes load and unload them)
     POST /v1/chat/completions    messages (rendered with the checkpoint's chat template), max_tokens (or
                                  max_completion_tokens), temperature (default 1), top_p, top_k, seed, stop, n, stream,
                                  response_format (json_object, json_schema: zoo.infer.grammar's token mask),
@@ -47,7 +48,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from zoo.errors import ZooError
-from zoo.serve import operations, tools
+from zoo.serve import adapters, operations, tools
 from zoo.serve.choices import Choice
 from zoo.serve.metrics import Metrics
 from zoo.serve.request_checks import (CHAT_NOT_IMPLEMENTED, COMPLETION_NOT_IMPLEMENTED, INLINE, ApiError, _field,
@@ -107,11 +108,6 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                 "slots": engine.slots, "active": engine.active(), "waiting": engine.waiting.qsize(),
                 "chunks": engine.batches, "sequences": engine.admitted, "scored": engine.scored}
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": int(time.time()),
-                                            "owned_by": "zoo"}]}
-
     def too_large(size: int, at_least: bool = False) -> ApiError:
         return ApiError(413, f"the request body is {'over ' if at_least else ''}{size:,} bytes; this server takes at "
                              f"most {max_request_bytes:,} (--max-request-bytes)", code="request_too_large")
@@ -130,10 +126,8 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
             parts.append(part)
         raw = b"".join(parts)
         body = parse_json(raw) if size <= INLINE else await asyncio.to_thread(parse_json, raw)
-        model = body.get("model")
-        if model is not None and model != model_id:
-            raise ApiError(404, f"the model {json.dumps(model)[:80]} does not exist; this server serves '{model_id}'",
-                           param="model", code="model_not_found")
+        request.state.adapter = adapters.slot_of(engine, body.get("model"), model_id)  # the base's 0 or an adapter's
+        request.state.model = body["model"] if request.state.adapter else model_id  # what the answer names
         refuse_not_implemented(body, refused)
         return body
 
@@ -165,10 +159,11 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
         except grammar.SchemaError as e:
             raise ApiError(400, str(e), param="response_format" if lark is None else "tools") from None
 
-    def start(prompts: list[list[int]], s: dict, default_max: int, guide=None) -> tuple[list[Choice], asyncio.Queue,
-                                                                                          list]:
-        """Queue n sequences per prompt, each with its own matcher of `guide` (a compiled grammar) if any; (their
-        choices, the queue their updates arrive on, the sequences)."""
+    def start(prompts: list[list[int]], s: dict, default_max: int, guide=None, model=None) -> tuple[
+            list[Choice], asyncio.Queue, list]:
+        """Queue n sequences per prompt, each with its own matcher of `guide` (a compiled grammar) if any, running
+        the adapter `model` names (its slot looked up just before they queue: one unloaded meanwhile is a 404);
+        (their choices, the queue their updates arrive on, the sequences)."""
         from zoo.engine.batching import Sequence
         from zoo.engine.programs import key_data
         if engine.stopping.is_set():
@@ -178,7 +173,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                                 f"server queues at most {engine.max_queue} (--max-queue)",
                            param="n" if s["n"] > 1 else "prompt")
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-        choices, seqs = [], []
+        choices, seqs, adapter = [], [], adapters.slot_of(engine, model, model_id)
         for prompt in prompts:
             max_tokens = room(prompt, s["max_tokens"], default_max)
             for i in range(s["n"]):
@@ -186,7 +181,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                 seqs.append(Sequence(prompt=prompt, max_tokens=max_tokens, temperature=s["temperature"],
                                      top_k=s["top_k"], top_p=s["top_p"], key=key_data(s["seed"], len(choices)),
                                      emit=c.emit, cancelled=lambda c=c: c.gone, stream=s["stream"],
-                                     grammar=guide.matcher() if guide is not None else None))
+                                     grammar=guide.matcher() if guide is not None else None, adapter=adapter))
                 choices.append(c)
         for q, c in zip(seqs, choices):  # its tokens counted and timed on their way out (GET /metrics)
             q.emit = metrics.watch(c)
@@ -215,7 +210,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
             else:
                 choice = {"index": index, "text": piece.get("content", ""), "finish_reason": finish,
                           "logprobs": None}
-            return "data: " + json.dumps({"id": rid, "object": kind, "created": created, "model": model_id,
+            return "data: " + json.dumps({"id": rid, "object": kind, "created": created, "model": request.state.model,
                                           "choices": [choice], **(extra or {})}) + "\n\n"
 
         async def events():
@@ -264,13 +259,13 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
         calls = tools.of(body, tool_format)
         guide = await grammar_of(body, calls)
         prompts = await asyncio.to_thread(render, list(messages), calls)
-        choices, queue, _ = start(prompts, s, 256, guide)
+        choices, queue, _ = start(prompts, s, 256, guide, body.get("model"))
         rid = "chatcmpl-" + operations.request_id()
         if s["stream"]:
             return stream("chat.completion.chunk", rid, prompts, choices, queue, s["n"], request, calls)
         await gather(choices, queue)
         answers = [tools.message(c.text, c.finish, calls) for c in choices]
-        return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model_id,
+        return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": request.state.model,
                 "choices": [{"index": i, "message": m, "finish_reason": f, "logprobs": None}
                             for i, (m, f) in enumerate(answers)], "usage": usage(prompts, choices, s["n"])}
 
@@ -313,6 +308,8 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
             raise ApiError(400, f"'best_of' is not implemented by zoo-serve beyond n (got "
                                 f"{json.dumps(body['best_of'])[:80]}); leave it out", param="best_of",
                            code="unsupported_parameter")
+        if logprobs is not None:
+            adapters.base_only(request, "'logprobs' (scoring)")
         if s["stream"] and (echo or logprobs is not None):
             raise ApiError(400, "'echo' and 'logprobs' need stream false", param="stream")
         guide = await grammar_of(body)
@@ -325,7 +322,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
             choices = []
             metrics.prompt_tokens.inc(sum(map(len, prompts)))
         else:
-            choices, queue, _ = start(prompts, s, 16, guide)
+            choices, queue, _ = start(prompts, s, 16, guide, body.get("model"))
             if s["stream"]:
                 return stream("text_completion", rid, prompts, choices, queue, s["n"], request)
             await gather(choices, queue)
@@ -335,12 +332,13 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
         if logprobs is not None:
             scored = await score([p + (c.ids if c else []) for p, c in rows], top=logprobs > 0)
         usage_ = usage(prompts, choices, s["n"])
-        answer = (completion_response, tok, rid, model_id, rows, scored, echo, logprobs, usage_)
+        answer = (completion_response, tok, rid, request.state.model, rows, scored, echo, logprobs, usage_)
         return answer[0](*answer[1:]) if small and scored is None else await asyncio.to_thread(*answer)
 
     @app.post("/v1/embeddings")
     async def embed(request: Request):
         body = await body_of(request, {})
+        adapters.base_only(request, "/v1/embeddings")
         rerank.refuse_unless_embedder(lm, model_id)
         texts = embeddings.texts_of(body, max_prompts)
         if engine is None:
@@ -353,6 +351,7 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                 raise ApiError(503, str(e), "server_error") from None
         return await asyncio.to_thread(embeddings.response, lm, body, texts, vectors, model_id)
 
+    adapters.install(app, engine, model_id=model_id, api_key=api_key, body_of=body_of)  # /v1/models, admin routes
     rerank.install(app, lm=lm, model_id=model_id, body_of=body_of, lock=one_at_a_time, max_documents=max_prompts)
     operations.install(app, metrics, app.state.drain, log_requests)  # the last: its route counts by name
     return app
