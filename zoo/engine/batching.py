@@ -58,7 +58,6 @@ import functools
 import queue
 import sys
 import threading
-import time
 from typing import Callable
 
 import flax.linen as nn
@@ -73,14 +72,14 @@ from zoo.engine.batched_prefill import PREFILL_ROWS, BatchedPrefill
 from zoo.engine import programs
 from zoo.engine.programs import copy_prefix, decode_chunk, prefill_row
 from zoo.engine.scoring import Scoring
-from zoo.engine.sequence import Sequence, decode_name, powers, prefill_name
+from zoo.engine.sequence import Sequence, decode_name, prefill_name
+from zoo.engine.warming import Warming
 
-WARM_LENGTHS = 2  # length buckets compiled before the first request (128 and 256 slots)
 PREFILL_CHUNK = 512  # a longer prompt admitted while rows decode is prefilled this many tokens between two chunks
 SHARED_MIN = 32  # the fewest prompt tokens a cached row must share with a new prompt to be reused (copy, not compute)
 
 
-class Engine(Scoring, BatchedPrefill):
+class Engine(Scoring, BatchedPrefill, Warming):
     """The decoder behind the server (see the module's docstring). `lm` is a zoo.Pretrained decoder; `slots` rows
     decode together; `max_len` is the cache's length (at most the model's window); `chunk` decode steps run between
     two admissions; `prefix_cache`: prompts take the leading tokens a row holds (see the module's docstring);
@@ -135,59 +134,6 @@ class Engine(Scoring, BatchedPrefill):
         self._compiled: set = set()  # (B, K, L) of the decode programs compiled
         self.say: Callable = lambda line: print(line, file=sys.stderr, flush=True)  # a later compile, said
         self._score = jax.jit(self._score_fn, static_argnames=("top",))
-
-    # ---- programs --------------------------------------------------------------------------------------------
-    def buckets(self) -> list[int]:
-        """The prompt-length buckets a prefill compiles for: powers of two from 16 to the cache's length."""
-        return powers(16, self.max_len)
-
-    def bucket(self, n: int) -> int:
-        return next(b for b in self.buckets() if b >= n)
-
-    def row_buckets(self) -> list[int]:
-        """The numbers of rows a decode chunk compiles for: powers of two up to the slots, and the slots."""
-        return powers(1, self.slots)
-
-    def length_buckets(self) -> list[int]:
-        """The cache lengths a decode chunk compiles for: powers of two from 128 to the cache's length, and it."""
-        return powers(128, self.max_len)
-
-    def warm_plan(self) -> list[tuple]:
-        """What `warm` compiles: ("prefill", P, S) per prompt bucket up to `prefill_chunk` (P = S: a prompt's first
-        piece) and the pieces after it (P the last of those buckets, S each longer length), then ("decode", B, K, L)
-        for each row bucket (one program runs a chunk or a single step: a new row's first token, a streaming row),
-        at the first WARM_LENGTHS length buckets (the lengths a chat's requests reach); a longer length compiles
-        when a row first reaches it, said on the log."""
-        lengths = self.length_buckets()[:WARM_LENGTHS]
-        steps = [self.chunk]
-        first = [P for P in self.buckets() if P <= self.prefill_chunk] or self.buckets()[:1]
-        later = [S for S in self.length_buckets() if S > first[-1]]  # a long prompt's later pieces
-        return ([("prefill", P, P) for P in first] + [("prefill", first[-1], S) for S in later]
-                + [("decode", B, K, L) for L in lengths for B in self.row_buckets() for K in steps])
-
-    def programs(self) -> int:
-        """How many programs `warm` compiles."""
-        return len(self.warm_plan())
-
-    def warm(self, say: Callable | None = None) -> float:
-        """Compile the programs of `warm_plan` now, saying each (`say(line)`, e.g. print) as it starts; returns
-        the seconds it took."""
-        t, plan = time.perf_counter(), self.warm_plan()
-        for i, (kind, *shape) in enumerate(plan):
-            if say is not None:
-                say(f"compiling {i + 1}/{len(plan)}: " + (prefill_name(*shape) if kind == "prefill"
-                                                          else decode_name(*shape)))
-            if kind == "prefill":
-                self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, 0,
-                                                           jnp.zeros((1, shape[0]), jnp.int32), 1, 0,
-                                                           adapters=self._lora([0]), P=shape[0], S=shape[1])
-                self.held[0] = []
-                self._compiled.add(("prefill", *shape))
-            else:
-                self._run_chunk(*shape)
-            if kind == "decode":
-                self._compiled.add(tuple(shape))
-        return time.perf_counter() - t
 
     # ---- the loop --------------------------------------------------------------------------------------------
     def submit(self, seqs: list[Sequence]) -> bool:

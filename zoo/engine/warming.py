@@ -1,0 +1,72 @@
+"""Which programs the serving engine (zoo.engine.batching.Engine) compiles, and compiling them before the first
+request: a prefill per prompt-length bucket (powers of two from 16 up to the cache's length) and per later piece of
+a long prompt, and a decode per number of rows (powers of two up to the slots) and cache length (powers of two from
+128), the first WARM_LENGTHS lengths warmed, the longer ones compiled when a row first reaches them."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import jax.numpy as jnp
+
+from zoo.engine.sequence import decode_name, powers, prefill_name
+
+WARM_LENGTHS = 2  # length buckets compiled before the first request (128 and 256 slots)
+
+
+class Warming:
+    """The Engine's program buckets and `warm` (a mixin: it reads the Engine's max_len, slots, chunk,
+    prefill_chunk, params, cache and programs)."""
+
+    def buckets(self) -> list[int]:
+        """The prompt-length buckets a prefill compiles for: powers of two from 16 to the cache's length."""
+        return powers(16, self.max_len)
+
+    def bucket(self, n: int) -> int:
+        return next(b for b in self.buckets() if b >= n)
+
+    def row_buckets(self) -> list[int]:
+        """The numbers of rows a decode chunk compiles for: powers of two up to the slots, and the slots."""
+        return powers(1, self.slots)
+
+    def length_buckets(self) -> list[int]:
+        """The cache lengths a decode chunk compiles for: powers of two from 128 to the cache's length, and it."""
+        return powers(128, self.max_len)
+
+    def warm_plan(self) -> list[tuple]:
+        """What `warm` compiles: ("prefill", P, S) per prompt bucket up to `prefill_chunk` (P = S: a prompt's first
+        piece) and the pieces after it (P the last of those buckets, S each longer length), then ("decode", B, K, L)
+        for each row bucket (one program runs a chunk or a single step: a new row's first token, a streaming row),
+        at the first WARM_LENGTHS length buckets (the lengths a chat's requests reach); a longer length compiles
+        when a row first reaches it, said on the log."""
+        lengths = self.length_buckets()[:WARM_LENGTHS]
+        steps = [self.chunk]
+        first = [P for P in self.buckets() if P <= self.prefill_chunk] or self.buckets()[:1]
+        later = [S for S in self.length_buckets() if S > first[-1]]  # a long prompt's later pieces
+        return ([("prefill", P, P) for P in first] + [("prefill", first[-1], S) for S in later]
+                + [("decode", B, K, L) for L in lengths for B in self.row_buckets() for K in steps])
+
+    def programs(self) -> int:
+        """How many programs `warm` compiles."""
+        return len(self.warm_plan())
+
+    def warm(self, say: Callable | None = None) -> float:
+        """Compile the programs of `warm_plan` now, saying each (`say(line)`, e.g. print) as it starts; returns
+        the seconds it took."""
+        t, plan = time.perf_counter(), self.warm_plan()
+        for i, (kind, *shape) in enumerate(plan):
+            if say is not None:
+                say(f"compiling {i + 1}/{len(plan)}: " + (prefill_name(*shape) if kind == "prefill"
+                                                          else decode_name(*shape)))
+            if kind == "prefill":
+                self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, 0,
+                                                           jnp.zeros((1, shape[0]), jnp.int32), 1, 0,
+                                                           adapters=self._lora([0]), P=shape[0], S=shape[1])
+                self.held[0] = []
+                self._compiled.add(("prefill", *shape))
+            else:
+                self._run_chunk(*shape)
+            if kind == "decode":
+                self._compiled.add(tuple(shape))
+        return time.perf_counter() - t
