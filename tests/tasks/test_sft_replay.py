@@ -98,3 +98,21 @@ def test_a_bad_replay_value_is_refused_in_one_line(tmp_path, value, error):
     with pytest.raises(ZooDataError, match="generates before the data"):  # make_data alone has no base answers
         sft.SftTask(replay_cfg(tmp_path, "replay")).make_data(replay_cfg(tmp_path, "replay"), 0, 1)
     assert sft_replay.is_replay("replay") and not sft_replay.is_replay("replayed.jsonl")
+
+
+def test_a_lora_run_replays_the_model_it_starts_from_adapters_merged(tmp_path):
+    """The trainer hands the adapted task its whole params (the adapters zero at the start of a real run; here
+    random): the answers are the plain model's on the merged weights, as sampling a LoRA run reads it."""
+    from zoo import tasks
+    from zoo.nn import lora
+    cfg = replay_cfg(tmp_path, "replay:" + write_jsonl(tmp_path / "prompts.jsonl", PROMPTS[:2]))
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_rank=4, lora_alpha=8.0))
+    adapted = tasks.build(cfg)
+    params = nn.unbox(jax.jit(adapted.init)(jax.random.PRNGKey(0)))
+    params = jax.tree_util.tree_map_with_path(  # adapters that move the answers
+        lambda p, x: 3.0 * jax.random.normal(jax.random.PRNGKey(1), x.shape) if "lora_b" in jax.tree_util.keystr(p)
+        else x, params)
+    adapted.prepare_data(params, str(tmp_path / "run"), resume=False)
+    plain = tasks.plain(cfg)
+    plain.prepare_data(lora.merge(params, lora.spec_of(cfg.model)), str(tmp_path / "run"), resume=False)
+    assert adapted.inner.replayed == plain.replayed and len(plain.replayed) == 2

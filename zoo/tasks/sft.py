@@ -261,8 +261,9 @@ class SftTask(LmTask):
             said = f"data.mix_source={d.mix_source}: {len(self.replayed)} base answers read back from the run's " \
                    f"{sft_replay.REPLAY_FILE}"
         else:
+            # the model's whole window (as sample's): a base's answer is not cut at data.seq_len
             self.replayed, said = sft_replay.answer(self.model, params, get_tokenizer(d.tokenizer), d,
-                                                    template_of(d), self.cfg.window)
+                                                    template_of(d), self.model.cfg.max_len)
         if jax.process_index() == 0:
             print(said, flush=True)
 
