@@ -35,7 +35,7 @@ def test_the_mixed_rows_are_the_bases_greedy_answers(tmp_path, capsys):
     cfg = replay_cfg(tmp_path, "replay:" + write_jsonl(tmp_path / "prompts.jsonl", PROMPTS))
     task = sft.SftTask(cfg)
     params = nn.unbox(jax.jit(task.init)(jax.random.PRNGKey(0)))
-    task.prepare_data(params, str(tmp_path / "run"), resume=False)
+    task.prepare_data(lambda: params, str(tmp_path / "run"), resume=False)
     data = task.make_data(cfg, 0, 1)
     said = capsys.readouterr().out
     # each answer, decoded alone (zoo.infer.sample.generate, greedy) as zoo-sample --chat would
@@ -75,9 +75,12 @@ def test_a_resume_reads_the_answers_back_and_trains_on_the_same_rows(tmp_path, m
     (a, b), n = [d.train.ex for d in built], len(built[0].train.ex)
     assert n == built[0].packed_examples and n > len(zoo_commands.GENERAL)
     assert all(np.array_equal(getattr(a, k), getattr(b, k)) for k in ("inputs", "targets", "weights", "offsets"))
+    other = dataclasses.replace(cfg.data, mix_source="replay:" + write_jsonl(tmp_path / "p.jsonl", PROMPTS))
+    with pytest.raises(ZooDataError, match=r"^data.mix_source='replay:.*': its prompts are not those the run began"):
+        sft_replay.read_back(other, str(tmp_path / "run"))
     os.remove(tmp_path / "run" / "replay.jsonl")  # gone: the trained params are no longer the base
     with pytest.raises(ZooDataError, match=r"^data.mix_source='replay': .*replay.jsonl is missing"):
-        run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=8)), tmp_path / "run", resume=True)
+        sft_replay.read_back(cfg.data, str(tmp_path / "run"))
 
 
 @pytest.mark.parametrize("value, error", [
@@ -112,7 +115,7 @@ def test_a_lora_run_replays_the_model_it_starts_from_adapters_merged(tmp_path):
     params = jax.tree_util.tree_map_with_path(  # adapters that move the answers
         lambda p, x: 3.0 * jax.random.normal(jax.random.PRNGKey(1), x.shape) if "lora_b" in jax.tree_util.keystr(p)
         else x, params)
-    adapted.prepare_data(params, str(tmp_path / "run"), resume=False)
+    adapted.prepare_data(lambda: params, str(tmp_path / "run"), resume=False)
     plain = tasks.plain(cfg)
-    plain.prepare_data(lora.merge(params, lora.spec_of(cfg.model)), str(tmp_path / "run"), resume=False)
+    plain.prepare_data(lambda: lora.merge(params, lora.spec_of(cfg.model)), str(tmp_path / "run"), resume=False)
     assert adapted.inner.replayed == plain.replayed and len(plain.replayed) == 2

@@ -250,9 +250,9 @@ class SftTask(LmTask):
                     tokenizer=tokenizer, files=files, rows=len(plan), answers=answers,
                     packed_examples=len(train) if d.packing else 0)  # epochs of a small set: zoo.training.sizing
 
-    def prepare_data(self, params, workdir: str, resume: bool) -> None:
-        """data.mix_source=replay: the base's answers (`params`: those the run starts from) generated, or on a resume
-        read back from the run (zoo.tasks.sft_replay); make_data mixes them in."""
+    def prepare_data(self, params_of, workdir: str, resume: bool) -> None:
+        """data.mix_source=replay: the base's answers (`params_of()`: the params the run starts from) generated, or on
+        a resume read back from the run (zoo.tasks.sft_replay); make_data mixes them in."""
         d = self.cfg.data
         if not sft_replay.is_replay(d.mix_source):
             return
@@ -262,7 +262,7 @@ class SftTask(LmTask):
                    f"{sft_replay.REPLAY_FILE}"
         else:
             # the model's whole window (as sample's): a base's answer is not cut at data.seq_len
-            self.replayed, said = sft_replay.answer(self.model, params, get_tokenizer(d.tokenizer), d,
+            self.replayed, said = sft_replay.answer(self.model, params_of(), get_tokenizer(d.tokenizer), d,
                                                     template_of(d), self.model.cfg.max_len)
         if jax.process_index() == 0:
             print(said, flush=True)
