@@ -73,8 +73,11 @@ class DataConfig:
     eval_source: str = ""
     # sft: conversations trained beside data.source's and never held out (any source zoo reads, the same columns),
     # so a fine-tune on a few chats keeps answering other questions as its base did; "zoo_general": the general
-    # questions with plain answers zoo ships (zoo.data.zoo_commands.GENERAL); "": data.source alone
+    # questions with plain answers zoo ships (zoo.data.zoo_commands.GENERAL); "replay" (or "replay:PROMPTS.jsonl"):
+    # the base's own greedy answers to those questions (or to the file's prompts), generated before the first step
+    # and kept in the run (replay.jsonl: a resume reuses them; zoo.tasks.sft_replay); "": data.source alone
     mix_source: str = ""
+    replay_max_new_tokens: int = 256  # sft, data.mix_source=replay: the longest base answer generated (tokens)
 
     def __post_init__(self):
         _check(self.seq_len > 0, f"data.seq_len={self.seq_len} must be positive")
@@ -82,6 +85,8 @@ class DataConfig:
                f"data.truncation={self.truncation!r} is unknown; choose one of {', '.join(TRUNCATIONS)}")
         _check(0.0 < self.val_fraction < 1.0, f"data.val_fraction={self.val_fraction} must be in (0, 1)")
         _check(self.num_proc > 0, f"data.num_proc={self.num_proc} must be positive")
+        _check(self.replay_max_new_tokens > 0,
+               f"data.replay_max_new_tokens={self.replay_max_new_tokens} must be positive (tokens of a base answer)")
         _check(self.shuffle_rows > 0, f"data.shuffle_rows={self.shuffle_rows} must be positive (1: stream order)")
 
 

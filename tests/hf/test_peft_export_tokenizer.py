@@ -158,3 +158,39 @@ def test_a_base_zoo_cannot_write_in_is_exported_beside_the_adapter(hf_base, tmp_
         str(tmp_path / "adapter" / "base")
     assert os.path.isfile(tmp_path / "adapter" / "base" / "model.safetensors") and not os.path.exists(
         os.path.join(base, "hf"))
+
+
+def test_a_second_peft_save_of_one_model_only_writes(hf_base, tmp_path, monkeypatch):
+    """Pretrained.save(format="peft") keeps what the run gives (its adapters restored, the model's shapes traced) on
+    the model: a second save restores and traces nothing and writes the same files; a step the run saved since is
+    read afresh."""
+    import zoo
+    from zoo.hf import peft as peft_layers
+    _, base = hf_base
+    run, cfg = lora_run(base, tmp_path / "lora")
+    calls = {"load_trained": 0, "layers": 0}
+
+    def counted(module, name):
+        real = getattr(module, name)
+
+        def wrapper(*a, **k):
+            calls[name] += 1
+            return real(*a, **k)
+        monkeypatch.setattr(module, name, wrapper)
+    lm = zoo.load(run)
+    counted(runs, "load_trained")
+    counted(peft_layers, "layers")
+    lm.save(str(tmp_path / "first"), format="peft", verbose=False)
+    assert calls == {"load_trained": 1, "layers": 1}
+    lm.save(str(tmp_path / "second"), format="peft", verbose=False)
+    assert calls == {"load_trained": 1, "layers": 1}  # nothing restored or traced again
+    assert sorted(os.listdir(tmp_path / "first")) == sorted(os.listdir(tmp_path / "second"))
+    for name in os.listdir(tmp_path / "first"):
+        assert (tmp_path / "first" / name).read_bytes() == (tmp_path / "second" / name).read_bytes(), name
+    trained = runs.load_trained(run, cfg)[0]  # a newer step of the run: its adapters, not the kept ones
+    checkpoint.save_weights(run, jax.tree.map(lambda x: 2 * x, trained), cfg, step=5)
+    calls["load_trained"] -= 1
+    lm.save(str(tmp_path / "third"), format="peft", verbose=False)
+    assert calls == {"load_trained": 2, "layers": 2}
+    assert (tmp_path / "third" / "adapter_model.safetensors").read_bytes() != \
+        (tmp_path / "first" / "adapter_model.safetensors").read_bytes()

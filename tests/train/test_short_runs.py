@@ -70,8 +70,8 @@ def test_a_fine_tune_too_short_or_too_hot_is_told_which_settings_to_change():
     chat = lambda cfg, **d: dataclasses.replace(cfg, task="sft", data=dataclasses.replace(cfg.data, **d))  # noqa: E731
     hot = sizing.size_warning(chat(fine_tune(steps=100)), 15)
     assert hot.startswith(memorise) and hot.endswith("; a hot chat fine-tune moves the base's general answers too: "
-                                                     "data.mix_source=zoo_general (or general chats of your own) "
-                                                     "trains them beside yours")
+                                                     "data.mix_source=zoo_general (or general chats of your own, "
+                                                     "or replay: the base's own answers) trains them beside yours")
     assert sizing.size_warning(chat(fine_tune(steps=100), mix_source="zoo_general"), 15) == memorise
     assert sizing.size_warning(chat(fine_tune(steps=6)), 15) == short
 

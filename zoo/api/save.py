@@ -30,7 +30,8 @@ def save(lm, out_dir: str, format: str = "zoo", *, params=None, verbose: bool = 
         if params is not lm.params:
             raise ArgumentError("format='peft' writes the adapters the run trained; params= applies to 'zoo', 'hf' "
                                 "and 'sentence-transformers'")
-        peft_export.to_peft(lm.lora_run, out_dir, verbose=verbose)
+        # the run's restored adapters and traced shapes, kept on the model: a second save only writes
+        peft_export.to_peft(lm.lora_run, out_dir, verbose=verbose, cache=lm.__dict__.setdefault("_peft_export_", {}))
     elif format == "hf":
         from zoo.hf.convert import export
         what = f"{lm.source}" + (f", step {lm.step}" if lm.step is not None else "")

@@ -61,12 +61,30 @@ def evaluate(model, params, tok, tokenizer_name: str, items: list[dict], *, run_
     is answered alone, its context cropped. `progress(n)` after each batch."""
     from zoo.data.tokenizers import encode_text
     from zoo.infer.chat import prompt_ids
-    from zoo.infer.sample import generate, generate_batch, stop_ids
     prompts = [item["prompt_ids"] if "prompt_ids" in item else  # ids rendered already (zoo.tasks.sft)
                prompt_ids(tok, tokenizer_name, item["messages"], run_dir) if "messages" in item
                else encode_text(tok, item["prompt"]) for item in items]
+    answers = greedy_ids(model, params, tok, prompts, window=window, max_new_tokens=max_new_tokens,
+                         batch_size=batch_size, progress=progress)
+    rows, exact, contains = [], 0, 0
+    for i, (item, ids) in enumerate(zip(items, answers)):
+        got = tok.decode(ids)
+        em, ct = score(got, item["answers"])
+        exact, contains = exact + em, contains + ct
+        rows.append({"index": item.get("index", i), "answer": got, "expected": item["answers"][0],
+                     "exact_match": em, "contains": ct})
+    return {"items": len(items), "exact": exact, "contained": contains, "rows": rows}
+
+
+def greedy_ids(model, params, tok, prompts: list[list[int]], *, window: int, max_new_tokens: int, batch_size: int = 8,
+               progress=None) -> list[list[int]]:
+    """Each prompt's greedy answer (new ids, cut before the end-of-text or end-of-turn id): `batch_size` prompts a
+    KV-cached batch, sorted by length (zoo.infer.sample.generate_batch); one too long for the window with
+    max_new_tokens alone, its context cropped. `progress(n)` after each batch. evaluate's decoding, and
+    data.mix_source=replay's (zoo.tasks.sft_replay)."""
+    from zoo.infer.sample import generate, generate_batch, stop_ids
     kw = dict(temperature=0.0, eos_id=stop_ids(tok), vocab_limit=tok.n_vocab, window=window)
-    answers: list = [None] * len(items)
+    answers: list = [None] * len(prompts)
     fits = sorted((i for i, p in enumerate(prompts) if len(p) + max_new_tokens <= window), key=lambda i: len(prompts[i]))
     for start in range(0, len(fits), batch_size):
         chunk = fits[start:start + batch_size]
@@ -78,14 +96,7 @@ def evaluate(model, params, tok, tokenizer_name: str, items: list[dict], *, run_
         answers[i] = generate(model, params, prompts[i], max_new_tokens, **kw)[0]
         if progress:
             progress(1)
-    rows, exact, contains = [], 0, 0
-    for i, (item, ids) in enumerate(zip(items, answers)):
-        got = tok.decode(ids)
-        em, ct = score(got, item["answers"])
-        exact, contains = exact + em, contains + ct
-        rows.append({"index": item.get("index", i), "answer": got, "expected": item["answers"][0],
-                     "exact_match": em, "contains": ct})
-    return {"items": len(items), "exact": exact, "contained": contains, "rows": rows}
+    return answers
 
 
 def worst(rows: list[dict], n: int) -> list[dict]:

@@ -42,9 +42,35 @@ _flat = functools.partial(traverse_util.flatten_dict, sep="/")  # param trees <-
 _unflat = functools.partial(traverse_util.unflatten_dict, sep="/")
 
 
-def to_peft(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
+def to_peft(run_dir: str, out_dir: str, *, verbose: bool = True, cache: dict | None = None) -> dict:
     """Write the adapters (and other trained params, as modules_to_save) of LoRA run `run_dir` as a PEFT adapter
-    for its base (init_from). Everything is checked before anything is written."""
+    for its base (init_from). Everything is checked before anything is written. `cache`, a dict the caller keeps
+    (Pretrained.save keeps one on the model), holds what the run's steps give, its trained params restored and the
+    model's shapes traced (`_adapter`), so a second save while the run has the same steps only writes."""
+    from zoo.training import checkpoint
+    key = (os.path.abspath(run_dir), tuple(checkpoint.all_steps(run_dir)))
+    built = cache.get(key) if cache is not None else None
+    if built is None:
+        built = _adapter(run_dir)
+        if cache is not None:
+            cache.clear()
+            cache[key] = built
+    step, r, ranks, save, adapter, tensors, write_tokenizer, base_run = built
+    convert.check_out_dir(out_dir)
+    adapter = dict(adapter)
+    adapter["base_model_name_or_path"], how = _base_for_transformers(base_run, out_dir)
+    files = _write(out_dir, adapter, tensors, write_tokenizer)
+    if verbose:
+        saved = f"; modules_to_save: {', '.join(adapter['modules_to_save'])}" if save else ""
+        print(f"wrote {out_dir}: {', '.join(files)} (PEFT LoRA r={r} on {len(ranks)} layers{saved}; "
+              f"{convert.count(tensors):,} params of {run_dir}, step {step}) for the base {how}; load it with "
+              f"peft.AutoPeftModelForCausalLM.from_pretrained({out_dir!r})")
+    return {"config": adapter, "tensors": dict(tensors)}
+
+
+def _adapter(run_dir: str) -> tuple:
+    """What to_peft writes, short of where: (step, rank, HF module -> its rank, the modules_to_save rows,
+    adapter_config.json without its base, the tensors, the tokenizer's writer, the base run)."""
     from zoo.training import checkpoint, runs
 
     def read(step):  # the config and trained params of one step, never one step's under another's config
@@ -54,7 +80,6 @@ def to_peft(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
     spec = lora.spec_of(cfg.model)
     if spec is None:
         raise ConversionError(f"{run_dir!r} has no LoRA adapters (model.lora_rank=0); export it without --adapter")
-    convert.check_out_dir(out_dir)
     sites, names, rows, _ = peft.layers(cfg, spec.rank)
     trained, r = _flat(jax.device_get(trained)), spec.rank
     for e in [p.removesuffix("/lora_a") for p in trained if p.endswith("/lora_a") and p[:-6] + "kernel" in trained]:
@@ -89,14 +114,7 @@ def to_peft(run_dir: str, out_dir: str, *, verbose: bool = True) -> dict:
                "modules_to_save": sorted({names[n].rsplit(".", 1)[0] for _, n, _ in save}) or None,
                "base_model_name_or_path": None, "revision": None}
     write_tokenizer = _tokenizer(cfg, run_dir)  # built (and refused) before anything is written
-    adapter["base_model_name_or_path"], how = _base_for_transformers(cfg.init_from, out_dir)
-    files = _write(out_dir, adapter, tensors, write_tokenizer)
-    if verbose:
-        saved = f"; modules_to_save: {', '.join(adapter['modules_to_save'])}" if save else ""
-        print(f"wrote {out_dir}: {', '.join(files)} (PEFT LoRA r={r} on {len(ranks)} layers{saved}; "
-              f"{convert.count(tensors):,} params of {run_dir}, step {step}) for the base {how}; load it with "
-              f"peft.AutoPeftModelForCausalLM.from_pretrained({out_dir!r})")
-    return {"config": adapter, "tensors": tensors}
+    return step, r, ranks, save, adapter, tensors, write_tokenizer, cfg.init_from
 
 
 def _base_for_transformers(base_run: str, out_dir: str) -> tuple[str, str]:

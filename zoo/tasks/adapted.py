@@ -26,6 +26,9 @@ class AdaptedTask:
         with lora.intercept(self.spec, train):
             return self.inner.loss(params, batch, rng, train, **kw)
 
+    def prepare_data(self, params_of, workdir, resume):  # the base's answers (data.mix_source=replay): adapters merged
+        return self.inner.prepare_data(lambda: lora.merge(params_of(), self.spec), workdir, resume)
+
     def evaluate_extra(self, params, data):
         return self.inner.evaluate_extra(lora.merge(params, self.spec), data)
 

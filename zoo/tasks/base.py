@@ -13,6 +13,9 @@ A task is built from a Config and owns its model, loss, data pipeline and metric
   num_params(boxed) -> params counted in 6N (lookup tables such as learned positions excluded)
   eval_metrics(totals) -> extra eval metrics from the summed aux (e.g. macro-F1)
   train_metrics(totals) -> extra training metrics from the summed aux of the steps logged (dpo's rewards/...)
+  prepare_data(params_of, workdir, resume) -> what a task computes from the params the run starts from
+      (`params_of()`, asked only when needed) before its data is built (sft's data.mix_source=replay: the base's
+      answers); nothing for most
   prepare(params, data, workdir, resume, mesh) -> what a task computes once from the initial params before the
       first step (dpo's precomputed reference log-probabilities); nothing for most
   evaluate_extra(params, data) -> extra eval metrics that need more than a loss pass (e.g. BLEU)
@@ -85,6 +88,9 @@ class BaseTask:
 
     def train_metrics(self, totals: dict) -> dict:
         return {}
+
+    def prepare_data(self, params_of, workdir: str, resume: bool) -> None:
+        return None
 
     def prepare(self, params, data: Data, workdir: str, resume: bool, mesh) -> None:
         return None

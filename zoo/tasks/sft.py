@@ -39,6 +39,7 @@ from zoo.infer.sample import generate
 from zoo.models.gpt import output_embedding
 from zoo.nn import losses
 from zoo.tasks.base import Data
+from zoo.tasks import sft_replay
 from zoo.tasks.lm import LmTask, check_vocab
 
 
@@ -70,9 +71,11 @@ def load_rows(dcfg):
                        f"data.completion_column={dcfg.completion_column!r}; columns: {', '.join(ds.column_names)}")
 
 
-def encode_rows(dcfg, tokenizer, template: str):
-    """(examples as (ids, mask) pairs, the text each was rendered from, counts of what was cut or dropped)."""
-    ds, kind = load_rows(dcfg)
+def encode_rows(dcfg, tokenizer, template: str, conversations: list | None = None):
+    """(examples as (ids, mask) pairs, the text each was rendered from, counts of what was cut or dropped): of
+    data.source's rows, or of `conversations` given (data.mix_source=replay's)."""
+    ds, kind = load_rows(dcfg) if conversations is None else \
+        (datasets.Dataset.from_dict({dcfg.messages_column: conversations}), "messages")
     variables = chat.specials(tokenizer, dcfg.tokenizer)
     out, keys = [], []
     counts = {"rows": len(ds), "truncated": 0, "too_long": 0, "no_answer": 0}
@@ -190,8 +193,10 @@ class SftTask(LmTask):
             check_vocab(cfg, get_tokenizer(cfg.data.tokenizer))
             template_of(cfg.data)  # the tokenizer's own template, when no file is named
         load_rows(cfg.data)
+        if sft_replay.is_replay(cfg.data.mix_source):
+            sft_replay.prompts_of(cfg.data)  # the prompts the base will answer, read and checked
         for field in ("eval_source", "mix_source"):  # read as data.source is; an error names its own setting
-            if getattr(cfg.data, field):
+            if getattr(cfg.data, field) and not (field == "mix_source" and sft_replay.is_replay(cfg.data.mix_source)):
                 try:
                     load_rows(dataclasses.replace(cfg.data, source=getattr(cfg.data, field)))
                 except ZooDataError as e:
@@ -205,7 +210,17 @@ class SftTask(LmTask):
         template = template_of(d)
         pairs, keys, counts = encode_rows(d, tokenizer, template)
         # data.mix_source's examples train beside data.source's and are never held out: validation stays the user's
-        mix = encode_rows(dataclasses.replace(d, source=d.mix_source), tokenizer, template)[0] if d.mix_source else []
+        files = {"chat_template.jinja": template}
+        if sft_replay.is_replay(d.mix_source):
+            replayed = getattr(self, "replayed", None)
+            if replayed is None:
+                raise ZooDataError(f"data.mix_source={d.mix_source!r} needs the base's answers, which the trainer "
+                                   f"generates before the data (SftTask.prepare_data); train the run to use it")
+            mix = encode_rows(d, tokenizer, template, replayed)[0]
+            files[sft_replay.REPLAY_FILE] = sft_replay.file_text(replayed)
+        else:
+            mix = encode_rows(dataclasses.replace(d, source=d.mix_source), tokenizer, template)[0] if d.mix_source \
+                else []
         answers = []
         if d.eval_source:  # the user's own held-out set: all of data.source trains
             held = dataclasses.replace(d, source=d.eval_source)
@@ -232,8 +247,25 @@ class SftTask(LmTask):
                                                 process_count),
                     eval=packing.eval_batches(val, val_plan, d.seq_len, B, cfg.train.eval_batches, process_index,
                                               process_count),
-                    tokenizer=tokenizer, files={"chat_template.jinja": template}, rows=len(plan), answers=answers,
+                    tokenizer=tokenizer, files=files, rows=len(plan), answers=answers,
                     packed_examples=len(train) if d.packing else 0)  # epochs of a small set: zoo.training.sizing
+
+    def prepare_data(self, params_of, workdir: str, resume: bool) -> None:
+        """data.mix_source=replay: the base's answers (`params_of()`: the params the run starts from) generated, or on
+        a resume read back from the run (zoo.tasks.sft_replay); make_data mixes them in."""
+        d = self.cfg.data
+        if not sft_replay.is_replay(d.mix_source):
+            return
+        if resume:
+            self.replayed = sft_replay.read_back(d, workdir)
+            said = f"data.mix_source={d.mix_source}: {len(self.replayed)} base answers read back from the run's " \
+                   f"{sft_replay.REPLAY_FILE}"
+        else:
+            # the model's whole window (as sample's): a base's answer is not cut at data.seq_len
+            self.replayed, said = sft_replay.answer(self.model, params_of(), get_tokenizer(d.tokenizer), d,
+                                                    template_of(d), self.model.cfg.max_len)
+        if jax.process_index() == 0:
+            print(said, flush=True)
 
     def evaluate_extra(self, params, data: Data) -> dict:
         """With data.eval_source: its answers generated greedily and scored (zoo.eval.generation)."""

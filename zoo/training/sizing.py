@@ -78,5 +78,5 @@ def size_warning(cfg: Config, rows: int) -> str | None:
     hot = lr > (1e-3 if lora else 1e-4) or (passes > HOT_PASSES and lr >= 1e-4)
     if hot and cfg.task == "sft" and not cfg.data.mix_source:
         said.append("a hot chat fine-tune moves the base's general answers too: data.mix_source=zoo_general (or "
-                    "general chats of your own) trains them beside yours")
+                    "general chats of your own, or replay: the base's own answers) trains them beside yours")
     return "warning: " + "; ".join(said) if said else None

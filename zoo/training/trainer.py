@@ -182,6 +182,7 @@ def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_ste
                     state, base_step = start_from(s, state, cfg.init_from)
             # The token store is built once, by process 0; the others open it (a shared data.cache_dir).
             peers.wait(built, "building the token store")
+            s.task.prepare_data(lambda: s.full_params(state), path, resume)  # e.g. sft's replay of the base's answers
             data = s.task.make_data(cfg, jax.process_index(), jax.process_count())
             if cfg.train.epochs and not resume:  # train.steps from the data's rows; the state fits either schedule
                 cfg = steps_of_epochs(cfg, data.rows, main, data.packed_examples)
