@@ -65,11 +65,17 @@ class EmbedConfig:
     symmetric: bool = False  # add the positive -> anchors direction and average (MultipleNegativesSymmetricRankingLoss)
     pooling: str = ""  # "" as the init_from checkpoint's 1_Pooling/config.json says (else mean) | mean | cls | max
     #   | mean_sqrt_len
+    # A gradient cache (CachedMultipleNegativesRankingLoss): the encoder runs over chunks of this many pairs (each
+    # with its K texts), holding one chunk's activations at a time, while the loss still spans the whole batch.
+    # 0: off (the batch in one forward). The loss and gradient are the same; dropout masks are drawn per chunk.
+    mini_batch: int = 0
 
     def __post_init__(self):
         _check(math.isfinite(self.scale) and self.scale > 0, f"embed.scale={self.scale} must be a positive number")
         _check(self.pooling in EMBED_POOLINGS, f"embed.pooling={self.pooling!r} is unknown; choose one of "
                f"{', '.join(repr(p) for p in EMBED_POOLINGS)}")
+        _check(isinstance(self.mini_batch, int) and self.mini_batch >= 0,
+               f"embed.mini_batch={self.mini_batch!r} must be 0 (off) or a positive number of pairs per chunk")
 
 
 DISTILL_TASKS = ("gpt_lm", "sft")

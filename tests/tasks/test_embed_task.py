@@ -75,16 +75,18 @@ def _minilm_batch(texts_a, texts_p):
     return embed_task.Pairs(np.stack(ids, 1), np.stack(lengths, 1)).rows(np.arange(len(texts_a)))
 
 
-@pytest.mark.parametrize("symmetric", [False, True])
-def test_loss_and_gradient_equal_sentence_transformers_on_minilm(symmetric, tmp_path):
+@pytest.mark.parametrize("symmetric, mini_batch", [(False, 0), (True, 0), (False, 4)])
+def test_loss_and_gradient_equal_sentence_transformers_on_minilm(symmetric, mini_batch, tmp_path):
     """The task's loss on all-MiniLM-L6-v2's own weights (no dropout) and the gradient of its word embeddings,
-    against SentenceTransformer(MODEL_DIR) with the MNRL module called as its trainer calls it."""
+    against SentenceTransformer(MODEL_DIR) with the MNRL module called as its trainer calls it; with
+    embed.mini_batch, against CachedMultipleNegativesRankingLoss of the same mini-batch size (6 pairs in chunks
+    of 4: one full, one short on both sides)."""
     from sentence_transformers import SentenceTransformer
     pairs = embed_task.builtin_pairs().select(range(0, 60, 10))
     a, p = pairs["anchor"], pairs["positive"]
     lm = zoo.load(minilm_dir())
     cfg = dataclasses.replace(lm.config, task="embed", init_from=minilm_dir(),
-                              embed=dataclasses.replace(lm.config.embed, symmetric=symmetric))
+                              embed=dataclasses.replace(lm.config.embed, symmetric=symmetric, mini_batch=mini_batch))
     task = tasks.build(cfg)
     assert (task.pooling.mode, task.pooling.normalize, task.pooling.max_len) == ("mean", True, 256)
     params = {"bert": lm.params["bert"]}
@@ -95,8 +97,12 @@ def test_loss_and_gradient_equal_sentence_transformers_on_minilm(symmetric, tmp_
     model.max_seq_length = 32
     model.eval()
     features = [model.tokenize(t) for t in (a, p)]
-    theirs = st_loss(symmetric)
-    theirs.model = model
+    if mini_batch:
+        from sentence_transformers.losses import CachedMultipleNegativesRankingLoss
+        theirs = CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=mini_batch)
+    else:
+        theirs = st_loss(symmetric)
+        theirs.model = model
     value = theirs(features, None)
     value.backward()
     g_theirs = model[0].auto_model.embeddings.word_embeddings.weight.grad.numpy()

@@ -13,7 +13,8 @@ setup, sharding, train step and input pipeline; `hf` gives the matching transfor
 from __future__ import annotations
 
 WORKLOADS = ("gpt_train", "llama_train", "lora_train", "dpo_train", "grpo_train", "sft_train", "bert_mlm",
-             "encdec_train", "generate", "llama_generate", "input", "eval_score", "embed")
+             "encdec_train", "generate", "llama_generate", "input", "eval_score", "embed",
+             "embed_train")
 # input and sft_train have no peer. llama_*: the Llama architecture (rope, RMSNorm, SwiGLU, GQA) beside GPT-2.
 # lora_train: llama_train's model and shapes, adapters on every attention and MLP matrix, base frozen.
 # dpo_train: preference tuning (task=dpo, sigmoid loss, beta 0.1) of lora_train's adapters, the base with the
@@ -29,8 +30,10 @@ WORKLOADS = ("gpt_train", "llama_train", "lora_train", "dpo_train", "grpo_train"
 # eval_score: zoo-eval's scoring beside the forward pass (zoo.bench.eval_speed), peer lm-eval-hf; not in the GPU story.
 # embed: all-MiniLM-L6-v2's texts/s through .embed at batch 1, 32 and 256 (zoo.bench.embed_speed), peer st-torch
 # (sentence-transformers' encode); the same shapes in the full and cpu sets, not in the GPU story.
+# embed_train: task=embed's training tokens/s fine-tuning all-MiniLM-L6-v2 on the builtin pairs at T=64 B=16
+# (zoo.bench.embed_train_speed), peer st-torch (sentence-transformers' MNRL step); full and cpu sets.
 PEER_WORKLOADS = ("gpt_train", "llama_train", "lora_train", "dpo_train", "grpo_train", "bert_mlm", "encdec_train",
-                  "generate", "llama_generate", "eval_score", "embed")
+                  "generate", "llama_generate", "eval_score", "embed", "embed_train")
 # zoo.bench.torch_peer: transformers, eager or torch.compile; zoo.bench.harness_peer: lm-eval's hf model (eval_score)
 PEER_NAMES = ("hf-torch", "hf-torch-compile", "lm-eval-hf", "st-torch")
 
@@ -192,6 +195,8 @@ SHAPES.update({
     ("generate", "gpu"): SHAPES[("generate", "full")],
 })
 SHAPES.update({("embed", kind): [(f"minilm-B{b}", {"batch": b}) for b in (1, 32, 256)] for kind in ("full", "cpu")})
+SHAPES.update({("embed_train", kind): [("minilm-T64-B16", {"batch": 16, "seq_len": 64})]
+               for kind in ("full", "cpu")})
 SHAPE_SETS = ("full", "cpu", "gpu")
 
 

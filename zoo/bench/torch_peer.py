@@ -136,9 +136,13 @@ def make(name: str, spec: dict):
     """The peer `name` (one of PEER_NAMES) set up for `spec`."""
     if name not in PEER_NAMES:
         raise ValueError(f"unknown peer {name!r}; choose one of {', '.join(PEER_NAMES)}")
-    if (name == "st-torch") != (spec["workload"] == "embed"):
-        raise ValueError(f"{spec['workload']}'s peer is st-torch" if spec["workload"] == "embed" else
-                         f"st-torch is the embed workload's peer, not {spec['workload']}'s")
+    embed = spec["workload"] in ("embed", "embed_train")
+    if (name == "st-torch") != embed:
+        raise ValueError(f"{spec['workload']}'s peer is st-torch" if embed else
+                         f"st-torch is the embed and embed_train workloads' peer, not {spec['workload']}'s")
+    if name == "st-torch" and spec["workload"] == "embed_train":
+        from zoo.bench.embed_train_speed import StEmbedTrain
+        return StEmbedTrain(spec, name)
     if name == "st-torch":
         from zoo.bench.embed_speed import StEmbed
         return StEmbed(spec, name)

@@ -19,6 +19,7 @@ import types
 
 from zoo.bench.common import BANDWIDTH_METHOD, calibrate, hbm_bandwidth, measured_bandwidth, median
 from zoo.bench.embed_speed import ZooEmbed
+from zoo.bench.embed_train_speed import ZooEmbedTrain
 from zoo.bench.eval_speed import ZooScore
 from zoo.bench.grpo_speed import ZooGrpo
 from zoo.bench.model_report import (apply_preset, compute_dtype, device_peak_memory_mb, frozen_base, settings,
@@ -313,7 +314,7 @@ class ZooInput:
 ZOO = {"gpt_train": ZooTrain, "llama_train": ZooTrain, "lora_train": ZooTrain, "dpo_train": ZooTrain,
        "grpo_train": ZooGrpo, "sft_train": ZooTrain, "bert_mlm": ZooTrain, "encdec_train": ZooTrain,
        "generate": ZooGenerate, "llama_generate": ZooGenerate, "input": ZooInput, "eval_score": ZooScore,
-       "embed": ZooEmbed}
+       "embed": ZooEmbed, "embed_train": ZooEmbedTrain}
 
 
 def serve(bench) -> None:

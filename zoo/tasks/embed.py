@@ -17,8 +17,10 @@ the candidates are one microbatch's. Metrics: the mean loss and in-batch accurac
 
 Pooling is the init_from checkpoint's (its sentence-transformers files, found through a converted base's source or
 a run's own init_from), or embed.pooling; the run keeps modules.json, 1_Pooling/config.json and
-sentence_bert_config.json in its workdir, so `zoo.load(run).embed` pools as it trained. No gradient cache
-(CachedMultipleNegativesRankingLoss): the batch's activations must fit on the devices.
+sentence_bert_config.json in its workdir, so `zoo.load(run).embed` pools as it trained. embed.mini_batch=M is a
+gradient cache (CachedMultipleNegativesRankingLoss, zoo.tasks.grad_cache): the encoder runs over chunks of M pairs
+holding one chunk's activations at a time, the loss and its gradient unchanged, so a batch (and its in-batch
+negatives) can outgrow the devices' memory for activations.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from zoo.data.store import doc_hash, val_documents
 from zoo.data.tokenizers import get_tokenizer
 from zoo.errors import ZooDataError
 from zoo.models.bert import Bert, BertConfig
+from zoo.tasks import grad_cache
 from zoo.tasks.base import Data
 from zoo.tasks.classify import _Encoder
 from zoo.tasks.mlm import check_bert_vocab, check_ids
@@ -267,12 +270,20 @@ class EmbedTask(_Encoder):
     def loss(self, params, batch, rng, train):
         ids_BKT, valid_BKT, w_B = batch["inputs"], batch["valid"], batch["weights"]
         B, K, T = ids_BKT.shape
-        ids_NT, valid_NT = ids_BKT.reshape(B * K, T), valid_BKT.reshape(B * K, T)
-        h_NTD = self.model.apply({"params": params}, ids_NT, jnp.zeros_like(ids_NT), valid_NT,
-                                 deterministic=not train, rngs={"dropout": rng})
-        e_BKD = pool_hidden(h_NTD, valid_NT, self.pooling.mode).reshape(B, K, -1)
-        docs_CD = e_BKD[:, 1:].swapaxes(0, 1).reshape(B * (K - 1), -1)  # positives, then each negative column
+
+        def embed_rows(ids_bKT, valid_bKT, rng):  # [b, K, T] -> e_bKD, the pooled vector of each text
+            b = ids_bKT.shape[0]
+            ids_NT, valid_NT = ids_bKT.reshape(b * K, T), valid_bKT.reshape(b * K, T)
+            h_NTD = self.model.apply({"params": params}, ids_NT, jnp.zeros_like(ids_NT), valid_NT,
+                                     deterministic=not train, rngs={"dropout": rng})
+            return pool_hidden(h_NTD, valid_NT, self.pooling.mode).reshape(b, K, -1)
+
         e = self.cfg.embed
+        if 0 < e.mini_batch < B:  # the gradient cache: one chunk's activations at a time (zoo.tasks.grad_cache)
+            e_BKD = grad_cache.map_rows(embed_rows, (ids_BKT, valid_BKT), e.mini_batch, rng)
+        else:
+            e_BKD = embed_rows(ids_BKT, valid_BKT, rng)
+        docs_CD = e_BKD[:, 1:].swapaxes(0, 1).reshape(B * (K - 1), -1)  # positives, then each negative column
         ce_B, correct_B = mnrl(e_BKD[:, 0], docs_CD, w_B, e.scale, e.symmetric)
         return jnp.sum(ce_B * w_B), {"weight": jnp.sum(w_B), "correct": jnp.sum(correct_B * w_B),
                                      "tokens": jnp.sum(valid_BKT * w_B[:, None, None])}
