@@ -42,8 +42,10 @@ GROUPED_QUERIES = 16
 # 2-core CPU (load 8-10) in zoo.engine's decode chunk, SmolLM2-135M, 128 slots: the copies were 9-12% (8 rows) and
 # 14-18% (32 rows) of a step; without them, the sum of the ops' least times per step 190.7 against 202.0 ms and
 # 224.0 against 246.1 ms (32 rows; the sums cost more than the dots, 5-20 ms), 104.4 against 98.8 ms (8 rows, within
-# the noise), whole steps' median 1.09-1.25x faster at 32 rows and 1.15-1.24x at 8. False: the two dot products.
-DECODE_REDUCE = True
+# the noise), whole steps' median 1.09-1.25x faster at 32 rows and 1.15-1.24x at 8. At 1 row the copies are small
+# and the sums cost more (attention with its cache write 3.3 against 1.9 ms a step): the dots there. So from
+# DECODE_REDUCE_ROWS rows on (2 and 4 rows not measured: the dots).
+DECODE_REDUCE_ROWS = 8
 NEG_LARGE = -1e30  # a masked logit: finite, so a row with every key masked stays finite (uniform)
 
 
@@ -76,8 +78,8 @@ def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None
         if G > 1:  # many queries (training, prefill): the repeat's copy is small beside the score products
             k_BSKH, v_BSKH = (jnp.repeat(x, G, axis=2) for x in (k_BSKH, v_BSKH))
         q_x, qk, pv = q_BTNH, "BTNH,BSNH->BNTS", "BNTS,BSNH->BTNH"
-    step = group and T == 1 and DECODE_REDUCE
-    if step:  # one query per row: products and sums over the cache as it lies, [B, S, K, G, H] (see DECODE_REDUCE)
+    step = group and T == 1 and B >= DECODE_REDUCE_ROWS
+    if step:  # one query per row: products and sums over the cache as it lies, [B, S, K, G, H]
         q_B1KGH = (q_BTNH.reshape(B, 1, K, G, H) * jnp.asarray(scale, q_BTNH.dtype)).astype(jnp.float32)
         s_BSKG = jnp.sum(q_B1KGH * k_BSKH.astype(jnp.float32)[:, :, :, None, :], -1)
         s_x = soft_cap(jnp.transpose(s_BSKG, (0, 2, 3, 1))[:, :, :, None, :], softcap)  # [B, K, G, 1, S]
