@@ -39,12 +39,11 @@ GROUPED_QUERIES = 16
 # A decoding step's single query per row reads the grouped cache [B, S, K, H] as it lies, by products and sums,
 # instead of two dot products: XLA:CPU's batched dot wants the batch axes (B, K) leading, and so copied every
 # layer's whole key and value cache into [B, K, H, S] and [B, K, S, H] at every step. Measured 2026-11-29 on the
-# 2-core CPU (load 8-10) in zoo.engine's decode chunk, SmolLM2-135M, 128 slots: the copies were 9-12% (8 rows) and
-# 14-18% (32 rows) of a step; without them, the sum of the ops' least times per step 190.7 against 202.0 ms and
-# 224.0 against 246.1 ms (32 rows; the sums cost more than the dots, 5-20 ms), 104.4 against 98.8 ms (8 rows, within
-# the noise), whole steps' median 1.09-1.25x faster at 32 rows and 1.15-1.24x at 8. At 1 row the copies are small
-# and the sums cost more (attention with its cache write 3.3 against 1.9 ms a step): the dots there. So from
-# DECODE_REDUCE_ROWS rows on (2 and 4 rows not measured: the dots).
+# 2-core CPU in zoo.engine's decode chunk, SmolLM2-135M, 128 slots, summing each op's least time in a step
+# (load 3-6): at 32 rows the copies were 33.6 of 186.4 ms, the attention with them and the output projection
+# (which the value sum fuses into) 63.0 against 48.1 ms, the step 186.4 against 166.4 ms (whole steps' median
+# 1.09x); at 8 rows 14.7 against 14.9 ms, even (whole steps' median 1.04x, and 0.95-1.24x at load 8-10); at 1 row
+# the sums cost more (attention with its cache write 3.3 against 1.9 ms): the dots below DECODE_REDUCE_ROWS rows.
 DECODE_REDUCE_ROWS = 8
 NEG_LARGE = -1e30  # a masked logit: finite, so a row with every key masked stays finite (uniform)
 
