@@ -94,3 +94,15 @@ def test_packed_layout_is_each_examples_length_and_start():
     # jax's cuDNN docstring example: segments of size 1 -> offsets [0, 1, 2, -1]; absent segments -1.
     np.testing.assert_array_equal(seqlen, [[1, 1, 1], [2, 1, -1], [4, -1, -1]])
     np.testing.assert_array_equal(offsets, [[0, 1, 2, -1], [0, 2, -1, -1], [0, -1, -1, -1]])
+
+
+def test_a_decoding_step_reads_the_cache_by_sums_with_the_numbers_of_the_dot_products(monkeypatch):
+    """One query per row over a grouped cache: products and sums over the cache as it lies (from
+    DECODE_REDUCE_ROWS rows on) give the outputs of the two dot products, masked keys included."""
+    q, k, v, _ = _qkv(B=3, T=1, S=40, N=6, K=2, H=8)
+    mask_B11S = (jnp.arange(40)[None, :] <= jnp.array([[5], [39], [0]]))[:, None, None, :]
+    run = lambda: jax.jit(lambda q, k, v: layers.einsum_attention(q, k, v, mask=mask_B11S))(q, k, v)  # noqa: E731
+    monkeypatch.setattr(layers, "DECODE_REDUCE_ROWS", 3)
+    got = run()
+    monkeypatch.setattr(layers, "DECODE_REDUCE_ROWS", 4)
+    np.testing.assert_allclose(got, run(), rtol=1e-5, atol=1e-6)

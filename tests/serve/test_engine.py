@@ -193,3 +193,19 @@ def test_new_prompts_admitted_together_are_prefilled_in_one_program_and_answer_a
         want = sample.generate(model, params, p, 8, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
                                vocab_limit=lm.tokenizer.n_vocab)[0]
         assert a == want and b == want
+
+
+def test_eight_rows_decoding_together_answer_as_sample_does(lm):
+    """8 rows: the decoding step's attention reads the grouped cache by products and sums
+    (zoo.nn.attention.DECODE_REDUCE_ROWS); each row's greedy tokens are still zoo.infer.sample's."""
+    from zoo.nn import attention
+    assert attention.DECODE_REDUCE_ROWS <= 8
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(1, 256, 24).tolist() for _ in range(8)]
+    engine = Engine(lm, slots=8, max_len=128, chunk=8)
+    got = _run(engine, [Sequence(prompt=p, max_tokens=16, temperature=0.0) for p in prompts])
+    model, params = lm.decoding()
+    for p, chunks in zip(prompts, got):
+        want = sample.generate(model, params, p, 16, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
+                               vocab_limit=lm.tokenizer.n_vocab)[0]
+        assert sum(chunks, []) == want

@@ -36,6 +36,15 @@ from zoo.nn.tpu_kernels import splash_unsupported_reason  # noqa: F401 (read fro
 # attention 9.0-9.6 ms grouped against 44-45 ms repeated; a causal training step's forward and backward at
 # T 256 (B 8, 4 on 2 heads) 75-79 ms grouped against 53-57 ms repeated, and the plain 4-axis einsums when K = N.
 GROUPED_QUERIES = 16
+# A decoding step's single query per row reads the grouped cache [B, S, K, H] as it lies, by products and sums,
+# instead of two dot products: XLA:CPU's batched dot wants the batch axes (B, K) leading, and so copied every
+# layer's whole key and value cache into [B, K, H, S] and [B, K, S, H] at every step. Measured 2026-11-29 on the
+# 2-core CPU in zoo.engine's decode chunk, SmolLM2-135M, 128 slots, summing each op's least time in a step
+# (load 3-6): at 32 rows the copies were 33.6 of 186.4 ms, the attention with them and the output projection
+# (which the value sum fuses into) 63.0 against 48.1 ms, the step 186.4 against 166.4 ms (whole steps' median
+# 1.09x); at 8 rows 14.7 against 14.9 ms, even (whole steps' median 1.04x, and 0.95-1.24x at load 8-10); at 1 row
+# the sums cost more (attention with its cache write 3.3 against 1.9 ms): the dots below DECODE_REDUCE_ROWS rows.
+DECODE_REDUCE_ROWS = 8
 NEG_LARGE = -1e30  # a masked logit: finite, so a row with every key masked stays finite (uniform)
 
 
@@ -68,13 +77,23 @@ def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None
         if G > 1:  # many queries (training, prefill): the repeat's copy is small beside the score products
             k_BSKH, v_BSKH = (jnp.repeat(x, G, axis=2) for x in (k_BSKH, v_BSKH))
         q_x, qk, pv = q_BTNH, "BTNH,BSNH->BNTS", "BNTS,BSNH->BTNH"
-    s_x = soft_cap(einsum_f32(qk, q_x * jnp.asarray(scale, q_BTNH.dtype), k_BSKH), softcap)
+    step = group and T == 1 and B >= DECODE_REDUCE_ROWS
+    if step:  # one query per row: products and sums over the cache as it lies, [B, S, K, G, H]
+        q_B1KGH = (q_BTNH.reshape(B, 1, K, G, H) * jnp.asarray(scale, q_BTNH.dtype)).astype(jnp.float32)
+        s_BSKG = jnp.sum(q_B1KGH * k_BSKH.astype(jnp.float32)[:, :, :, None, :], -1)
+        s_x = soft_cap(jnp.transpose(s_BSKG, (0, 2, 3, 1))[:, :, :, None, :], softcap)  # [B, K, G, 1, S]
+    else:
+        s_x = soft_cap(einsum_f32(qk, q_x * jnp.asarray(scale, q_BTNH.dtype), k_BSKH), softcap)
     if bias is not None:
         s_x = s_x + (_grouped(bias, K, G) if group else bias).astype(jnp.float32)
     if mask is not None:
         s_x = jnp.where(_grouped(mask, K, G) if group else mask, s_x, NEG_LARGE)
     e_x = jnp.exp(s_x - jax.lax.stop_gradient(jnp.max(s_x, -1, keepdims=True)))
-    out_x = einsum_f32(pv, e_x.astype(v_BSKH.dtype), v_BSKH)
+    if step:
+        e_BSKG1 = jnp.transpose(e_x[:, :, :, 0, :], (0, 3, 1, 2))[..., None]
+        out_x = jnp.sum(e_BSKG1 * v_BSKH.astype(jnp.float32)[:, :, :, None, :], 1)[:, None]  # [B, 1, K, G, H]
+    else:
+        out_x = einsum_f32(pv, e_x.astype(v_BSKH.dtype), v_BSKH)
     sum_x = jnp.sum(e_x, -1)  # [B, K, G, T] or [B, N, T]
     sum_xT = jnp.moveaxis(sum_x, -1, 1)[..., None]  # the query axis second, as in the output
     out_BTNH = (out_x / sum_xT).reshape(B, T, N, H).astype(q_BTNH.dtype)
