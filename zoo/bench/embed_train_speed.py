@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from zoo.bench.common import calibrate, median
-from zoo.bench.embed_speed import model_dir
+from zoo.bench.embed_speed import model_dir, one_device_ready
 
 LR = 5e-5
 
@@ -100,9 +100,7 @@ class ZooEmbedTrain(_Train):
         return int(batch["valid"].sum())
 
     def ready(self):
-        from zoo.bench.model_report import versions_and_fallbacks
-        return {"device_kind": self.device.device_kind, "device_count": 1, "compile_s": self.compile_s,
-                **versions_and_fallbacks()}
+        return one_device_ready(self.device, self.compile_s)
 
 
 class StEmbedTrain(_Train):
