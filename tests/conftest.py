@@ -12,8 +12,14 @@ import sys
 # with float results that may differ from level 2's in the last bits: every comparison in the suite is between
 # runs of the same session or within a tolerance. zoo.training.run_once's programs (initialisation, checksums) take
 # level 0 too (their level 1 is a ceiling); a user's runs keep XLA's defaults.
+# A collective among the 8 emulated devices waits for all 8 threads; on two loaded cores one thread can go unscheduled
+# for longer than XLA:CPU's 40 s before it aborts the process (a CI worker died so, mid-run, in an all-reduce of
+# test_invariants): the suite's own programs wait up to 10 minutes (both flags: jaxlib 0.10 to 0.12 know them).
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-                           " --xla_backend_optimization_level=0")
+                           " --xla_backend_optimization_level=0"
+                           " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
+                           " --xla_cpu_collective_call_terminate_timeout_seconds=600"
+                           " --xla_cpu_collective_timeout_seconds=600")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # libtpu (a test extra, for tests/aot's TPU compiles) quiet on this host without a TPU, before jax can load it.
 from zoo import runtime  # noqa: E402 (jax-free)
@@ -32,7 +38,7 @@ import pytest  # noqa: E402
 
 from tests.helpers import shared, time_profile, tiny_configs  # noqa: E402
 from tests.helpers.processes import train_alone  # noqa: E402
-from zoo.training import runs  # noqa: E402
+from zoo.training import programs, runs  # noqa: E402
 
 
 # Python's cyclic garbage collector at its defaults spent 4.6% of a worker's time (test_lora + test_trainer: 8.3 of
@@ -97,6 +103,26 @@ def compile_cache(tmp_path_factory):
         jax.config.update(name, value)
         os.environ[name.upper()] = str(value)
     yield path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def programs_of_this_module():
+    """The programs runs keep for the next run of their config (zoo.training.programs) are shared within a module
+    only: each module starts with none kept."""
+    programs.forget()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def programs_around_patches(request):
+    """A test that patches (monkeypatch) may patch what a train step traces: it starts with no program kept, and
+    what its runs kept goes with it."""
+    if "monkeypatch" not in request.fixturenames:
+        yield
+        return
+    programs.forget()
+    yield
+    programs.forget()
 
 
 @pytest.fixture(scope="session", autouse=True)
