@@ -10,25 +10,34 @@ import time
 import jax
 
 from zoo.configuration import Config
+from zoo.training import programs
 from zoo.training.records import duration
 
 
-def compile_ahead(step_fn, state, batch, cfg: Config, say):
+def compile_ahead(step_fn, state, batch, cfg: Config, say, kept: dict | None = None):
     """step_fn lowered and compiled for the first batch (the compiled program runs every step), the two costs said:
-    a big model's first step spends minutes here before anything else prints."""
+    a big model's first step spends minutes here before anything else prints. `kept` (a setup's programs,
+    zoo.training.programs) keeps the compiled program for the next run of the config on batches of this layout."""
     if not hasattr(step_fn, "lower"):  # not a jitted function (a stand-in of a test): it runs as it is
         return step_fn
     first = batch.get("inputs") if isinstance(batch, dict) else None
     shape = tuple(getattr(first if first is not None else jax.tree.leaves(batch)[0], "shape", ()))
-    say(f"compiling the train step (batch {' x '.join(map(str, shape)) or '?'}"
-        f"{f', LoRA rank {cfg.model.lora_rank}' if cfg.model.lora_rank else ''}"
-        f"{f', {cfg.train.grad_accum} microbatches' if cfg.train.grad_accum > 1 else ''})")
+    what = (f"the train step (batch {' x '.join(map(str, shape)) or '?'}"
+            f"{f', LoRA rank {cfg.model.lora_rank}' if cfg.model.lora_rank else ''}"
+            f"{f', {cfg.train.grad_accum} microbatches' if cfg.train.grad_accum > 1 else ''})")
+    key = ("train_compiled", programs.batch_key(state, batch)) if kept is not None else None
+    if key is not None and key in kept:
+        say(f"{what} compiled by an earlier run of this config in this process: reused")
+        return kept[key]
+    say(f"compiling {what}")
     t0 = time.perf_counter()
     lowered = step_fn.lower(state, batch)
     t1 = time.perf_counter()
     compiled = lowered.compile()
     t2 = time.perf_counter()
     say(f"compiled the train step in {t2 - t0:.1f} s ({t1 - t0:.1f} s to trace and lower, {t2 - t1:.1f} s in XLA)")
+    if key is not None:
+        kept[key] = compiled
     return compiled
 
 

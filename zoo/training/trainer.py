@@ -36,8 +36,8 @@ from zoo.tasks import distill
 from zoo.configuration import Config
 from zoo.errors import ConfigError, TrainError
 from zoo.eval import during
-from zoo.training import (checkpoint, data_state, flops, freeze, memory, optim, orbax_errors, peers, run_once, runs,
-                       sharding)
+from zoo.training import (checkpoint, data_state, flops, freeze, memory, optim, orbax_errors, peers, programs,
+                          run_once, runs, sharding)
 from zoo.training.evaluation import evaluate, to_device
 from zoo.training import objective_watch
 from zoo.training.guard import Guard
@@ -67,20 +67,32 @@ class Setup:
     abstract_state: Any  # ShapeDtypeStructs with shardings, for restore
     init_fn: Any  # rng -> TrainState (unsharded function; init_state jits it sharded)
     trainable: Any = None  # the param paths that train (zoo.training.freeze); None: all
+    # name -> jitted or compiled program: shared by the setups of one config in this process (zoo.training.programs)
+    programs: dict = dataclasses.field(default_factory=dict)
 
     def full_params(self, state: TrainState):
         """The model's whole param tree: what trains joined with what is frozen."""
         return freeze.join(state.params, state.frozen)
 
     def init_state(self, rng) -> TrainState:
-        return run_once.jit(self.init_fn, self.mesh.devices.flat[0].platform,
-                            out_shardings=self.state_shardings)(rng)
+        if "init" not in self.programs:
+            self.programs["init"] = run_once.jit(self.init_fn, self.mesh.devices.flat[0].platform,
+                                                 out_shardings=self.state_shardings)
+        return self.programs["init"](rng)
 
     def jit_train_step(self):
         """train_step jitted once over the mesh: state sharded as initialised and donated, batch over data."""
-        return jax.jit(make_train_step(self.task, self.tx, self.schedule, self.cfg.train.grad_accum),
-                       in_shardings=(self.state_shardings, sharding.batch_sharding(self.mesh)),
-                       out_shardings=(self.state_shardings, sharding.replicated(self.mesh)), donate_argnums=0)
+        if "train" not in self.programs:
+            self.programs["train"] = jax.jit(
+                make_train_step(self.task, self.tx, self.schedule, self.cfg.train.grad_accum),
+                in_shardings=(self.state_shardings, sharding.batch_sharding(self.mesh)),
+                out_shardings=(self.state_shardings, sharding.replicated(self.mesh)), donate_argnums=0)
+        return self.programs["train"]
+
+    def jit_eval_step(self):
+        if "eval" not in self.programs:
+            self.programs["eval"] = jax.jit(make_eval_step(self.task))
+        return self.programs["eval"]
 
 
 def setup(cfg: Config, devices=None, *, abstract_base: bool = False) -> Setup:
@@ -88,6 +100,10 @@ def setup(cfg: Config, devices=None, *, abstract_base: bool = False) -> Setup:
     step compiled for another machine and never run, zoo.aot)."""
     task = tasks.build(cfg)
     mesh = sharding.make_mesh(cfg.mesh, devices)
+    key = programs.key_of(cfg, mesh, abstract_base, task)
+    kept = programs.get(key)
+    if kept is not None:  # this config ran in this process: its programs, with this run's own task
+        return dataclasses.replace(kept, cfg=cfg, task=task)
     platform = mesh.devices.flat[0].platform
     if getattr(cfg.model, "attention_impl", None) == "cudnn" and platform not in ("gpu", "cuda"):
         raise ConfigError(f"model.attention_impl='cudnn' needs an NVIDIA GPU; this run's devices are {platform}; "
@@ -112,7 +128,9 @@ def setup(cfg: Config, devices=None, *, abstract_base: bool = False) -> Setup:
     abstract_state = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                                   nn.unbox(boxed), state_sh)
     init_fn = lambda r: nn.unbox(boxed_init(r))  # noqa: E731
-    return Setup(cfg, task, mesh, tx, schedule, abstract_params, state_sh, abstract_state, init_fn, trainable)
+    s = Setup(cfg, task, mesh, tx, schedule, abstract_params, state_sh, abstract_state, init_fn, trainable)
+    programs.keep(key, dataclasses.replace(s))  # a copy: this run may change its own (s.cfg)
+    return s
 
 
 def new_params(cfg: Config, trains):
@@ -224,7 +242,7 @@ def _train(cfg, path, resume, stop_at_step, devices, progress, quiet, resume_ste
 def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, progress, quiet) -> dict:
     main = jax.process_index() == 0
     step_fn = s.jit_train_step()
-    eval_fn = jax.jit(make_eval_step(s.task))
+    eval_fn = s.jit_eval_step()
     perplexity = getattr(s.task, "PERPLEXITY", True)
     if cfg.train.eval_sets and jax.process_count() > 1:
         raise ConfigError("train.eval_sets runs on one process for now; score the checkpoints with zoo-eval, which "
@@ -280,7 +298,7 @@ def _loop(cfg: Config, workdir: str, s: Setup, state, data, mngr, stop_at_step, 
                         break
                     batch = to_device(batch, s.mesh)
                 if compile_s is None and run_fn is step_fn:  # compiled ahead, to say what compiled and its cost
-                    run_fn = compile_ahead(step_fn, state, batch, cfg, say)
+                    run_fn = compile_ahead(step_fn, state, batch, cfg, say, s.programs)
                     compiled_at = time.perf_counter() if run_fn is not step_fn and rollout is None else None
                 try:
                     state, m = run_fn(state, batch)
