@@ -60,6 +60,13 @@ def keep(key, setup) -> None:
         _kept.popitem(last=False)
 
 
+def once(kept: dict, name: str, make):
+    """kept[name], made by make() the first time it is asked for."""
+    if name not in kept:
+        kept[name] = make()
+    return kept[name]
+
+
 def _on_disk(d: dict, prefix: str = ""):
     """(name, what is on disk) of every string the config holds that names an existing file or directory: a file's
     size and modification time; a directory's listing and its config.json's time (a run directory: init_from)."""

@@ -75,24 +75,18 @@ class Setup:
         return freeze.join(state.params, state.frozen)
 
     def init_state(self, rng) -> TrainState:
-        if "init" not in self.programs:
-            self.programs["init"] = run_once.jit(self.init_fn, self.mesh.devices.flat[0].platform,
-                                                 out_shardings=self.state_shardings)
-        return self.programs["init"](rng)
+        return programs.once(self.programs, "init", lambda: run_once.jit(
+            self.init_fn, self.mesh.devices.flat[0].platform, out_shardings=self.state_shardings))(rng)
 
     def jit_train_step(self):
         """train_step jitted once over the mesh: state sharded as initialised and donated, batch over data."""
-        if "train" not in self.programs:
-            self.programs["train"] = jax.jit(
-                make_train_step(self.task, self.tx, self.schedule, self.cfg.train.grad_accum),
-                in_shardings=(self.state_shardings, sharding.batch_sharding(self.mesh)),
-                out_shardings=(self.state_shardings, sharding.replicated(self.mesh)), donate_argnums=0)
-        return self.programs["train"]
+        return programs.once(self.programs, "train", lambda: jax.jit(
+            make_train_step(self.task, self.tx, self.schedule, self.cfg.train.grad_accum),
+            in_shardings=(self.state_shardings, sharding.batch_sharding(self.mesh)),
+            out_shardings=(self.state_shardings, sharding.replicated(self.mesh)), donate_argnums=0))
 
     def jit_eval_step(self):
-        if "eval" not in self.programs:
-            self.programs["eval"] = jax.jit(make_eval_step(self.task))
-        return self.programs["eval"]
+        return programs.once(self.programs, "eval", lambda: jax.jit(make_eval_step(self.task)))
 
 
 def setup(cfg: Config, devices=None, *, abstract_base: bool = False) -> Setup:
