@@ -142,8 +142,9 @@ def test_zoo_serves_engine_compiles_its_decode_chunk_and_prefill(capsys):
     assert serve.main(args + ["--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["engine"] == {"slots": 4, "max_len": 32, "chunk": 2} and r["fits"] and r["mesh"]["tensor"] == 4
-    # 4 slots x 32 positions, as the generation test's cache; its 2 KV heads do not divide the 4 chips: whole
-    assert 0 <= r["kv_cache_bytes"] - 4 * 2 * 4 * 32 * 2 * 32 * 2 < 64
+    # 4 slots x 32 positions in pages of 16 (zoo.engine.pages), and the scratch page; its 2 KV heads do not divide
+    # the 4 chips: whole
+    assert 0 <= r["kv_cache_bytes"] - 4 * 2 * (4 * 32 + 16) * 2 * 32 * 2 < 64
     assert r["bytes_per_device"]["kv_cache"] == r["prefill"]["bytes_per_device"]["kv_cache"] == r["kv_cache_bytes"]
     assert r["prefill"]["flops_per_device"] > 0 and r["prefill"]["bytes_per_device"]["total"] > r["kv_cache_bytes"]
     assert r["estimate"]["tokens_per_s"] == pytest.approx(4 / r["estimate"]["per_token_s"])

@@ -4,10 +4,12 @@ by one."""
 
 import threading
 
+import jax
 import numpy as np
 import pytest
 
 import zoo
+from zoo.errors import ArgumentError
 from tests.helpers.engine_runs import decode_all
 from zoo.infer import sample
 from zoo.engine.batching import Engine, Sequence
@@ -72,17 +74,15 @@ def test_a_streaming_row_gets_its_tokens_one_at_a_time(lm):
     assert sum(map(len, streamed), 0) == sum(map(len, gathered), 0)
 
 
-def test_a_prompt_sharing_a_prefix_with_a_row_takes_its_keys_and_values_and_answers_the_same(lm):
-    """A second prompt with the first's 150-token system prefix copies those slots from the first's row and
-    prefills only its own tokens; a third, admitted into the row the first left, finds them in place (no copy).
-    Every answer is zoo.infer.sample's greedy one, as without the cache."""
+def test_a_prompt_sharing_a_prefix_with_a_row_takes_its_pages_and_answers_the_same(lm):
+    """A second prompt with the first's 150-token system prefix holds the first's 9 whole pages of it (144 tokens,
+    PAGE 16) by reference, nothing copied, and prefills only the rest; a third, admitted into the row the first
+    left, finds them there. Every answer is zoo.infer.sample's greedy one, as without the cache."""
     rng = np.random.default_rng(2)
     system = rng.integers(1, 256, 150).tolist()
     prompts = [system + rng.integers(1, 256, n).tolist() for n in (20, 35, 9)]
     engine = Engine(lm, slots=2, max_len=256, chunk=4)
-    copies, prefills = [], []
-    copy, prefill = engine._copy, engine._prefill
-    engine._copy = lambda *a, **kw: copies.append((a[1], a[2], kw["S"])) or copy(*a, **kw)
+    prefills, prefill = [], engine._prefill
     engine._prefill = lambda *a, **kw: prefills.append((a[-1], kw["P"], kw["S"])) or prefill(*a, **kw)
     got = [[] for _ in prompts]
 
@@ -94,17 +94,21 @@ def test_a_prompt_sharing_a_prefix_with_a_row_takes_its_keys_and_values_and_answ
             engine._hand_out(engine._run_chunk())
     engine.submit([seq(0), seq(1)])
     engine._admit()
-    assert copies == [(0, 1, 256)] and prefills == [(0, 256, 256), (150, 64, 256)]  # 150 shared: 35 prefilled
-    assert engine.reused == 150
+    assert prefills == [(0, 256, 256), (144, 64, 256)] and engine.reused == 144  # 9 pages shared: 41 prefilled
+    book = engine.book
+    shared = book.owned[0][:9]
+    assert book.owned[1][:9] == shared and all(book.refs[p] == 2 for p in shared)
+    assert not set(book.owned[1][9:]) & set(book.owned[0])  # its own pages past the prefix
     drain()
     engine.submit([seq(2)])
-    engine._admit()  # row 0 is free and holds the system prompt (and the first answer): nothing copied
-    assert len(copies) == 1 and prefills[-1] == (150, 16, 256) and engine.reused == 300
+    engine._admit()  # row 0 is free and holds the system prompt (and the first answer): it goes there
+    assert engine.rows[0] is not None and prefills[-1] == (144, 16, 256) and engine.reused == 288
+    assert book.owned[0][:9] == shared and all(book.refs[p] == 2 for p in shared)
     drain()
     # A next turn: row 1 holds the second prompt and the tokens it decoded (fed back), all of them shared.
     engine.submit([Sequence(prompt=prompts[1] + got[1] + [7, 8], max_tokens=1, temperature=0.0)])
     engine._admit()
-    assert engine.reused == 300 + len(prompts[1]) + len(got[1]) and len(got[1]) == 10
+    assert engine.reused == 288 + (len(prompts[1]) + len(got[1])) // 16 * 16 and len(got[1]) == 10
     drain()
     model, params = lm.decoding()
     for p, tokens in zip(prompts, got):
@@ -114,7 +118,35 @@ def test_a_prompt_sharing_a_prefix_with_a_row_takes_its_keys_and_values_and_answ
     off = Engine(lm, slots=2, max_len=256, chunk=4, prefix_cache=False)
     off.submit([Sequence(prompt=p, max_tokens=1) for p in prompts[:2]])
     off._admit()
-    assert off.reused == 0
+    assert off.reused == 0 and not set(off.book.owned[0]) & set(off.book.owned[1])
+
+
+def test_a_cache_smaller_than_its_rows_makes_a_prompt_wait_for_pages_and_evicts_a_free_rows_prefix(lm):
+    """The pool is pages, not rows x window: with 8 pages (128 tokens) for 2 rows of 128, a second sequence whose
+    prompt and answer need 5 pages waits while the first holds 5; when the first ends, its row's cached pages are
+    evicted to make room. Both answers are sample's; a pool smaller than one window is one clear error."""
+    from zoo.engine import pages
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(1, 256, 60).tolist() for _ in range(2)]
+    engine = Engine(lm, slots=2, max_len=128, chunk=4, kv_pages=pages.pages_of_tokens(128))
+    assert {a.shape[:2] for a in jax.tree.leaves(engine.cache) if a.ndim} == {(9, pages.PAGE)}  # scratch + 8
+    got = [[] for _ in prompts]
+    engine.submit([Sequence(prompt=p, max_tokens=20, temperature=0.0, emit=lambda ids, f, i=i: got[i].extend(ids))
+                   for i, p in enumerate(prompts)])
+    engine._admit()
+    assert engine.active() == 1 and len(engine.deferred) == 1 and engine.book.room() == 3
+    while engine.active() or engine.deferred:
+        engine._admit()
+        if engine.decoding():
+            engine._hand_out(engine._run_chunk())
+    assert engine.book.evicted == 1 and engine.admitted == 2
+    model, params = lm.decoding()
+    for p, tokens in zip(prompts, got):
+        want = sample.generate(model, params, p, 20, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
+                               vocab_limit=lm.tokenizer.n_vocab)[0]
+        assert tokens == want
+    with pytest.raises(ArgumentError, match="holds 112 tokens, fewer than one sequence of the context's 128"):
+        Engine(lm, slots=2, max_len=128, kv_pages=8)
 
 
 def test_a_long_prompt_admitted_while_rows_decode_is_prefilled_a_piece_between_their_chunks(lm):

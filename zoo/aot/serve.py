@@ -26,18 +26,21 @@ DEFAULT_MAX_LEN = 2048  # zoo-serve's cache length when --max-len is not given: 
 
 
 def _cache(model, slots: int, max_len: int, mesh):
-    """The engine's KV cache as abstract arrays: KV heads over `tensor` where they divide it, else whole."""
+    """The engine's KV cache (its pool of pages, zoo.engine.pages) as abstract arrays: KV heads over `tensor` where
+    they divide it, else whole."""
     import jax
     import jax.numpy as jnp
     import flax.linen as nn
     from jax.sharding import NamedSharding, PartitionSpec as P
+    from zoo.engine import pages
     cache = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((slots, max_len), jnp.int32),
                                                        decode=True))["cache"])
     ax = 1 if model.cfg.scan_layers else 0
+    cache = pages.pool_of(cache, ax, pages.default_pages(slots, max_len))  # the engine's pool of pages
     tensor = mesh.shape.get("tensor", 1)
 
     def laid(a):
-        if a.ndim > ax + 2 and a.shape[ax + 2] % tensor == 0:  # [layers,] rows, slots, KV heads, head dim
+        if a.ndim > ax + 2 and a.shape[ax + 2] % tensor == 0:  # [layers,] pages, page slots, KV heads, head dim
             spec = [None] * a.ndim
             spec[ax + 2] = "tensor"
             return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P(*spec)))
@@ -53,6 +56,7 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
     import jax
     import jax.numpy as jnp
     from zoo.engine import programs
+    from zoo.engine.pages import PAGE
     from zoo.training import sharding
     for name, v in (("slots", slots), ("chunk", chunk), ("max_len", max_len or 2)):
         if v < 1 or (name == "max_len" and v < 2):
@@ -69,17 +73,19 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
     fixed = {"params": report.bytes_per_device(params), "optimizer": 0}
     kv = report.bytes_per_device(cache)
     step = jax.jit(functools.partial(programs.decode_chunk, model, V, ax), static_argnames=("B", "K", "L"),
-                   donate_argnums=(1, 2))
+                   donate_argnums=(1, 3))
     fill = jax.jit(functools.partial(programs.prefill_row, model, ax), static_argnames=("P", "S"),
-                   donate_argnums=(1, 2))
+                   donate_argnums=(1, 3))
+    N = -(-max_len // PAGE)  # a row's pages
     t0 = time.perf_counter()
     with jax.set_mesh(mesh_):  # traced under the target's mesh: zoo.nn picks the TPU kernels
         out = report.compiled(lambda: step.lower(
-            params, cache, logits, arg((slots,), jnp.int32), arg((slots,), jnp.float32), arg((slots,), jnp.int32),
-            arg((slots,), jnp.float32), arg((slots, 2), jnp.uint32), arg((slots,), jnp.int32),
+            params, cache, arg((slots, N), jnp.int32), logits, arg((slots,), jnp.int32), arg((slots,), jnp.float32),
+            arg((slots,), jnp.int32), arg((slots,), jnp.float32), arg((slots, 2), jnp.uint32), arg((slots,), jnp.int32),
             arg((slots, (V + 31) // 32), jnp.int32), B=slots, K=chunk, L=max_len).compile(), fixed)
         seconds = time.perf_counter() - t0
-        pre = report.compiled(lambda: fill.lower(params, cache, logits, arg((), jnp.int32), arg((1, max_len), jnp.int32),
+        pre = report.compiled(lambda: fill.lower(params, cache, arg((1, N), jnp.int32), logits, arg((), jnp.int32),
+                                                 arg((1, max_len), jnp.int32),
                                                  arg((), jnp.int32), arg((), jnp.int32), P=max_len, S=max_len).compile(),
                               fixed)
     pre_seconds = time.perf_counter() - t0 - seconds

@@ -50,6 +50,9 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", type=int, default=8, help="sequences decoded together (default: %(default)s)")
     ap.add_argument("--max-len", type=int, help="the KV cache's length, prompt and answer (default: the model's "
                                                 "context, at most 2048)")
+    ap.add_argument("--kv-cache-tokens", type=int, help="the KV cache's size in tokens, shared by the rows in pages of "
+                    "16 (zoo.engine.pages): a request waits for pages when its prompt and max_tokens do not fit "
+                    "(default: --slots x --max-len, every row able to fill the context at once)")
     ap.add_argument("--chunk", type=int, default=8, help="decode steps between two admissions of waiting requests "
                                                           "(default: %(default)s)")
     ap.add_argument("--max-queue", type=int, default=64, help="sequences that may wait; more are answered 429, and "
@@ -87,7 +90,8 @@ def main(argv=None) -> int:
         for flag, v in (("--slots", a.slots), ("--chunk", a.chunk), ("--max-queue", a.max_queue),
                         ("--prefill-chunk", a.prefill_chunk), ("--prefill-rows", a.prefill_rows),
                         ("--max-request-bytes", a.max_request_bytes), ("--max-prompts", a.max_prompts),
-                        ("--max-len", a.max_len if a.max_len is not None else 2)):
+                        ("--max-len", a.max_len if a.max_len is not None else 2),
+                        ("--kv-cache-tokens", a.kv_cache_tokens if a.kv_cache_tokens is not None else 1)):
             if v < 1 or (flag == "--max-len" and v < 2):
                 raise ValueError(f"{flag} {v} must be >= {2 if flag == '--max-len' else 1}")
         named = _adapters(a.adapter)
@@ -114,6 +118,7 @@ def main(argv=None) -> int:
         from zoo.api import decoder
         from zoo.serve.app import create_app
         from zoo.engine.adapters import AdapterTable
+        from zoo.engine import pages
         from zoo.engine.batching import Engine
         lm = zoo.load(a.source)
         if lm.config.model.family == "bert" and lora:
@@ -129,7 +134,8 @@ def main(argv=None) -> int:
         table = AdapterTable.build(lm, named, a.max_loras, a.max_lora_rank, a.lora_targets) if lora else None
         engine = Engine(lm, slots=a.slots, max_len=a.max_len or min(lm.config.window, 2048), chunk=a.chunk,
                         max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, prefill_chunk=a.prefill_chunk,
-                        scan_layers=a.scan_layers, prefill_rows=a.prefill_rows, adapters=table)
+                        scan_layers=a.scan_layers, prefill_rows=a.prefill_rows, adapters=table,
+                        kv_pages=a.kv_cache_tokens and pages.pages_of_tokens(a.kv_cache_tokens))
     except BAD_INPUT as e:
         if sock is not None:
             sock.close()
@@ -138,7 +144,8 @@ def main(argv=None) -> int:
     if table is not None:
         print(f"adapters: {', '.join(table.names) or 'none yet'} ({table.slots} slots of rank {table.rank}, "
               f"{len(table.shapes)} layers)", flush=True)
-    print(f"serving {model_id} on http://{a.host}:{a.port}/v1 ({a.slots} slots, context {engine.max_len}; "
+    print(f"serving {model_id} on http://{a.host}:{a.port}/v1 ({a.slots} slots, context {engine.max_len}, KV cache "
+          f"{(engine.book.pages - 1) * pages.PAGE} tokens in pages of {pages.PAGE}; "
           f"{engine.programs()} programs compiled in {seconds:.1f} s); Ctrl-C stops", flush=True)
     engine.start()
     app = create_app(engine, model_id=model_id, api_key=a.api_key, max_request_bytes=a.max_request_bytes,

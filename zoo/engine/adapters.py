@@ -158,7 +158,8 @@ class AdapterTable:
             raise KeyError(name)
         slot = self.names[name]
         if engine is not None:
-            running = [s for s in [*engine.rows, *list(engine.waiting.queue)] if s is not None and s.adapter == slot]
+            running = [s for s in [*engine.rows, *engine.deferred, *list(engine.waiting.queue)]
+                       if s is not None and s.adapter == slot]
             if running:
                 raise InUse(f"adapter {name!r} has {len(running)} sequence(s) running or waiting; unload it "
                                     f"once they finish")

@@ -22,9 +22,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from zoo.engine import pages
+
 PREFILL_ROWS = 8  # the most prompts one batched prefill takes (zoo-serve --prefill-rows; 1: each alone)
 FEWEST_ROWS = 4  # the fewest: two or three short prompts cost little more alone, and each R is a program to compile
 LONGEST = 64  # the longest bucket batched: at 128 tokens eight prompts together cost 0.9x theirs alone
+
+
+def _table_of(R: int, P: int) -> np.ndarray:
+    return np.zeros((R, pages.pages_for(P)), np.int32)
 
 
 def _shapes(tree):
@@ -46,9 +52,9 @@ class BatchedPrefill:
         """The prefill program of R prompts of bucket P, compiled now (from the engine's current shapes)."""
         if (R, P) not in self._batched:
             rows, ids, lengths = np.zeros(R, np.int32), np.zeros((R, P), np.int32), np.ones(R, np.int32)
-            lowered = self._prefill_many.lower(_shapes(self.params), _shapes(self.cache), _shapes(self.logits_BV),
-                                               rows, ids, lengths, _shapes(self._lora(jnp.zeros(R, jnp.int32))),
-                                               R=R, P=P)
+            lowered = self._prefill_many.lower(_shapes(self.params), _shapes(self.cache), _table_of(R, P),
+                                               _shapes(self.logits_BV), rows, ids, lengths,
+                                               _shapes(self._lora(jnp.zeros(R, jnp.int32))), R=R, P=P)
             self._batched[(R, P)] = lowered.compile()
         return self._batched[(R, P)]
 
@@ -62,7 +68,8 @@ class BatchedPrefill:
         def compile_():
             rows, ids, lengths = np.zeros(R, np.int32), np.zeros((R, P), np.int32), np.ones(R, np.int32)
             try:
-                self._batched[(R, P)] = self._prefill_many.lower(*shapes, rows, ids, lengths, lora, R=R,
+                self._batched[(R, P)] = self._prefill_many.lower(shapes[0], shapes[1], _table_of(R, P),
+                                                                 shapes[2], rows, ids, lengths, lora, R=R,
                                                                  P=P).compile()
             except Exception as e:  # noqa: BLE001 - those prompts go on being prefilled one by one
                 self.say(f"zoo-serve: the prefill of {R} prompts of up to {P} tokens did not compile "
@@ -101,7 +108,11 @@ class BatchedPrefill:
             ids[i, :len(prompt)] = prompt
         rows = np.asarray([row for row, _ in take], np.int32)
         lengths = np.asarray([len(prompt) for _, prompt in take], np.int32)
-        self.cache, self.logits_BV = self._batched[(R, P)](self.params, self.cache, self.logits_BV, rows, ids, lengths,
+        for row, prompt in take:
+            self.book.grow(row, len(prompt))
+        self.cache, self.logits_BV = self._batched[(R, P)](self.params, self.cache,
+                                                           self.book.rows_table(rows, pages.pages_for(P)),
+                                                           self.logits_BV, rows, ids, lengths,
                                                            self._lora(self.row_adapter[rows]))
         for row, prompt in take:
             self.held[row] = list(prompt)

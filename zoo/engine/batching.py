@@ -1,21 +1,23 @@
-"""The serving engine: one decoder, its KV cache of `slots` rows, and a loop that decodes every active row together,
+"""The serving engine: one decoder, its KV cache (pages shared by `slots` rows), and a loop that decodes every active row together,
 admitting waiting requests into free rows between decode chunks (continuous batching, as vLLM and JetStream do).
 
-Each row is one sequence (a request's completion; n completions are n rows). A row decodes at its own
-positions: its prompt is prefilled alone into its row of the cache (slots 0..P-1; zoo.nn.attention writes a row's
-keys and values at the slots of its positions and masks the rest, so whatever an earlier occupant left beyond is
-never seen), then each chunk of `chunk` decode steps runs all rows in one jitted loop, every row sampling with its
-own temperature, top-k, top-p and key (folded from its seed and its step, so a row's tokens do not depend on the
-rows beside it). Between chunks the host hands each row's new tokens to its request (streaming), retires rows that
-ended (end-of-text or end-of-turn, max_tokens, a stop string, a client gone) and admits waiting requests into the
-freed rows. A request arriving while others decode waits at most one chunk, never for their whole decode.
+Each row is one sequence (a request's completion; n completions are n rows). The KV cache is a pool of pages
+(zoo.engine.pages: PAGE tokens each, a page table per row, memory sized by `kv_pages`, not rows x window). A row
+decodes at its own positions: its prompt is prefilled into its pages, then each chunk of `chunk` decode steps runs
+all rows in one jitted loop over their pages, every row sampling with its own temperature, top-k, top-p and key
+(folded from its seed and its step, so a row's tokens do not depend on the rows beside it). Between chunks the
+host hands each row's new tokens to its request (streaming), retires rows that ended (end-of-text or end-of-turn,
+max_tokens, a stop string, a client gone) and admits waiting requests into the freed rows: each admitted row is
+promised the pages its prompt and max_tokens can fill, and a request the pool has no room for waits (in
+`deferred`) until rows finish. A request arriving while others decode waits at most one chunk, never for their
+whole decode.
 
-Prefix sharing: every row remembers the tokens whose keys and values its slots hold (its prompt, then each token it
+Prefix sharing: every row remembers the tokens whose keys and values its pages hold (its prompt, then each token it
 decoded). A new prompt whose first SHARED_MIN or more tokens a row holds (a chat's shared system prompt, the turns
-before the last one) takes them from that row (a copy of those slots into its own row, or nothing at all when it is
-admitted into that row) and prefills only the rest, from its position on, attending over the shared slots. A row
-freed keeps what it holds until another prompt is prefilled into it, so the cache outlives the requests (no
-eviction to decide: a row's contents go when the row is reused). `prefix_cache=False` (zoo-serve
+before the last one) holds that row's whole pages of them too (by reference: nothing copied, the pages counted) and
+prefills only the rest, from its position on, attending over the shared pages. A row freed keeps its pages until
+another prompt goes into it, or until pages run short and the free rows' prefixes are evicted, least recently used
+first; a new prompt goes into the row holding its prefix when that row is free. `prefix_cache=False` (zoo-serve
 --no-prefix-cache) prefills every prompt whole.
 
 Chunked prefill: a prompt with more than `prefill_chunk` tokens left to prefill, admitted while other rows decode,
@@ -53,6 +55,7 @@ time, never for its whole length, and two scoring requests take turns.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import functools
 import queue
@@ -69,8 +72,8 @@ from zoo.errors import ArgumentError
 from zoo.infer.grammar import words
 from zoo.infer.sample import stop_ids
 from zoo.engine.batched_prefill import PREFILL_ROWS, BatchedPrefill
-from zoo.engine import programs
-from zoo.engine.programs import copy_prefix, decode_chunk, prefill_row
+from zoo.engine import pages, programs
+from zoo.engine.programs import decode_chunk, prefill_row
 from zoo.engine.scoring import Scoring
 from zoo.engine.sequence import Sequence, decode_name, prefill_name
 from zoo.engine.warming import Warming
@@ -87,11 +90,12 @@ class Engine(Scoring, BatchedPrefill, Warming):
     new prompts one prefill takes (zoo.engine.batched_prefill; 1: each alone). `scan_layers`: the layers
     as one scan (each program compiles one layer: a start-up 2-3x faster) instead of one after another (each decoding
     step 1.3-1.5x faster: a scan copies every layer's weights out of their stack at every step,
-    zoo.infer.sample.unscanned). `adapters`: a zoo.engine.adapters.AdapterTable, each Sequence's `adapter` its slot."""
+    zoo.infer.sample.unscanned). `adapters`: a zoo.engine.adapters.AdapterTable, each Sequence's `adapter` its slot.
+    `kv_pages`: the KV cache's pages (zoo.engine.pages; default: as many as `slots` rows of `max_len` need)."""
 
     def __init__(self, lm, *, slots: int = 8, max_len: int | None = None, chunk: int = 8, max_queue: int = 64,
                  prefix_cache: bool = True, prefill_chunk: int = PREFILL_CHUNK, scan_layers: bool = False,
-                 prefill_rows: int = PREFILL_ROWS, adapters=None):
+                 prefill_rows: int = PREFILL_ROWS, adapters=None, kv_pages: int | None = None):
         if adapters is not None and scan_layers:  # the adapter table names the looped layers (h_0, h_1, ...)
             raise ArgumentError("adapters per request decode with the layers looped; leave out --scan-layers")
         self.lm, self.slots, self.chunk, self.max_queue = lm, slots, chunk, max_queue
@@ -114,23 +118,25 @@ class Engine(Scoring, BatchedPrefill, Warming):
         self.admitted = 0  # sequences prefilled into a row
         self.stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        cache = jax.eval_shape(lambda: self.model.init(jax.random.PRNGKey(0), jnp.zeros((slots, self.max_len), jnp.int32),
+        dense = jax.eval_shape(lambda: self.model.init(jax.random.PRNGKey(0), jnp.zeros((slots, self.max_len), jnp.int32),
                                                        decode=True))["cache"]
-        self.cache = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), nn.unbox(cache))
         self.batch_axis = 1 if self.model.cfg.scan_layers else 0  # scanned stacks put the layer axis first
+        kv_pages = kv_pages or pages.default_pages(slots, self.max_len)
+        self.book = pages.Pages(slots, self.max_len, kv_pages)  # which pages each row holds (zoo.engine.pages)
+        self.cache = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                                  pages.pool_of(nn.unbox(dense), self.batch_axis, kv_pages))
+        self.deferred: collections.deque = collections.deque()  # taken from the queue, waiting for pages
         self.logits_BV = jnp.zeros((slots, self.model.cfg.vocab_size), jnp.float32)
         self.positions_B = np.full(slots, -1, np.int32)  # the next token's position; -1: the row is free
         self.adapters, self.row_adapter = adapters, np.zeros(slots, np.int32)  # each row's adapter slot (0: none)
         self._lora = (lambda index: None) if adapters is None else adapters.args  # what the programs take
         self._prefill = jax.jit(functools.partial(prefill_row, self.model, self.batch_axis),
-                                static_argnames=("P", "S"), donate_argnums=(1, 2))
+                                static_argnames=("P", "S"), donate_argnums=(1, 3))
         self._prefill_many = jax.jit(functools.partial(programs.prefill_rows, self.model, self.batch_axis),
-                                     static_argnames=("R", "P"), donate_argnums=(1, 2))
+                                     static_argnames=("R", "P"), donate_argnums=(1, 3))
         self._init_batched(prefill_rows)
-        self._copy = jax.jit(functools.partial(copy_prefix, self.batch_axis), static_argnames=("S",),
-                             donate_argnums=(0,))
         self._decode = jax.jit(functools.partial(decode_chunk, self.model, self.vocab, self.batch_axis),
-                               static_argnames=("B", "K", "L"), donate_argnums=(1, 2))
+                               static_argnames=("B", "K", "L"), donate_argnums=(1, 3))
         self._compiled: set = set()  # (B, K, L) of the decode programs compiled
         self.say: Callable = lambda line: print(line, file=sys.stderr, flush=True)  # a later compile, said
         self._score = jax.jit(self._score_fn, static_argnames=("top",))
@@ -196,7 +202,7 @@ class Engine(Scoring, BatchedPrefill, Warming):
         with a json_schema); their `emit` gets the tokens."""
         for s in seqs:
             self.waiting.put(s)
-        while not self.waiting.empty() or self.active():
+        while not self.waiting.empty() or self.deferred or self.active():
             self._admit()
             self._fill()
             if self.decoding():
@@ -206,14 +212,31 @@ class Engine(Scoring, BatchedPrefill, Warming):
         """Rows decoding (active, their prompts wholly in the cache)."""
         return sum(r is not None and i not in self.filling for i, r in enumerate(self.rows))
 
+    def _next(self):
+        """The next sequence waiting (one put back for want of pages first), or None."""
+        if self.deferred:
+            return self.deferred.popleft()
+        try:
+            return self.waiting.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _row_for(self, donor: int) -> int | None:
+        """The free row a new sequence goes into: the row holding its prefix when that one is free, else a free row
+        holding nothing, else the free row used longest ago (its cached prefix goes); None when every row runs."""
+        free = [r for r in range(self.slots) if self.rows[r] is None]
+        if not free:
+            return None
+        if donor in free:
+            return donor
+        empty = [r for r in free if not self.book.owned[r]]
+        return empty[0] if empty else min(free, key=lambda r: self.book.last_used[r])
+
     def _admit(self) -> None:
         new: list = []  # (row, prompt) of the prompts prefilled whole from position 0: together, at the end
-        for row in range(self.slots):
-            if self.rows[row] is not None:
-                continue
-            try:
-                seq = self.waiting.get_nowait()
-            except queue.Empty:
+        while any(r is None for r in self.rows):
+            seq = self._next()
+            if seq is None:
                 break
             if seq.cancelled():
                 continue
@@ -222,10 +245,15 @@ class Engine(Scoring, BatchedPrefill, Warming):
                 self._prefill_new(new)
                 new = []
             m, donor = self.shared(seq.prompt, seq.adapter)
-            if m > 0 and donor != row:
-                self.cache = self._copy(self.cache, donor, row, S=self._length(m))
+            row = self._row_for(donor)
+            tokens = min(len(seq.prompt) + seq.max_tokens, self.max_len)
+            free = [r for r in range(self.slots) if self.rows[r] is None and r != row]
+            if not self.book.take(row, donor, m // pages.PAGE, tokens, free, self.held):
+                self.held[row] = []
+                self.deferred.appendleft(seq)  # no room for it until rows finish
+                break
             self.reused += m
-            self.held[row] = list(seq.prompt[:m])  # what its slots hold now (a piece at a time: until the next)
+            self.held[row] = list(seq.prompt[:m])  # what its pages hold now (a piece at a time: until the next)
             self.rows[row], self.positions_B[row] = seq, -1  # -1: no decode step writes or reads it yet
             self.row_adapter[row] = seq.adapter
             self.admitted += 1
@@ -269,33 +297,36 @@ class Engine(Scoring, BatchedPrefill, Warming):
         return n if same.all() else int(np.argmin(same))
 
     def shared(self, prompt: list[int], adapter: int = 0) -> tuple[int, int]:
-        """(n, row): the most leading tokens of `prompt` whose keys and values a row's slots hold (at most all but
-        its last, whose logits the prefill gives) under the same adapter, and that row; (0, -1) below SHARED_MIN or
-        with the cache off."""
+        """(n, row): the most leading tokens of `prompt` whose keys and values a row's whole pages hold (at most
+        all but its last, whose logits the prefill gives; a multiple of the page) under the same adapter, and that
+        row; (0, -1) below SHARED_MIN or with the cache off."""
         if not self.prefix_cache:
             return 0, -1
         best, at = 0, -1
         for row, held in enumerate(self.held):
-            if self.row_adapter[row] == adapter and min(len(held), len(prompt) - 1) > best and \
-                    (k := self._common(held, prompt[:-1])) > best:
+            if self.row_adapter[row] == adapter and min(len(held), len(prompt) - 1) >= best + pages.PAGE and \
+                    (k := self._common(held, prompt[:-1]) // pages.PAGE * pages.PAGE) > best:
                 best, at = k, row
         return (best, at) if best >= SHARED_MIN else (0, -1)
 
     def _prefill_into(self, row: int, prompt: list[int], m: int, end: int) -> None:
         """prompt[m:end] into `row` from position m on, its slots before m holding prompt[:m] already (a shared
         prefix, an earlier piece); the logits of prompt[end - 1] into the row's."""
-        P = self.bucket(end - m)
-        m = min(m, self.max_len - P)  # the prefill's slots stay in the cache (a few tokens computed again)
+        P, own = self.bucket(end - m), m
+        m = min(m, self.max_len - P)  # the prefill's slots stay in the window (a few tokens computed again)
         rest = prompt[m:end]
         S = P if m == 0 else self._length(m + P)
+        self.book.grow(row, end)
         ids = np.zeros((1, P), np.int32)
         ids[0, :len(rest)] = rest
         if ("prefill", P, S) not in self._compiled:
             self.say(f"zoo-serve: compiling the {prefill_name(P, S)} (first use)")
             self._compiled.add(("prefill", P, S))
-        self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, row, jnp.asarray(ids),
-                                                   len(rest), m, adapters=self._lora(self.row_adapter[row:row + 1]),
-                                                   P=P, S=S)
+        self.cache, self.logits_BV = self._prefill(self.params, self.cache,
+                                                   self.book.rows_table([row], pages.pages_for(S)), self.logits_BV,
+                                                   row, jnp.asarray(ids), len(rest), m,
+                                                   adapters=self._lora(self.row_adapter[row:row + 1]), P=P, S=S,
+                                                   own_from=np.int32(own))
         self.held[row] = list(prompt[:end])
 
     def _run_chunk(self, B: int | None = None, K: int | None = None, L: int | None = None) -> np.ndarray:
@@ -313,6 +344,9 @@ class Engine(Scoring, BatchedPrefill, Warming):
             if (B, self.chunk, L) not in self._compiled:
                 self.say(f"zoo-serve: compiling the {decode_name(B, self.chunk, L)} (first use)")
                 self._compiled.add((B, self.chunk, L))
+        for i in live:
+            if i < B:
+                self.book.grow(i, int(self.positions_B[i]) + K)
         rows = self.rows[:B]
         temp = np.asarray([r.temperature if r else 0.0 for r in rows], np.float32)
         topk = np.asarray([r.top_k if r else 0 for r in rows], np.int32)
@@ -322,7 +356,9 @@ class Engine(Scoring, BatchedPrefill, Warming):
         mask = np.full((B, words(self.vocab)), -1, np.int32)  # every token allowed, but in a grammar's rows
         for i in guided:
             self.rows[i].grammar.fill(mask, i)
-        self.cache, self.logits_BV, toks_BK = self._decode(self.params, self.cache, self.logits_BV,
+        self.cache, self.logits_BV, toks_BK = self._decode(self.params, self.cache,
+                                                           self.book.rows_table(slice(0, B), pages.pages_for(L)),
+                                                           self.logits_BV,
                                                            jnp.asarray(self.positions_B[:B]), temp, topk, topp,
                                                            jnp.asarray(keys), steps, mask, np.int32(K),
                                                            adapters=self._lora(self.row_adapter[:B]), B=B,
@@ -362,3 +398,4 @@ class Engine(Scoring, BatchedPrefill, Warming):
     def _free(self, row: int) -> None:
         self.rows[row], self.positions_B[row] = None, -1
         self.filling.pop(row, None)
+        self.book.done(row)

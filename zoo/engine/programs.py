@@ -1,7 +1,7 @@
 """The programs zoo-serve's engine runs (zoo.engine.batching jits them with its model bound; zoo.aot.serve compiles the
 same ones for a TPU): a row's prefill from a position on (`prefill_row`), several new prompts prefilled at once
-(`prefill_rows`), a shared prefix copied between rows (`copy_prefix`) and a chunk of decode steps over the first
-rows and slots (`decode_chunk`), with the sampling they share (greedy at temperature 0, else top-k / top-p
+(`prefill_rows`) and a chunk of decode steps over the first rows and their pages (`decode_chunk`), each reading
+its rows' pages of the pool as a dense view and writing back the pages it wrote (zoo.engine.pages), with the sampling they share (greedy at temperature 0, else top-k / top-p
 filtered, one key per row and step).
 """
 
@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from zoo.engine import pages
 from zoo.nn import multi_lora
 
 
@@ -21,14 +22,6 @@ def _apply(model, adapters, variables, ids_BT, **kw):
         return model.apply(variables, ids_BT, **kw)
     with multi_lora.intercept(*adapters):
         return model.apply(variables, ids_BT, **kw)
-
-
-def _put(c, s, ax: int, row):
-    """The cache array c with s written at row `row` of axis ax and slot 0 of axis ax + 1 (s may be shorter in
-    both: a few rows, their first slots)."""
-    start = [0] * c.ndim
-    start[ax] = row
-    return jax.lax.dynamic_update_slice(c, s.astype(c.dtype), start)
 
 
 def key_data(seed: int, choice: int) -> np.ndarray:
@@ -75,74 +68,65 @@ def _sample(logits_BV, keys, temp_B, topk_B, topp_B, mask_BW):
     return jax.lax.cond(jnp.any(temp_B > 0), sampled, lambda x: greedy_B, logits_BV)
 
 
-def prefill_row(model, ax: int, params, cache, logits_BV, row, ids_1P, length, start, adapters=None, *, P: int,
-                S: int):
-    """Row `row`'s prompt from position `start` on (ids_1P, its first `length` real, right-padded) into its cache
-    row; its last real token's logits into logits_BV[row]. The prompt sees the row's first S slots only
-    (S >= start + P; S = P when start is 0): attention over S keys, not the cache's whole length, the slots
-    before `start` holding the prompt's first tokens already (a shared prefix, `copy_prefix`). `model` is the
-    decoder (its layers scanned or not: `ax` the cache's row axis, 1 when scanned), the engine's jitted program
-    with model and ax bound."""
-    rowwise = lambda c: c.ndim > ax  # noqa: E731 - keys and values per row; the shared index is a scalar
-    sub = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.dynamic_slice_in_dim(c, row, 1, axis=ax), 0, S,
-                                                      axis=ax + 1) if rowwise(c) else c, cache)
+def prefill_row(model, ax: int, params, cache, table_1N, logits_BV, row, ids_1P, length, start, adapters=None, *,
+                P: int, S: int, own_from=None):
+    """Row `row`'s prompt from position `start` on (ids_1P, its first `length` real, right-padded) into its pages
+    (table_1N: its table's first ceil(S / PAGE) pages, zoo.engine.pages); its last real token's logits into
+    logits_BV[row]. The prompt sees the row's first S slots only (S >= start + P; S = P when start is 0):
+    attention over S keys, not the window, the slots before `start` holding the prompt's first tokens already (a
+    shared prefix's pages, an earlier piece). Only the pages from position `own_from` (default: start) on are
+    written back: a piece moved back to fit the window recomputes tokens whose pages another row may share.
+    `model` is the decoder (its layers scanned or not: `ax` the pool's page axis, 1 when scanned), the engine's
+    jitted program with model and ax bound."""
+    sub = pages.gather(cache, table_1N, ax)
     pos_1P = jnp.where(jnp.arange(P) < length, start + jnp.arange(P), -1)[None]
     out, upd = _apply(model, adapters, {"params": params, "cache": sub}, ids_1P, decode=True, positions_BT=pos_1P,
                       mutable=["cache"])
-    cache = jax.tree.map(lambda c, s: _put(c, s, ax, row) if rowwise(c) else c, cache, upd["cache"])
+    own_from = start if own_from is None else own_from
+    cache = pages.scatter(cache, upd["cache"], table_1N, (own_from // pages.PAGE)[None], pages.pages_for(P) + 1, ax)
     last_V = out[0, length - 1, :].astype(jnp.float32)
     return cache, logits_BV.at[row].set(last_V)
 
 
-def prefill_rows(model, ax: int, params, cache, logits_BV, rows_R, ids_RP, lengths_R, adapters=None, *, R: int,
-                 P: int):
-    """R prompts at once, each from position 0 into its own cache row (rows_R; a row index past the cache's rows
-    is padding, written nowhere), ids_RP right-padded to the bucket P, lengths_R their real lengths; each one's
-    last real token's logits into logits_BV at its row. A prompt from position 0 attends only to its own first P
-    slots, so the rows start from zeros instead of reading the cache: one program over R rows, its products R x P
-    rows deep (a short prompt's prefill alone is a product of a few dozen rows, which XLA:CPU runs at a fraction of
-    its rate). Each row's keys and values equal `prefill_row`'s."""
-    rowwise = lambda c: c.ndim > ax  # noqa: E731
+def prefill_rows(model, ax: int, params, cache, table_RN, logits_BV, rows_R, ids_RP, lengths_R, adapters=None, *,
+                 R: int, P: int):
+    """R prompts at once, each from position 0 into its own pages (table_RN: each one's first ceil(P / PAGE); a
+    padding prompt's all the scratch page), ids_RP right-padded to the bucket P, lengths_R their real lengths;
+    each one's last real token's logits into logits_BV at its row (rows_R; a row index past the cache's rows is
+    padding, written nowhere). A prompt from position 0 attends only to its own first P slots, so the rows start
+    from zeros instead of reading the pool: one program over R rows, its products R x P rows deep (a short
+    prompt's prefill alone is a product of a few dozen rows, which XLA:CPU runs at a fraction of its rate). Each
+    row's keys and values equal `prefill_row`'s."""
+    N = table_RN.shape[1]
 
     def fresh(c):
-        shape = list(c.shape)
-        shape[ax], shape[ax + 1] = R, P
-        return jnp.zeros(shape, c.dtype)
-    sub = jax.tree.map(lambda c: fresh(c) if rowwise(c) else c, cache)
+        if c.ndim <= ax:
+            return c
+        return jnp.zeros(c.shape[:ax] + (R, N * pages.PAGE) + c.shape[ax + 2:], c.dtype)
+    sub = jax.tree.map(fresh, cache)
     pos_RP = jnp.where(jnp.arange(P)[None, :] < lengths_R[:, None], jnp.arange(P)[None, :], -1)
     out, upd = _apply(model, adapters, {"params": params, "cache": sub}, ids_RP, decode=True, positions_BT=pos_RP,
                       mutable=["cache"])
-    at = (slice(None),) * ax + (rows_R[:, None], jnp.arange(P)[None, :])
-    cache = jax.tree.map(lambda c, s: c.at[at].set(s.astype(c.dtype), mode="drop") if rowwise(c) else c, cache,
-                         upd["cache"])
+    cache = pages.scatter(cache, upd["cache"], table_RN, jnp.zeros(R, jnp.int32), N, ax)
     last_RV = jnp.take_along_axis(out, (lengths_R - 1)[:, None, None], axis=1)[:, 0].astype(jnp.float32)
     return cache, logits_BV.at[rows_R].set(last_RV, mode="drop")
 
 
-def copy_prefix(ax: int, cache, src, dst, *, S: int):
-    """The cache with row `dst`'s first S slots a copy of row `src`'s (a prompt prefix the two share: its keys
-    and values computed once)."""
-    rowwise = lambda c: c.ndim > ax  # noqa: E731
-    return jax.tree.map(lambda c: _put(c, jax.lax.slice_in_dim(jax.lax.dynamic_slice_in_dim(c, src, 1, axis=ax), 0, S,
-                                                               axis=ax + 1), ax, dst) if rowwise(c) else c, cache)
-
-
-def decode_chunk(model, vocab: int, ax: int, params, cache, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2,
+def decode_chunk(model, vocab: int, ax: int, params, cache, table_BN, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2,
                  steps_B, mask_BW, n=None, adapters=None, *, B: int, K: int, L: int):
     """n steps (at most K; None: K) of the first B rows (a bucket holding every active row): sample from each row's
     logits, feed the token back at its position. One program runs a chunk or a single step (a new row's first
     token, a streaming row): n is traced, K is not. The rows' first L slots (a length bucket holding every
-    position the steps write) are all the steps read and write: attention over L keys, not the cache's whole
-    length. Returns the whole cache and logits with those rows updated, and the tokens [B, K] (the first n
+    position the steps write; table_BN their first ceil(L / PAGE) pages, zoo.engine.pages) are all the steps read:
+    attention over L keys, not the window, and only the pages the steps wrote go back into the pool. Returns the
+    pool and logits with those rows updated, and the tokens [B, K] (the first n
     columns sampled; rows free within B, position -1, compute nothing anyone reads). `vocab`: the tokenizer's, the
     ids sampled from (a model may pad its output). mask_BW: each row's allowed tokens (zoo.infer.grammar's bitmask,
     all -1 for a row without a grammar), applied at every step: a batch with a grammar row runs one step (n = 1), its
     matcher advanced on the host before the next. `adapters` (every program's): None, or (tables, index_B) giving
     each row its LoRA adapter (zoo.nn.multi_lora)."""
-    rowwise = lambda c: c.ndim > ax  # noqa: E731
-    full_cache, full_logits = cache, logits_BV
-    cache = jax.tree.map(lambda c: jax.lax.slice_in_dim(jax.lax.slice_in_dim(c, 0, B, axis=ax), 0, L, axis=ax + 1)
-                         if rowwise(c) else c, cache)
+    pool, full_logits = cache, logits_BV
+    cache = pages.gather(pool, table_BN, ax)
     logits_BV = logits_BV[:B]
 
     def step(i, carry):
@@ -155,5 +139,6 @@ def decode_chunk(model, vocab: int, ax: int, params, cache, logits_BV, positions
                 toks_KB.at[i].set(tok_B))
     init = (cache, logits_BV, positions_B, jnp.zeros((K, B), jnp.int32))
     cache, logits_BV, _, toks_KB = jax.lax.fori_loop(0, K if n is None else jnp.minimum(n, K), step, init)
-    cache = jax.tree.map(lambda c, s: _put(c, s, ax, 0) if rowwise(c) else s, full_cache, cache)
-    return cache, full_logits.at[:B].set(logits_BV), toks_KB.T
+    first_B = jnp.where(positions_B >= 0, positions_B // pages.PAGE, -1)  # the pages the steps wrote, from here
+    pool = pages.scatter(pool, cache, table_BN, first_B, pages.pages_for(K) + 1, ax)
+    return pool, full_logits.at[:B].set(logits_BV), toks_KB.T

@@ -9,6 +9,9 @@ import time
 from typing import Callable
 
 import jax.numpy as jnp
+import numpy as np
+
+from zoo.engine.pages import pages_for
 
 from zoo.engine.sequence import decode_name, powers, prefill_name
 
@@ -60,9 +63,11 @@ class Warming:
                 say(f"compiling {i + 1}/{len(plan)}: " + (prefill_name(*shape) if kind == "prefill"
                                                           else decode_name(*shape)))
             if kind == "prefill":
-                self.cache, self.logits_BV = self._prefill(self.params, self.cache, self.logits_BV, 0,
+                table = np.zeros((1, pages_for(shape[1])), np.int32)  # the scratch page: nothing kept
+                self.cache, self.logits_BV = self._prefill(self.params, self.cache, table, self.logits_BV, 0,
                                                            jnp.zeros((1, shape[0]), jnp.int32), 1, 0,
-                                                           adapters=self._lora([0]), P=shape[0], S=shape[1])
+                                                           adapters=self._lora([0]), P=shape[0], S=shape[1],
+                                                           own_from=np.int32(0))
                 self.held[0] = []
                 self._compiled.add(("prefill", *shape))
             else:

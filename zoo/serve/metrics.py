@@ -15,6 +15,8 @@ from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from zoo.engine.pages import PAGE
+
 # vLLM's buckets (seconds), so the two servers' histograms line up
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -53,16 +55,19 @@ class Metrics:
             return
         Gauge("zoo_num_requests_running", "Completions holding a row of the KV cache (decoding or prefilling)",
               registry=r).set_function(engine.active)
-        Gauge("zoo_num_requests_waiting", "Completions queued for a free row", registry=r).set_function(
-            engine.waiting.qsize)
-        # zoo's cache is rows x length, not pages: a row is reserved whole while its sequence runs
-        Gauge("zoo_kv_cache_slots_in_use", "KV cache slots holding a running completion's tokens (zoo has no paged "
-              "cache yet: its cache is --slots rows x --max-len slots, and these are the slots of the rows in use "
-              "that hold a token; vLLM counts pages)", registry=r).set_function(lambda: slots_in_use(engine))
-        Gauge("zoo_kv_cache_slots", "KV cache slots in all (--slots rows x --max-len)", registry=r).set_function(
-            lambda: engine.slots * engine.max_len)
-        Gauge("zoo_kv_cache_rows_in_use", "KV cache rows held by a running completion, of --slots (each reserved "
-              "whole: zoo has no paged cache yet)", registry=r).set_function(engine.active)
+        Gauge("zoo_num_requests_waiting", "Completions queued for a free row or for KV cache pages", registry=r
+              ).set_function(lambda: engine.waiting.qsize() + len(engine.deferred))
+        Gauge("zoo_kv_cache_slots_in_use", "KV cache slots holding a running completion's tokens", registry=r
+              ).set_function(lambda: slots_in_use(engine))
+        Gauge("zoo_kv_cache_slots", "KV cache slots in all (its pages x the page's tokens; --kv-cache-tokens)",
+              registry=r).set_function(lambda: (engine.book.pages - 1) * PAGE)
+        Gauge("zoo_kv_cache_pages_in_use", "KV cache pages held: by running completions, and the prefixes free rows "
+              "keep for the prompts that share them (evicted when pages run short)", registry=r).set_function(
+            lambda: engine.book.in_use())
+        Gauge("zoo_kv_cache_usage_perc", "The share of the KV cache's pages held (vLLM's kv_cache_usage_perc)",
+              registry=r).set_function(lambda: engine.book.in_use() / (engine.book.pages - 1))
+        Gauge("zoo_kv_cache_rows_in_use", "Rows (of --slots) decoding or prefilling a completion", registry=r
+              ).set_function(engine.active)
 
     def exposition(self) -> bytes:
         """Every metric in Prometheus' text format (content_type)."""
