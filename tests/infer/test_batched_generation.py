@@ -104,3 +104,30 @@ def test_cli_samples_several_prompts_in_one_batch(models, capsys):
     head, first, second = both.split("--- prompt ")
     assert head == "" and first.startswith("0\nHi") and second == "1\n" + alone
     assert len(alone) > len("The cat sat\n")
+
+
+def test_runs_of_one_prompt_are_prefilled_once_and_decode_as_every_row_prefilled(models):
+    """GRPO's G completions of a prompt (`group`): each run of equal prompts is prefilled once, its keys and values
+    repeated to its rows. The greedy tokens are those of every row prefilled; sampled rows of a run still differ;
+    the compiled program does a quarter of the prefill's work; prompts not in runs are prefilled row by row."""
+    _, (model, params, _, cfg), _ = models["llama"]
+    prompts = [p for p in PROMPTS[:2] for _ in range(4)]
+    greedy = dict(temperature=0.0, window=cfg.window)
+    assert sample.generate_batch(model, params, prompts, NEW, group=4, **greedy) == \
+        sample.generate_batch(model, params, prompts, NEW, **greedy)
+    drawn = sample.generate_batch(model, params, prompts, NEW, group=4, temperature=1.0, seed=3, window=cfg.window)
+    assert len({tuple(d) for d in drawn[:4]}) > 1
+    P = 8
+    ids = jnp.asarray([[0] * (P - len(p)) + p for p in prompts])
+    pad = jnp.asarray([P - len(p) for p in prompts])
+
+    def flops(group):
+        c = sample._generate.lower(params, ids, jax.random.PRNGKey(0), pad, model=model, max_new_tokens=1,
+                                   temperature=0.0, top_k=0, top_p=1.0, vocab_limit=model.cfg.vocab_size, eos_id=None,
+                                   group=group).compile().cost_analysis()
+        return (c[0] if isinstance(c, list) else c)["flops"]
+    assert flops(4) < 0.5 * flops(1)
+    # not in runs of 4 (the second prompt's run broken): every row prefilled, the same tokens as group=1
+    mixed = prompts[:5] + [PROMPTS[2]] + prompts[6:]
+    assert sample.generate_batch(model, params, mixed, NEW, group=4, **greedy) == \
+        sample.generate_batch(model, params, mixed, NEW, **greedy)

@@ -39,17 +39,21 @@ def sample_logits(logits_BV, rng, temperature: float, top_k: int, top_p: float):
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "temperature", "top_k", "top_p",
-                                             "vocab_limit", "eos_id"))
+                                             "vocab_limit", "eos_id", "group"))
 def _generate(params, prompt_BP, rng, pad_B=None, *, model, max_new_tokens, temperature, top_k, top_p, vocab_limit,
-              eos_id):
+              eos_id, group=1):
     """New tokens out_BN. `pad_B`: how many padding ids each row's prompt starts with (left padding), then the
     positions go per row (the first real token at 0, the padding below 0: never cached nor attended). `eos_id`:
-    an id or a tuple of ids a row ends at (filled with the first from then on)."""
+    an id or a tuple of ids a row ends at (filled with the first from then on). `group`: the rows come in runs of
+    this many identical prompts (GRPO's completions of one prompt): each run's prompt is prefilled once and its
+    keys, values and logits repeated to the run's rows."""
     B, P = prompt_BP.shape
     total = P + max_new_tokens
-    cache = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((B, total), jnp.int32),
-                                              decode=True))["cache"]
-    cache = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), nn.unbox(cache))
+
+    def fresh(rows):
+        cache = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((rows, total), jnp.int32),
+                                                  decode=True))["cache"]
+        return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), nn.unbox(cache))
 
     def step(cache, ids_BT, positions_BT=None):
         logits_BTV, upd = model.apply({"params": params, "cache": cache}, ids_BT, decode=True,
@@ -60,7 +64,14 @@ def _generate(params, prompt_BP, rng, pad_B=None, *, model, max_new_tokens, temp
     def positions(start):  # [B, T] per row, or None: the cache's own index
         return None if pad_B is None else start - pad_B[:, None]
 
-    cache, logits_BV = step(cache, prompt_BP, positions(jnp.arange(P)[None]))
+    pos_BP = positions(jnp.arange(P)[None])
+    if group == 1:
+        cache, logits_BV = step(fresh(B), prompt_BP, pos_BP)
+    else:  # a run's prompt prefilled once, its keys, values and logits repeated to its rows
+        cache, logits_BV = step(fresh(B // group), prompt_BP[::group], None if pos_BP is None else pos_BP[::group])
+        ax = 1 if model.cfg.scan_layers else 0  # a scanned stack's cache: [layers, rows, ...]
+        cache = jax.tree.map(lambda c: jnp.repeat(c, group, axis=ax) if c.ndim > ax else c, cache)
+        logits_BV = jnp.repeat(logits_BV, group, axis=0)
     eos = _eos(eos_id)
     out_BN = jnp.full((B, max_new_tokens), eos[0] if eos else 0, jnp.int32)
 
@@ -112,11 +123,14 @@ def generate(model, params, prompt_ids, max_new_tokens: int, *, temperature: flo
 
 def generate_batch(model, params, prompts: list[list[int]], max_new_tokens: int, *, temperature: float = 1.0,
                    top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_id: int | tuple[int, ...] | None = None,
-                   vocab_limit: int | None = None, window: int | None = None) -> list[list[int]]:
+                   vocab_limit: int | None = None, window: int | None = None, group: int = 1) -> list[list[int]]:
     """One continuation per prompt, as `generate` (greedy: each row token for token its own `generate`), in one
     batch: the prompts left-padded to a length bucket (the next power of two, capped so the new tokens fit the
     window), so prompts of other lengths in one bucket reuse one compilation. A batch does not crop: a prompt
-    plus max_new_tokens beyond `window` is refused (`generate` crops one prompt)."""
+    plus max_new_tokens beyond `window` is refused (`generate` crops one prompt). `group`: the prompts come in
+    runs of this many equal ones (GRPO's num_generations completions of each prompt): each run is prefilled once
+    (its keys and values shared by its rows), the same tokens as without it; prompts that do not come so are
+    prefilled row by row."""
     window = _check(model, prompts, max_new_tokens, 1, temperature, top_k, top_p, window)
     longest = max(len(p) for p in prompts)
     if longest + max_new_tokens > window:
@@ -127,13 +141,17 @@ def generate_batch(model, params, prompts: list[list[int]], max_new_tokens: int,
     # Rows too go to a power of two (repeats of the first prompt, dropped after), so batches of 5 to 8 share a program.
     n = len(prompts)
     prompts = list(prompts) + [prompts[0]] * ((1 << (n - 1).bit_length()) - n)
+    if group > 1 and (len(prompts) % group or n % group
+                      or any(prompts[i] != prompts[i - i % group] for i in range(len(prompts)))):
+        group = 1
     pad_B = np.asarray([P - len(p) for p in prompts], np.int32)
     # Left padding: token 0 (any id will do, nothing attends it).
     prompt_BP = np.asarray([[0] * k + list(p) for k, p in zip(pad_B, prompts)], np.int32)
     eos = _eos(eos_id)
     out = _generate(params, jnp.asarray(prompt_BP), jax.random.PRNGKey(seed), jnp.asarray(pad_B),
                     model=model, max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
-                    top_p=float(top_p), vocab_limit=vocab_limit or model.cfg.vocab_size, eos_id=eos or None)
+                    top_p=float(top_p), vocab_limit=vocab_limit or model.cfg.vocab_size, eos_id=eos or None,
+                    group=group)
     return _cut(np.asarray(out)[:n], eos)
 
 

@@ -219,7 +219,7 @@ class GrpoTask(LmTask):
         eos = stop_ids(tokenizer)
         out = generate_batch(model, policy, prompts, g.max_completion_tokens, temperature=temperature,
                              top_k=g.top_k, top_p=g.top_p, seed=seed, eos_id=eos, vocab_limit=tokenizer.n_vocab,
-                             window=self.cfg.window)
+                             window=self.cfg.window, group=g.num_generations)  # each prompt's G rows prefilled once
         return out, [len(c) < g.max_completion_tokens for c in out], eos[0]
 
     def try_rewards(self, prompts: PromptSet) -> None:
