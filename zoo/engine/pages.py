@@ -55,7 +55,7 @@ def gather(pool, table_BN, ax: int):
     def one(c):
         if c.ndim <= ax:
             return c
-        g = jnp.take(c, table_BN.reshape(-1), axis=ax)
+        g = c.at[(slice(None),) * ax + (table_BN.reshape(-1),)].get(mode="promise_in_bounds")  # no bounds select
         return g.reshape(c.shape[:ax] + (B, N * PAGE) + c.shape[ax + 2:])
     return jax.tree.map(one, pool)
 
@@ -75,7 +75,7 @@ def scatter(pool, view, table_BN, first_B, W: int, ax: int):
         pages = v.reshape(v.shape[:ax] + (B, N, PAGE) + v.shape[ax + 2:])
         sel = pages[lead + (jnp.arange(B)[:, None], idx_BW)]  # [..., B, W, PAGE, ...]
         sel = sel.reshape(c.shape[:ax] + (B * W, PAGE) + c.shape[ax + 2:])
-        return c.at[lead + (dst_BW.reshape(-1),)].set(sel.astype(c.dtype))
+        return c.at[lead + (dst_BW.reshape(-1),)].set(sel.astype(c.dtype), mode="promise_in_bounds")
     return jax.tree.map(one, pool, view)
 
 
