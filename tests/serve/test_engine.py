@@ -123,28 +123,40 @@ def test_a_prompt_sharing_a_prefix_with_a_row_takes_its_pages_and_answers_the_sa
 
 def test_a_cache_smaller_than_its_rows_makes_a_prompt_wait_for_pages_and_evicts_a_free_rows_prefix(lm):
     """The pool is pages, not rows x window: with 8 pages (128 tokens) for 2 rows of 128, a second sequence whose
-    prompt and answer need 5 pages waits while the first holds 5; when the first ends, its row's cached pages are
-    evicted to make room. Both answers are sample's; a pool smaller than one window is one clear error."""
+    prompt and answer need 5 pages waits while the first holds 5, and goes into its row once it ends; a prompt
+    needing 7 pages while another free row still holds 2 evicts that row's cached prefix. Every answer is sample's;
+    a pool smaller than one window is one clear error."""
     from zoo.engine import pages
     rng = np.random.default_rng(6)
-    prompts = [rng.integers(1, 256, 60).tolist() for _ in range(2)]
     engine = Engine(lm, slots=2, max_len=128, chunk=4, kv_pages=pages.pages_of_tokens(128))
     assert {a.shape[:2] for a in jax.tree.leaves(engine.cache) if a.ndim} == {(9, pages.PAGE)}  # scratch + 8
-    got = [[] for _ in prompts]
-    engine.submit([Sequence(prompt=p, max_tokens=20, temperature=0.0, emit=lambda ids, f, i=i: got[i].extend(ids))
-                   for i, p in enumerate(prompts)])
-    engine._admit()
-    assert engine.active() == 1 and len(engine.deferred) == 1 and engine.book.room() == 3
-    while engine.active() or engine.deferred:
-        engine._admit()
-        if engine.decoding():
-            engine._hand_out(engine._run_chunk())
-    assert engine.book.evicted == 1 and engine.admitted == 2
     model, params = lm.decoding()
-    for p, tokens in zip(prompts, got):
-        want = sample.generate(model, params, p, 20, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
-                               vocab_limit=lm.tokenizer.n_vocab)[0]
-        assert tokens == want
+
+    def run(jobs, check=None):  # (prompt, max_tokens) each, decoded to their ends; each answer against sample's
+        got = [[] for _ in jobs]
+        engine.submit([Sequence(prompt=p, max_tokens=n, temperature=0.0, emit=lambda ids, f, i=i: got[i].extend(ids))
+                       for i, (p, n) in enumerate(jobs)])
+        engine._admit()
+        if check:
+            check()
+        for _ in range(100):  # a bound: a sequence never admitted fails here, not by hanging
+            if not (engine.active() or engine.deferred):
+                break
+            engine._admit()
+            if engine.decoding():
+                engine._hand_out(engine._run_chunk())
+        assert not engine.active() and not engine.deferred
+        for (p, n), tokens in zip(jobs, got):
+            assert tokens == sample.generate(model, params, p, n, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
+                                             vocab_limit=lm.tokenizer.n_vocab)[0]
+
+    def waits():
+        assert engine.active() == 1 and len(engine.deferred) == 1 and engine.book.room() == 3
+    run([(rng.integers(1, 256, 60).tolist(), 20) for _ in range(2)], waits)
+    assert engine.admitted == 2 and engine.book.evicted == 0  # the second went into the first's row, once free
+    run([(rng.integers(1, 256, 20).tolist(), 4) for _ in range(2)])  # rows 0 and 1 end holding 2 pages each
+    run([(rng.integers(1, 256, 100).tolist(), 12)])  # 7 pages: with row 1's 2 still held, 6 are free
+    assert engine.book.evicted == 1 and engine.held[1] == [] and engine.book.owned[1] == []
     with pytest.raises(ArgumentError, match="holds 112 tokens, fewer than one sequence of the context's 128"):
         Engine(lm, slots=2, max_len=128, kv_pages=8)
 
@@ -241,3 +253,13 @@ def test_eight_rows_decoding_together_answer_as_sample_does(lm):
         want = sample.generate(model, params, p, 16, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
                                vocab_limit=lm.tokenizer.n_vocab)[0]
         assert sum(chunks, []) == want
+
+
+def test_long_rows_read_length_buckets_halfway_between_powers_of_two():
+    """From 1,024 slots on, a decode's length bucket may be halfway between two powers of two: a row at 1,050 tokens
+    reads 1,536 slots' keys and values, not 2,048."""
+    import types
+    from zoo.engine.warming import Warming
+    buckets = Warming.length_buckets(types.SimpleNamespace(max_len=4000))
+    assert buckets == [128, 256, 512, 1024, 1536, 2048, 3072, 4000]
+    assert Warming.length_buckets(types.SimpleNamespace(max_len=256)) == [128, 256]

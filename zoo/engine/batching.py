@@ -17,7 +17,7 @@ decoded). A new prompt whose first SHARED_MIN or more tokens a row holds (a chat
 before the last one) holds that row's whole pages of them too (by reference: nothing copied, the pages counted) and
 prefills only the rest, from its position on, attending over the shared pages. A row freed keeps its pages until
 another prompt goes into it, or until pages run short and the free rows' prefixes are evicted, least recently used
-first; a new prompt goes into the row holding its prefix when that row is free. `prefix_cache=False` (zoo-serve
+first. `prefix_cache=False` (zoo-serve
 --no-prefix-cache) prefills every prompt whole.
 
 Chunked prefill: a prompt with more than `prefill_chunk` tokens left to prefill, admitted while other rows decode,
@@ -33,9 +33,9 @@ of their own the first time, the prompts prefilled one by one meanwhile).
 Compiled programs: a prefill per prompt-length bucket up to `prefill_chunk` (powers of two from 16; a prompt's
 first piece attends its own bucket's slots) and one of a whole piece per longer length (a later piece attends the
 slots before it and its own), and a decode for each number of rows (powers of two up to the slots: the smallest
-holding every active row runs, so one client pays for one row) and length (the rows' first L slots, L a power of
-two from 128 holding every position the steps write: a step reads the keys and values its rows hold, not the
-cache's whole length). A decode program runs a chunk of steps or stops after one (its step count is traced): one
+holding every active row runs, so one client pays for one row) and length (the rows' first L slots, L a length
+bucket holding every position the steps write, zoo.engine.warming: a step reads the keys and values its rows hold,
+not the window). A decode program runs a chunk of steps or stops after one (its step count is traced): one
 step right after an admission or while a row's client streams, so each token goes out as it is sampled. The
 layers run one after another (Engine's `scan_layers`). `warm()` compiles the prefills and the decodes of the first
 two lengths before the first request, saying each; a longer length compiles when a row first reaches it (said on
@@ -221,16 +221,11 @@ class Engine(Scoring, BatchedPrefill, Warming):
         except queue.Empty:
             return None
 
-    def _row_for(self, donor: int) -> int | None:
-        """The free row a new sequence goes into: the row holding its prefix when that one is free, else a free row
-        holding nothing, else the free row used longest ago (its cached prefix goes); None when every row runs."""
-        free = [r for r in range(self.slots) if self.rows[r] is None]
-        if not free:
-            return None
-        if donor in free:
-            return donor
-        empty = [r for r in free if not self.book.owned[r]]
-        return empty[0] if empty else min(free, key=lambda r: self.book.last_used[r])
+    def _row_for(self) -> int | None:
+        """The free row a new sequence goes into: the lowest (a decode runs the smallest row bucket holding every
+        active row, so one client keeps to one row); None when every row runs. Its cached prefix goes, unless the
+        new prompt shares it (its pages are taken by reference before the row lets go of them)."""
+        return next((r for r in range(self.slots) if self.rows[r] is None), None)
 
     def _admit(self) -> None:
         new: list = []  # (row, prompt) of the prompts prefilled whole from position 0: together, at the end
@@ -245,7 +240,7 @@ class Engine(Scoring, BatchedPrefill, Warming):
                 self._prefill_new(new)
                 new = []
             m, donor = self.shared(seq.prompt, seq.adapter)
-            row = self._row_for(donor)
+            row = self._row_for()
             tokens = min(len(seq.prompt) + seq.max_tokens, self.max_len)
             free = [r for r in range(self.slots) if self.rows[r] is None and r != row]
             if not self.book.take(row, donor, m // pages.PAGE, tokens, free, self.held):

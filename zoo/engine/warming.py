@@ -34,8 +34,12 @@ class Warming:
         return powers(1, self.slots)
 
     def length_buckets(self) -> list[int]:
-        """The cache lengths a decode chunk compiles for: powers of two from 128 to the cache's length, and it."""
-        return powers(128, self.max_len)
+        """The cache lengths a decode chunk compiles for: powers of two from 128 to the cache's length, and it, and
+        from 1,024 on the lengths halfway between (1,536, 3,072, ...): a long row's step reads the keys and values
+        of at most a third more slots than it holds, not twice as many (at 1,050 tokens, 1,536 slots, not 2,048;
+        reading them is most of a long row's step)."""
+        out = powers(128, self.max_len)
+        return sorted(set(out) | {b * 3 // 2 for b in out if 1024 <= b and b * 3 // 2 < self.max_len})
 
     def warm_plan(self) -> list[tuple]:
         """What `warm` compiles: ("prefill", P, S) per prompt bucket up to `prefill_chunk` (P = S: a prompt's first
