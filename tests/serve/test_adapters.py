@@ -178,7 +178,8 @@ def test_a_table_started_without_adapters_holds_the_layers_lora_targets_names(se
     # unloading: refused while a sequence waits on it; then its slot zeroed and a free row's prefix under it forgotten
     waiting = queue.Queue()
     waiting.put(Sequence(prompt=[1], max_tokens=1, adapter=1))
-    engine = types.SimpleNamespace(slots=2, rows=[None, None], waiting=waiting, deferred=[], row_adapter=np.asarray([1, 0]),
+    engine = types.SimpleNamespace(slots=2, rows=[None, None], waiting=waiting, deferred=[],
+                                   row_adapter=np.asarray([1, 0]),
                                    held=[[5] * 40, [6] * 40])
     with pytest.raises(InUse, match="adapter 'a' has 1 sequence"):
         table.remove("a", engine)

@@ -1,5 +1,6 @@
-"""The serving engine: one decoder, its KV cache (pages shared by `slots` rows), and a loop that decodes every active row together,
-admitting waiting requests into free rows between decode chunks (continuous batching, as vLLM and JetStream do).
+"""The serving engine: one decoder, its KV cache (pages shared by `slots` rows), and a loop that decodes every
+active row together, admitting waiting requests into free rows between decode chunks (continuous batching, as vLLM
+and JetStream do).
 
 Each row is one sequence (a request's completion; n completions are n rows). The KV cache is a pool of pages
 (zoo.engine.pages: PAGE tokens each, a page table per row, memory sized by `kv_pages`, not rows x window). A row
@@ -118,8 +119,8 @@ class Engine(Scoring, BatchedPrefill, Warming):
         self.admitted = 0  # sequences prefilled into a row
         self.stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        dense = jax.eval_shape(lambda: self.model.init(jax.random.PRNGKey(0), jnp.zeros((slots, self.max_len), jnp.int32),
-                                                       decode=True))["cache"]
+        dense = jax.eval_shape(lambda: self.model.init(jax.random.PRNGKey(0),
+                                                       jnp.zeros((slots, self.max_len), jnp.int32), decode=True))["cache"]
         self.batch_axis = 1 if self.model.cfg.scan_layers else 0  # scanned stacks put the layer axis first
         kv_pages = kv_pages or pages.default_pages(slots, self.max_len)
         self.book = pages.Pages(slots, self.max_len, kv_pages)  # which pages each row holds (zoo.engine.pages)

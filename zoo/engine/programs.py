@@ -1,8 +1,8 @@
 """The programs zoo-serve's engine runs (zoo.engine.batching jits them with its model bound; zoo.aot.serve compiles the
 same ones for a TPU): a row's prefill from a position on (`prefill_row`), several new prompts prefilled at once
-(`prefill_rows`) and a chunk of decode steps over the first rows and their pages (`decode_chunk`), each reading
-its rows' pages of the pool as a dense view and writing back the pages it wrote (zoo.engine.pages), with the sampling they share (greedy at temperature 0, else top-k / top-p
-filtered, one key per row and step).
+(`prefill_rows`) and a chunk of decode steps over the first rows and their pages (`decode_chunk`), each reading its
+rows' pages of the pool as a dense view and writing back the pages it wrote (zoo.engine.pages), with the sampling
+they share (greedy at temperature 0, else top-k / top-p filtered, one key per row and step).
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ def prefill_rows(model, ax: int, params, cache, table_RN, logits_BV, rows_R, ids
     return cache, logits_BV.at[rows_R].set(last_RV, mode="drop")
 
 
-def decode_chunk(model, vocab: int, ax: int, params, cache, table_BN, logits_BV, positions_B, temp_B, topk_B, topp_B, keys_B2,
-                 steps_B, mask_BW, n=None, adapters=None, *, B: int, K: int, L: int):
+def decode_chunk(model, vocab: int, ax: int, params, cache, table_BN, logits_BV, positions_B, temp_B, topk_B, topp_B,
+                 keys_B2, steps_B, mask_BW, n=None, adapters=None, *, B: int, K: int, L: int):
     """n steps (at most K; None: K) of the first B rows (a bucket holding every active row): sample from each row's
     logits, feed the token back at its position. One program runs a chunk or a single step (a new row's first
     token, a streaming row): n is traced, K is not. The rows' first L slots (a length bucket holding every

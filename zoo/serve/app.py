@@ -105,7 +105,8 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
             return {"status": "ok", "model": model_id, "serves": rerank.serves(lm)}
         stopping = engine.stopping.is_set() or app.state.drain.stopping
         return {"status": "ok" if not stopping else "stopping", "model": model_id,
-                "slots": engine.slots, "active": engine.active(), "waiting": engine.waiting.qsize(),
+                "slots": engine.slots, "active": engine.active(),
+                "waiting": engine.waiting.qsize() + len(engine.deferred),
                 "chunks": engine.batches, "sequences": engine.admitted, "scored": engine.scored}
 
     def too_large(size: int, at_least: bool = False) -> ApiError:
