@@ -221,14 +221,14 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
                         yield chunk(i, {"role": "assistant", "content": ""})
                 told = set()
                 while len(told) < len(choices):
-                    c = await queue.get()
+                    c, piece, finish = await queue.get()  # one emit of the engine's: its piece, in order
                     i = choices.index(c)
-                    for delta in deltas[i].feed(c.pending(), c.finish is not None):
+                    for delta in deltas[i].feed(piece, finish is not None):
                         yield chunk(i, delta)
-                    if c.finish and i not in told:
+                    if finish and i not in told:
                         told.add(i)
                         last = len(told) == len(choices)
-                        yield chunk(i, {}, deltas[i].finish(c.finish),
+                        yield chunk(i, {}, deltas[i].finish(finish),
                                     {"usage": usage(prompts, choices, n)} if last else None)
                 yield "data: [DONE]\n\n"
             finally:  # a client gone mid-stream: its rows are freed at the next chunk

@@ -31,7 +31,8 @@ class Choice:
         return self._done
 
     def emit(self, ids: list[int], finish: str | None) -> bool:
-        """Engine thread: new ids (and the finish reason at the end); True when a stop string ended it early."""
+        """Engine thread: new ids (and the finish reason at the end); True when a stop string ended it early. Puts
+        (this choice, the text it adds, its finish reason) on the request's queue."""
         self.ids += ids
         text = self.decoded()
         ends = [i for i in (text.find(s) for s in self.stops) if i >= 0]
@@ -44,7 +45,9 @@ class Choice:
         self.text = text
         if finish is not None:
             self.finish = finish
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, self)
+        # the text this emit adds, cut here: a stream sends each emit's piece as an event of its own (token by
+        # token), however late the event loop takes them
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (self, self.pending(), self.finish))
         return stopped
 
     def pending(self) -> str:
