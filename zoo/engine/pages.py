@@ -158,13 +158,10 @@ class Pages:
         self.promised[row] = 0
         self.last_used[row] = time.monotonic()
 
-    def forget(self, row: int) -> None:
-        """A free row's pages let go (its prefix no longer wanted)."""
-        self._release(row)
-
     def rows_table(self, rows, N: int) -> np.ndarray:
-        """The table's first N pages of these rows (a slice or a list of rows)."""
-        return self.table[rows, :N] if isinstance(rows, slice) else self.table[np.asarray(rows)][:, :N]
+        """The table's first N pages of these rows (a slice or a list of rows), a copy: the call it goes to may
+        still read it after the host has grown the table."""
+        return self.table[rows, :N].copy()
 
 
 def default_pages(slots: int, max_len: int) -> int:
