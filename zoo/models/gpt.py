@@ -276,13 +276,15 @@ class Gpt(nn.Module):
     example, and `positions_BT`, which restart at 0 at each example (learned and rotary positions alike).
     Decoding a left-padded batch passes `positions_BT` alone: each row's first real token at position 0, the
     padding before it at negative positions; each token is cached at the slot of its position, padding
-    nowhere, so no query sees it (zoo.infer.sample.generate_batch)."""
+    nowhere, so no query sees it (zoo.infer.sample.generate_batch). `logits_at_B` ([B] int32) computes the logits
+    of one position per row, [B, 1, V] (a prefill needs its last token's: the output projection of the rest is a
+    fifth of a short prompt's FLOPs on SmolLM2), as transformers' `logits_to_keep`."""
 
     cfg: GptConfig
 
     @nn.compact
     def __call__(self, ids_BT, *, deterministic: bool = True, decode: bool = False, hidden: bool = False,
-                 positions_BT=None, segment_ids_BT=None):
+                 positions_BT=None, segment_ids_BT=None, logits_at_B=None):
         cfg = self.cfg
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         T = ids_BT.shape[1]
@@ -328,6 +330,8 @@ class Gpt(nn.Module):
         x_BTD = layers.make_norm(cfg.norm)(cfg.ln_eps, dtype, param_dtype, name="ln_f")(x_BTD)
         if hidden:
             return x_BTD
+        if logits_at_B is not None:  # one position per row (a prefill's last token): its logits alone, [B, 1, V]
+            x_BTD = jnp.take_along_axis(x_BTD, logits_at_B[:, None, None], axis=1)
         head = wte if cfg.tie_embeddings else layers.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
                                                            param_dtype=param_dtype, name="lm_head")
         return layers.softcap(head.attend(x_BTD, decode=decode), cfg.final_softcap)
