@@ -17,6 +17,7 @@ from starlette.testclient import TestClient
 
 import zoo
 from zoo.cli import serve as serve_cli
+from zoo.engine import pages
 from zoo.engine.adapters import AdapterTable, InUse, read
 from zoo.errors import ArgumentError
 from zoo.engine.batching import Engine, Sequence
@@ -88,10 +89,10 @@ def test_rows_of_two_adapters_and_the_base_decode_in_one_batch_as_each_merged_al
     finally:
         engine._decode = decode
     assert {0, 1, 2} in mixes  # one program call decoded rows of both adapters and the base
-    # a row's cached prefix serves its own adapter's prompts only: its keys and values are that adapter's
-    row = next(i for i, r in enumerate(engine.row_adapter) if r == slots["b"])
-    assert engine.shared(engine.held[row] + [7], slots["b"])[0] == len(engine.held[row]) // 16 * 16 >= 32
-    assert engine.shared(engine.held[row] + [7], slots["a"]) == (0, -1)
+    # a stored prefix serves its own adapter's prompts only: its keys and values are that adapter's
+    turn = prompts[1] + got[2] + [7]  # (prompts[1], b)'s prompt and answer, stored when it ended
+    assert engine.shared(turn, slots["b"])[0] == len(turn[:-1]) // 16 * 16 >= 32
+    assert engine.shared(turn, 0) == (0, [])  # the base never ran it
     want, alone = {}, Engine(lm, **{**ENGINE, "prefix_cache": False})
     for s, src in ((0, lm), (slots["a"], zoo.load(dirs["a"])), (slots["b"], zoo.load(dirs["b"]))):
         alone.params = src.decoding(scan=False)[1]  # the base, or an adapter merged into it (zoo.load of its
@@ -178,13 +179,19 @@ def test_a_table_started_without_adapters_holds_the_layers_lora_targets_names(se
     # unloading: refused while a sequence waits on it; then its slot zeroed and a free row's prefix under it forgotten
     waiting = queue.Queue()
     waiting.put(Sequence(prompt=[1], max_tokens=1, adapter=1))
-    engine = types.SimpleNamespace(slots=2, rows=[None, None], waiting=waiting, deferred=[],
-                                   row_adapter=np.asarray([1, 0]),
-                                   held=[[5] * 40, [6] * 40])
+    book = pages.Pages(2, 64, 9)
+    for row, (tokens, slot) in enumerate((([5] * 40, 1), ([6] * 40, 0))):  # a prefix stored under each
+        book.take(row, [], 40)
+        book.grow(row, 40)
+        book.store(row, tokens, slot)
+        book.done(row)
+    engine = types.SimpleNamespace(slots=2, rows=[None, None], waiting=waiting, deferred=[], book=book)
     with pytest.raises(InUse, match="adapter 'a' has 1 sequence"):
         table.remove("a", engine)
     waiting.get()
-    assert table.remove("a", engine) == 1 and engine.held == [[], [6] * 40] and not table.names
+    assert book.lookup([5] * 40, 1) != [] and book.lookup([6] * 40, 0) != []
+    assert table.remove("a", engine) == 1 and not table.names
+    assert book.lookup([5] * 40, 1) == [] and len(book.lookup([6] * 40, 0)) == 2 and len(book.idle) == 2
     assert float(abs(table.tables["h_0/attn/query"][0][1]).sum()) == 0
 
 

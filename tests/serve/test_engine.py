@@ -46,8 +46,10 @@ def test_decoding_reads_a_length_bucket_that_grows_with_the_row_and_answers_as_s
                                vocab_limit=lm.tokenizer.n_vocab)[0]
         assert sum(chunks, []) == want
     assert lengths[0] == 128 and lengths[-1] == 256 and sorted(lengths) == lengths  # 100 + 60 tokens pass 128
-    # one program per rows and length: a new row's single first step runs the chunk's program, stopped after one
-    assert steps[0] == (1, 8) and {k for _, k in steps} == {8} and {n for n, _ in steps} == {1, 8}
+    # a new row's first token goes out as its prompt is in (Engine._first), alone, so its first decode call is a
+    # whole chunk: one program per rows and length (a streamed step runs it too, stopped after one)
+    assert [len(chunks[0]) for chunks in got] == [1, 1] and all(len(c) > 1 for c in got[0][1:-1])
+    assert steps[0] == (8, 8) and {k for _, k in steps} == {8} and {n for n, _ in steps} == {8}
     assert engine.programs() == len(engine.warm_plan()) and sum(p[0] == "decode" for p in engine.warm_plan()) == 4
 
 
@@ -74,10 +76,11 @@ def test_a_streaming_row_gets_its_tokens_one_at_a_time(lm):
     assert sum(map(len, streamed), 0) == sum(map(len, gathered), 0)
 
 
-def test_a_prompt_sharing_a_prefix_with_a_row_takes_its_pages_and_answers_the_same(lm):
+def test_a_prompt_sharing_a_stored_prefix_takes_its_pages_and_answers_the_same(lm):
     """A second prompt with the first's 150-token system prefix holds the first's 9 whole pages of it (144 tokens,
-    PAGE 16) by reference, nothing copied, and prefills only the rest; a third, admitted into the row the first
-    left, finds them there. Every answer is zoo.infer.sample's greedy one, as without the cache."""
+    PAGE 16) by reference, nothing copied, and prefills only the rest; a third, admitted once both have ended,
+    finds them in the prefix store, and a next turn finds the tokens its row decoded. Every answer is
+    zoo.infer.sample's greedy one, as without the cache."""
     rng = np.random.default_rng(2)
     system = rng.integers(1, 256, 150).tolist()
     prompts = [system + rng.integers(1, 256, n).tolist() for n in (20, 35, 9)]
@@ -101,11 +104,12 @@ def test_a_prompt_sharing_a_prefix_with_a_row_takes_its_pages_and_answers_the_sa
     assert not set(book.owned[1][9:]) & set(book.owned[0])  # its own pages past the prefix
     drain()
     engine.submit([seq(2)])
-    engine._admit()  # row 0 is free and holds the system prompt (and the first answer): it goes there
+    assert not any(book.owned) and all(p in book.idle for p in shared)  # ended: the pages stay in the store
+    engine._admit()
     assert engine.rows[0] is not None and prefills[-1] == (144, 16, 256) and engine.reused == 288
-    assert book.owned[0][:9] == shared and all(book.refs[p] == 2 for p in shared)
+    assert book.owned[0][:9] == shared and all(book.refs[p] == 1 for p in shared)
     drain()
-    # A next turn: row 1 holds the second prompt and the tokens it decoded (fed back), all of them shared.
+    # A next turn: the store holds the second prompt and the tokens its row decoded (fed back), all shared.
     engine.submit([Sequence(prompt=prompts[1] + got[1] + [7, 8], max_tokens=1, temperature=0.0)])
     engine._admit()
     assert engine.reused == 288 + (len(prompts[1]) + len(got[1])) // 16 * 16 and len(got[1]) == 10
@@ -121,11 +125,13 @@ def test_a_prompt_sharing_a_prefix_with_a_row_takes_its_pages_and_answers_the_sa
     assert off.reused == 0 and not set(off.book.owned[0]) & set(off.book.owned[1])
 
 
-def test_a_cache_smaller_than_its_rows_makes_a_prompt_wait_for_pages_and_evicts_a_free_rows_prefix(lm):
+def test_a_cache_smaller_than_its_rows_makes_a_prompt_wait_for_pages_and_takes_back_idle_stored_ones(lm):
     """The pool is pages, not rows x window: with 8 pages (128 tokens) for 2 rows of 128, a second sequence whose
-    prompt and answer need 5 pages waits while the first holds 5, and goes into its row once it ends; a prompt
-    needing 7 pages while another free row still holds 2 evicts that row's cached prefix. Every answer is sample's;
-    a pool smaller than one window is one clear error."""
+    prompt and answer need 5 pages waits while the first holds 5. Once the first ends its 5 pages stay in the
+    prefix store, idle, and the second takes the 3 free pages and 2 idle ones, the last two of the first's (a
+    sequence's pages go idle last to first, so what is taken back leaves its prefix reachable): the first prompt
+    asked again takes its 3 remaining pages and prefills only its last 12 tokens. Every answer is sample's; a pool
+    smaller than one window is one clear error."""
     from zoo.engine import pages
     rng = np.random.default_rng(6)
     engine = Engine(lm, slots=2, max_len=128, chunk=4, kv_pages=pages.pages_of_tokens(128))
@@ -152,11 +158,16 @@ def test_a_cache_smaller_than_its_rows_makes_a_prompt_wait_for_pages_and_evicts_
 
     def waits():
         assert engine.active() == 1 and len(engine.deferred) == 1 and engine.book.room() == 3
-    run([(rng.integers(1, 256, 60).tolist(), 20) for _ in range(2)], waits)
-    assert engine.admitted == 2 and engine.book.evicted == 0  # the second went into the first's row, once free
-    run([(rng.integers(1, 256, 20).tolist(), 4) for _ in range(2)])  # rows 0 and 1 end holding 2 pages each
-    run([(rng.integers(1, 256, 100).tolist(), 12)])  # 7 pages: with row 1's 2 still held, 6 are free
-    assert engine.book.evicted == 1 and engine.held[1] == [] and engine.book.owned[1] == []
+    first = rng.integers(1, 256, 60).tolist()
+    run([(first, 20), (rng.integers(1, 256, 60).tolist(), 20)], waits)
+    book = engine.book
+    assert engine.admitted == 2 and book.evicted == 2 and len(book.idle) == 8 and not book.free
+    kept = book.lookup(first)
+    assert len(kept) == 3 and engine.reused == 0
+    prefills, prefill = [], engine._prefill
+    engine._prefill = lambda *a, **kw: prefills.append((a[-1], kw["P"])) or prefill(*a, **kw)
+    run([(first, 4)])  # 64 tokens: 4 pages, 3 of them stored, 1 taken back from the second's
+    assert engine.reused == 48 and prefills == [(48, 16)] and book.evicted == 3 and book.owned == [[], []]
     with pytest.raises(ArgumentError, match="holds 112 tokens, fewer than one sequence of the context's 128"):
         Engine(lm, slots=2, max_len=128, kv_pages=8)
 
@@ -225,9 +236,9 @@ def test_new_prompts_admitted_together_are_prefilled_in_one_program_and_answer_a
             engine._hand_out(engine._run_chunk())
         return [list(g) for g in got]
     first = burst()  # the 4-row program not compiled yet: one by one, its compile begun
-    assert singles == [32] * 4 and engine.batched == 0 and (4, 32) in engine._batched_started
+    assert singles == [32] * 4 and engine.batched == 0 and (4, 32, 32) in engine._batched_started
     for _ in range(600):
-        if (4, 32) in engine._batched:
+        if (4, 32, 32) in engine._batched:
             break
         threading.Event().wait(0.1)
     second = burst()
@@ -263,3 +274,62 @@ def test_long_rows_read_length_buckets_halfway_between_powers_of_two():
     buckets = Warming.length_buckets(types.SimpleNamespace(max_len=4000))
     assert buckets == [128, 256, 512, 1024, 1536, 2048, 3072, 4000]
     assert Warming.length_buckets(types.SimpleNamespace(max_len=256)) == [128, 256]
+
+
+def test_prompts_taking_a_stored_prefix_together_are_prefilled_in_one_program_from_their_positions(lm):
+    """Four prompts after a 40-token system prefix that the store holds (2 pages of 16) arriving together go into
+    one prefill of 4 rows, each from position 32 over the first 128 slots of its pages (the stored prefix read,
+    its own 18 tokens computed), not four prefills one by one; every greedy answer is zoo.infer.sample's."""
+    rng = np.random.default_rng(9)
+    system = rng.integers(1, 256, 40).tolist()
+    prompts = [system + rng.integers(1, 256, 10).tolist() for _ in range(5)]
+    engine = Engine(lm, slots=4, max_len=128, chunk=4)
+    engine.compile_batched(4, 32, 128)
+    singles, prefill = [], engine._prefill
+    engine._prefill = lambda *a, **kw: singles.append((int(a[-1]), kw["P"])) or prefill(*a, **kw)
+    got = [[] for _ in prompts]
+
+    def run(idx):
+        engine.submit([Sequence(prompt=prompts[i], max_tokens=6, temperature=0.0,
+                                emit=lambda ids, f, i=i: got[i].extend(ids)) for i in idx])
+        engine._admit()
+        while engine.active():
+            engine._hand_out(engine._run_chunk())
+    run([0])  # alone: prefilled whole, its 3 whole pages stored (the first 2 the system prefix's)
+    assert singles == [(0, 64)] and engine.reused == 0 and len(engine.book.lookup(system)) == 2
+    run([1, 2, 3, 4])
+    assert singles == [(0, 64)] and engine.batched == 4 and engine.reused == 4 * 32
+    model, params = lm.decoding()
+    for p, tokens in zip(prompts, got):
+        assert tokens == sample.generate(model, params, p, 6, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
+                                         vocab_limit=lm.tokenizer.n_vocab)[0]
+
+
+def test_a_rows_first_token_goes_out_at_its_prefill_and_the_answer_is_the_one_decoded_without_it(lm):
+    """The first token is sampled from the prefill's logits (Engine._first) and handed out before any decode call;
+    the decode feeds it. Greedy, the answer is zoo.infer.sample's; sampled with a seed, the tokens are those the
+    engine gives when its first decode step samples the first token itself."""
+    from zoo.engine.programs import key_data
+    rng = np.random.default_rng(10)
+    prompt = rng.integers(1, 256, 30).tolist()
+
+    def answer(temperature, early=True):
+        engine = Engine(lm, slots=2, max_len=128, chunk=4)
+        if not early:
+            engine._first = lambda: None
+        got = []
+        engine.submit([Sequence(prompt=prompt, max_tokens=9, temperature=temperature, key=key_data(7, 0),
+                                emit=lambda ids, f: got.append(list(ids)))])
+        engine._admit()
+        engine._first()
+        first = list(got)
+        while engine.active():
+            engine._hand_out(engine._run_chunk())
+        return first, sum(got, []), engine.batches
+    first, greedy, batches = answer(0.0)
+    model, params = lm.decoding()
+    want = sample.generate(model, params, prompt, 9, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
+                           vocab_limit=lm.tokenizer.n_vocab)[0]
+    assert first == [want[:1]] and greedy == want and batches == 3  # 9 steps (the first feeds the token sent)
+    early, late = answer(0.8), answer(0.8, early=False)
+    assert len(early[0]) == 1 and late[0] == [] and early[1] == late[1] and len(late[1]) == 9

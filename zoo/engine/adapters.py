@@ -133,7 +133,7 @@ class AdapterTable:
 
     def put(self, name: str, a: Adapter, engine=None) -> int:
         """Write adapter `a` into a free slot under `name` (on the engine's thread: between two decode chunks);
-        its slot. Rows that held a prefix computed under that slot's former adapter forget it."""
+        its slot. The prefixes stored under that slot's former adapter are forgotten."""
         self.check(name, a)
         if name in self.names:
             raise ArgumentError(f"an adapter named {name!r} is loaded already; unload it first")
@@ -170,9 +170,7 @@ class AdapterTable:
 
     @staticmethod
     def _forget(slot: int, engine) -> None:
-        """The prefix cache of free rows last run under `slot`: keys and values of an adapter no longer there."""
-        if engine is None:
-            return
-        for row in range(engine.slots):
-            if engine.rows[row] is None and engine.row_adapter[row] == slot:
-                engine.held[row] = []
+        """The stored prefixes computed under `slot` (zoo.engine.pages): keys and values of an adapter no longer
+        there."""
+        if engine is not None:
+            engine.book.forget(slot)

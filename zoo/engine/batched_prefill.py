@@ -9,10 +9,12 @@ rarely arrive together and tokens/s did not move.
 A group of R rows (a power of two from FEWEST_ROWS to `prefill_rows`, of a bucket P up to LONGEST) runs once its
 program is compiled. The first time a group of that shape appears, its prompts are prefilled one by one as before
 and the program compiles in a thread of its own, so no decoding row waits for a compile; the next group of that
-shape takes it (and jax's persistent compilation cache keeps it for the next start). `compile_batched(R, P)`
-compiles one at once (tests, warm starts). Only prompts prefilled whole from position 0 are batched: one that takes
-a prefix a row holds, or that is prefilled in pieces, goes alone as before. `BatchedPrefill` is mixed into
-`Engine`, which holds the cache, params, buckets and `_prefill_into`."""
+shape takes it (and jax's persistent compilation cache keeps it for the next start). `compile_batched(R, P, S)`
+compiles one at once (tests, warm starts). Prompts that take a stored prefix (zoo.engine.pages) are batched too,
+each from its own position over the first S slots of its pages (S a length bucket holding every one's prefix and
+piece; a prompt asked again, a chat's next turn: at 32 streaming clients their prefills one by one were most of
+the time to the first token); one prefilled in pieces goes alone. `BatchedPrefill` is mixed into `Engine`, which
+holds the cache, params, buckets and `_prefill_into`."""
 
 from __future__ import annotations
 
@@ -29,8 +31,13 @@ FEWEST_ROWS = 4  # the fewest: two or three short prompts cost little more alone
 LONGEST = 64  # the longest bucket batched: at 128 tokens eight prompts together cost 0.9x theirs alone
 
 
-def _table_of(R: int, P: int) -> np.ndarray:
-    return np.zeros((R, pages.pages_for(P)), np.int32)
+def _table_of(R: int, S: int) -> np.ndarray:
+    return np.zeros((R, pages.pages_for(S)), np.int32)
+
+
+def _dummies(R: int, P: int):
+    """rows, ids, lengths and starts of R prompts of bucket P: the arguments a program is lowered with."""
+    return np.zeros(R, np.int32), np.zeros((R, P), np.int32), np.ones(R, np.int32), np.zeros(R, np.int32)
 
 
 def _shapes(tree):
@@ -40,80 +47,85 @@ def _shapes(tree):
 class BatchedPrefill:
     def _init_batched(self, prefill_rows: int) -> None:
         self.prefill_rows = prefill_rows
-        self._batched: dict = {}  # (R, P) -> its compiled prefill_rows program, once compiled
-        self._batched_started: set = set()  # (R, P) compiles begun
+        self._batched: dict = {}  # (R, P, S) -> its compiled prefill_rows program, once compiled
+        self._batched_started: set = set()  # (R, P, S) compiles begun
         self.batched = 0  # prompts prefilled in a batch of two or more
 
     def _group_rows(self, P: int) -> int:
         """The most prompts of bucket P one batched prefill takes (1: each alone)."""
         return min(self.prefill_rows, self.slots) if P <= LONGEST else 1
 
-    def compile_batched(self, R: int, P: int):
-        """The prefill program of R prompts of bucket P, compiled now (from the engine's current shapes)."""
-        if (R, P) not in self._batched:
-            rows, ids, lengths = np.zeros(R, np.int32), np.zeros((R, P), np.int32), np.ones(R, np.int32)
-            lowered = self._prefill_many.lower(_shapes(self.params), _shapes(self.cache), _table_of(R, P),
-                                               _shapes(self.logits_BV), rows, ids, lengths,
-                                               _shapes(self._lora(jnp.zeros(R, jnp.int32))), R=R, P=P)
-            self._batched[(R, P)] = lowered.compile()
-        return self._batched[(R, P)]
+    def compile_batched(self, R: int, P: int, S: int | None = None):
+        """The prefill program of R prompts of bucket P over S slots (None: P, prompts from position 0), compiled
+        now (from the engine's current shapes)."""
+        S = S or P
+        if (R, P, S) not in self._batched:
+            lowered = self._prefill_many.lower(_shapes(self.params), _shapes(self.cache), _table_of(R, S),
+                                               _shapes(self.logits_BV), *_dummies(R, P),
+                                               _shapes(self._lora(jnp.zeros(R, jnp.int32))), R=R, P=P, S=S)
+            self._batched[(R, P, S)] = lowered.compile()
+        return self._batched[(R, P, S)]
 
-    def _compile_later(self, R: int, P: int) -> None:
-        if (R, P) in self._batched_started:
+    def _compile_later(self, R: int, P: int, S: int) -> None:
+        if (R, P, S) in self._batched_started:
             return
-        self._batched_started.add((R, P))
+        self._batched_started.add((R, P, S))
         shapes = _shapes(self.params), _shapes(self.cache), _shapes(self.logits_BV)  # now, on the loop's thread
         lora = _shapes(self._lora(jnp.zeros(R, jnp.int32)))
+        name = f"prefill of {R} prompts of up to {P} tokens" + (f" over {S} slots" if S > P else "")
 
         def compile_():
-            rows, ids, lengths = np.zeros(R, np.int32), np.zeros((R, P), np.int32), np.ones(R, np.int32)
             try:
-                self._batched[(R, P)] = self._prefill_many.lower(shapes[0], shapes[1], _table_of(R, P),
-                                                                 shapes[2], rows, ids, lengths, lora, R=R,
-                                                                 P=P).compile()
+                self._batched[(R, P, S)] = self._prefill_many.lower(shapes[0], shapes[1], _table_of(R, S), shapes[2],
+                                                                    *_dummies(R, P), lora, R=R, P=P, S=S).compile()
             except Exception as e:  # noqa: BLE001 - those prompts go on being prefilled one by one
-                self.say(f"zoo-serve: the prefill of {R} prompts of up to {P} tokens did not compile "
-                         f"({type(e).__name__}: {e}); they are prefilled one by one")
+                self.say(f"zoo-serve: the {name} did not compile ({type(e).__name__}: {e}); they are prefilled one "
+                         f"by one")
                 return
-            self.say(f"zoo-serve: compiled the prefill of {R} prompts of up to {P} tokens (first use)")
-        threading.Thread(target=compile_, name=f"zoo-compile-prefill-{R}x{P}", daemon=True).start()
+            self.say(f"zoo-serve: compiled the {name} (first use)")
+        threading.Thread(target=compile_, name=f"zoo-compile-prefill-{R}x{P}x{S}", daemon=True).start()
 
     def _prefill_new(self, items: list) -> None:
-        """Prompts admitted into their rows (`items`: (row, prompt), each prefilled whole from position 0): grouped
-        by bucket, R at a time where the program of R is compiled, the rest one by one."""
-        groups: dict[int, list] = {}
-        for row, prompt in items:
-            groups.setdefault(self.bucket(len(prompt)), []).append((row, prompt))
-        for P, group in groups.items():
+        """Prompts admitted into their rows (`items`: (row, prompt, m), each prefilled from position m on, its
+        first m tokens' pages taken from the store): grouped by bucket and slots read, R at a time where the
+        program of R is compiled, the rest one by one."""
+        groups: dict[tuple[int, int], list] = {}
+        for row, prompt, m in items:
+            P = self.bucket(len(prompt) - m)
+            S = P if m == 0 else self._length(m + P) if m + P <= self.max_len else 0  # 0: alone (moved back)
+            groups.setdefault((P, S), []).append((row, prompt, m))
+        for (P, S), group in groups.items():
             while group:
                 R = 1
-                while R * 2 <= min(len(group), self._group_rows(P)):
+                while S and R * 2 <= min(len(group), self._group_rows(P)):
                     R *= 2
                 R = R if R >= FEWEST_ROWS else 1
-                if R > 1 and (R, P) not in self._batched:
-                    self._compile_later(R, P)
-                    R = next((r for r in (R // 2, R // 4) if r >= FEWEST_ROWS and (r, P) in self._batched), 1)
+                if R > 1 and (R, P, S) not in self._batched:
+                    self._compile_later(R, P, S)
+                    R = next((r for r in (R // 2, R // 4) if r >= FEWEST_ROWS and (r, P, S) in self._batched), 1)
                 take, group = group[:R], group[R:]
                 if R == 1:
-                    row, prompt = take[0]
-                    self._prefill_into(row, prompt, 0, len(prompt))
+                    row, prompt, m = take[0]
+                    self._prefill_into(row, prompt, m, len(prompt))
                 else:
-                    self._prefill_batch(take, R, P)
-                for row, prompt in take:
+                    self._prefill_batch(take, R, P, S)
+                for row, prompt, _ in take:
                     self.positions_B[row] = len(prompt)
 
-    def _prefill_batch(self, take: list, R: int, P: int) -> None:
+    def _prefill_batch(self, take: list, R: int, P: int, S: int) -> None:
         ids = np.zeros((R, P), np.int32)
-        for i, (_, prompt) in enumerate(take):
-            ids[i, :len(prompt)] = prompt
-        rows = np.asarray([row for row, _ in take], np.int32)
-        lengths = np.asarray([len(prompt) for _, prompt in take], np.int32)
-        for row, prompt in take:
+        for i, (_, prompt, m) in enumerate(take):
+            ids[i, :len(prompt) - m] = prompt[m:]
+        rows = np.asarray([row for row, _, _ in take], np.int32)
+        lengths = np.asarray([len(prompt) - m for _, prompt, m in take], np.int32)
+        starts = np.asarray([m for _, _, m in take], np.int32)
+        for row, prompt, _ in take:
             self.book.grow(row, len(prompt))
-        self.cache, self.logits_BV = self._batched[(R, P)](self.params, self.cache,
-                                                           self.book.rows_table(rows, pages.pages_for(P)),
-                                                           self.logits_BV, rows, ids, lengths,
-                                                           self._lora(self.row_adapter[rows]))
-        for row, prompt in take:
+        self.cache, self.logits_BV = self._batched[(R, P, S)](self.params, self.cache,
+                                                              self.book.rows_table(rows, pages.pages_for(S)),
+                                                              self.logits_BV, rows, ids, lengths, starts,
+                                                              self._lora(self.row_adapter[rows]))
+        for row, prompt, _ in take:
             self.held[row] = list(prompt)
+            self._store(row)
         self.batched += R

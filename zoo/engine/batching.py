@@ -14,12 +14,12 @@ promised the pages its prompt and max_tokens can fill, and a request the pool ha
 whole decode.
 
 Prefix sharing: every row remembers the tokens whose keys and values its pages hold (its prompt, then each token it
-decoded). A new prompt whose first SHARED_MIN or more tokens a row holds (a chat's shared system prompt, the turns
-before the last one) holds that row's whole pages of them too (by reference: nothing copied, the pages counted) and
-prefills only the rest, from its position on, attending over the shared pages. A row freed keeps its pages until
-another prompt goes into it, or until pages run short and the free rows' prefixes are evicted, least recently used
-first. `prefix_cache=False` (zoo-serve
---no-prefix-cache) prefills every prompt whole.
+decoded), and puts its whole pages of them in the pool's prefix store (zoo.engine.pages: its prompt's once
+prefilled, the rest when it ends). A new prompt whose first SHARED_MIN or more tokens the store holds (a chat's
+shared system prompt, the turns before the last one, a prompt asked again) holds those pages too (by reference:
+nothing copied, the pages counted) and prefills only the rest, from its position on, attending over the shared
+pages. Stored pages no row holds stay until a row needs a page and none is free (the least recently used go
+first). `prefix_cache=False` (zoo-serve --no-prefix-cache) prefills every prompt whole.
 
 Chunked prefill: a prompt with more than `prefill_chunk` tokens left to prefill, admitted while other rows decode,
 is prefilled a piece of `prefill_chunk` tokens at a time, one piece between two decode chunks (each piece from its
@@ -27,9 +27,10 @@ position on, over the pieces before it), so the rows decoding wait one piece for
 decodes once its last piece is in. Admitted with nobody decoding, its pieces are prefilled at once, one after
 another (pieces, not one bucket: a 1,060-token prompt computes 512 + 512 + 64 positions, not 2,048).
 
-Batched prefill: new prompts admitted together, each prefilled whole from position 0, go R at a time into one
-program (zoo.engine.batched_prefill: a burst of short prompts costs half as much; its programs compile in a thread
-of their own the first time, the prompts prefilled one by one meanwhile).
+Batched prefill: new prompts admitted together, each prefilled in one piece (from position 0, or from the end of
+the stored prefix it took), go R at a time into one program (zoo.engine.batched_prefill: a burst of short prompts
+costs half as much; its programs compile in a thread of their own the first time, the prompts prefilled one by
+one meanwhile).
 
 Compiled programs: a prefill per prompt-length bucket up to `prefill_chunk` (powers of two from 16; a prompt's
 first piece attends its own bucket's slots) and one of a whole piece per longer length (a later piece attends the
@@ -80,7 +81,7 @@ from zoo.engine.sequence import Sequence, decode_name, prefill_name
 from zoo.engine.warming import Warming
 
 PREFILL_CHUNK = 512  # a longer prompt admitted while rows decode is prefilled this many tokens between two chunks
-SHARED_MIN = 32  # the fewest prompt tokens a cached row must share with a new prompt to be reused (copy, not compute)
+SHARED_MIN = 32  # the fewest stored prompt tokens worth taking (fewer: the prompt is prefilled whole, with others)
 
 
 class Engine(Scoring, BatchedPrefill, Warming):
@@ -134,10 +135,12 @@ class Engine(Scoring, BatchedPrefill, Warming):
         self._prefill = jax.jit(functools.partial(prefill_row, self.model, self.batch_axis),
                                 static_argnames=("P", "S"), donate_argnums=(1, 3))
         self._prefill_many = jax.jit(functools.partial(programs.prefill_rows, self.model, self.batch_axis),
-                                     static_argnames=("R", "P"), donate_argnums=(1, 3))
+                                     static_argnames=("R", "P", "S"), donate_argnums=(1, 3))
         self._init_batched(prefill_rows)
         self._decode = jax.jit(functools.partial(decode_chunk, self.model, self.vocab, self.batch_axis),
                                static_argnames=("B", "K", "L"), donate_argnums=(1, 3))
+        self._first_tokens = jax.jit(functools.partial(programs.first_tokens, self.vocab))
+        self.forced_B = np.full(slots, -1, np.int32)  # a row's first token, sampled at its prefill; -1: none
         self._compiled: set = set()  # (B, K, L) of the decode programs compiled
         self.say: Callable = lambda line: print(line, file=sys.stderr, flush=True)  # a later compile, said
         self._score = jax.jit(self._score_fn, static_argnames=("top",))
@@ -193,6 +196,7 @@ class Engine(Scoring, BatchedPrefill, Warming):
                     self._wake.wait(0.05)  # idle: wait for work, without spinning
                 continue
             self._fill()
+            self._first()
             if not self.decoding():  # rows still prefilling their prompts, none decoding yet
                 continue
             toks_BK = self._run_chunk()
@@ -206,6 +210,7 @@ class Engine(Scoring, BatchedPrefill, Warming):
         while not self.waiting.empty() or self.deferred or self.active():
             self._admit()
             self._fill()
+            self._first()
             if self.decoding():
                 self._hand_out(self._run_chunk())
 
@@ -224,8 +229,7 @@ class Engine(Scoring, BatchedPrefill, Warming):
 
     def _row_for(self) -> int | None:
         """The free row a new sequence goes into: the lowest (a decode runs the smallest row bucket holding every
-        active row, so one client keeps to one row); None when every row runs. Its cached prefix goes, unless the
-        new prompt shares it (its pages are taken by reference before the row lets go of them)."""
+        active row, so one client keeps to one row); None when every row runs."""
         return next((r for r in range(self.slots) if self.rows[r] is None), None)
 
     def _admit(self) -> None:
@@ -237,15 +241,15 @@ class Engine(Scoring, BatchedPrefill, Warming):
             if seq.cancelled():
                 continue
             busy = self.decoding() > 0  # before this row counts
-            if any(self._common(p, seq.prompt) >= SHARED_MIN for _, p in new):  # it may share theirs: in first
+            m, keep = self.shared(seq.prompt, seq.adapter)
+            more = max(m + pages.PAGE, SHARED_MIN)  # pages it would share beyond the store's, once theirs are in
+            if self.prefix_cache and any(self._common(p, seq.prompt[:-1]) >= more for _, p, _ in new):
                 self._prefill_new(new)
                 new = []
-            m, donor = self.shared(seq.prompt, seq.adapter)
+                m, keep = self.shared(seq.prompt, seq.adapter)
             row = self._row_for()
             tokens = min(len(seq.prompt) + seq.max_tokens, self.max_len)
-            free = [r for r in range(self.slots) if self.rows[r] is None and r != row]
-            if not self.book.take(row, donor, m // pages.PAGE, tokens, free, self.held):
-                self.held[row] = []
+            if not self.book.take(row, keep, tokens):
                 self.deferred.appendleft(seq)  # no room for it until rows finish
                 break
             self.reused += m
@@ -256,8 +260,8 @@ class Engine(Scoring, BatchedPrefill, Warming):
             if busy and len(seq.prompt) - m > self.prefill_chunk:  # rows decode: a piece between two chunks
                 self.filling[row] = m
                 continue
-            if m == 0 and len(seq.prompt) <= self.prefill_chunk:
-                new.append((row, seq.prompt))
+            if len(seq.prompt) - m <= self.prefill_chunk:  # one piece: with the others admitted now
+                new.append((row, seq.prompt, m))
                 continue
             while m < len(seq.prompt):  # nobody waits: every piece now
                 end = min(m + self.prefill_chunk, len(seq.prompt))
@@ -282,6 +286,29 @@ class Engine(Scoring, BatchedPrefill, Warming):
                 del self.filling[row]
                 self.positions_B[row] = len(seq.prompt)
 
+    def _first(self) -> None:
+        """The first token of every row whose prompt is now in (and without a grammar), sampled from its prefill's
+        logits and handed out at once: its client does not wait for the next decode call (which feeds it,
+        `forced_B`). An end of text or a one-token answer is left to that call, which ends the row as usual."""
+        new = [i for i, r in enumerate(self.rows) if r is not None and i not in self.filling and r.generated == 0
+               and not r.sent and self.forced_B[i] < 0 and r.grammar is None and self.positions_B[i] >= 0]
+        if not new:
+            return
+        R = next(b for b in self.row_buckets() if b >= len(new))
+        rows = np.asarray(new + [new[0]] * (R - len(new)), np.int32)
+        seqs = [self.rows[i] for i in rows]
+        toks = np.asarray(self._first_tokens(self.logits_BV, rows, np.stack([s.key for s in seqs]),
+                                             np.asarray([s.temperature for s in seqs], np.float32),
+                                             np.asarray([s.top_k for s in seqs], np.int32),
+                                             np.asarray([s.top_p for s in seqs], np.float32)))
+        for row, tok in zip(new, toks.tolist()):
+            seq, self.forced_B[row] = self.rows[row], tok
+            if tok in self.eos or seq.max_tokens <= 1 or seq.cancelled():
+                continue
+            seq.sent = 1
+            if seq.emit([tok], None):  # a stop string in the first token: the row ends without decoding
+                self._free(row)
+
     def _length(self, n: int) -> int:
         return next(b for b in self.length_buckets() if b >= n)
 
@@ -292,18 +319,18 @@ class Engine(Scoring, BatchedPrefill, Warming):
         same = np.asarray(a[:n], np.int32) == np.asarray(b[:n], np.int32)
         return n if same.all() else int(np.argmin(same))
 
-    def shared(self, prompt: list[int], adapter: int = 0) -> tuple[int, int]:
-        """(n, row): the most leading tokens of `prompt` whose keys and values a row's whole pages hold (at most
-        all but its last, whose logits the prefill gives; a multiple of the page) under the same adapter, and that
-        row; (0, -1) below SHARED_MIN or with the cache off."""
-        if not self.prefix_cache:
-            return 0, -1
-        best, at = 0, -1
-        for row, held in enumerate(self.held):
-            if self.row_adapter[row] == adapter and min(len(held), len(prompt) - 1) >= best + pages.PAGE and \
-                    (k := self._common(held, prompt[:-1]) // pages.PAGE * pages.PAGE) > best:
-                best, at = k, row
-        return (best, at) if best >= SHARED_MIN else (0, -1)
+    def shared(self, prompt: list[int], adapter: int = 0) -> tuple[int, list[int]]:
+        """(n, pages): the most leading tokens of `prompt` whose keys and values the prefix store holds in whole
+        pages (at most all but its last, whose logits the prefill gives) under the same adapter, and those pages;
+        (0, []) below SHARED_MIN or with the cache off."""
+        keep = self.book.lookup(prompt[:-1], adapter) if self.prefix_cache else []
+        n = len(keep) * pages.PAGE
+        return (n, keep) if n >= SHARED_MIN else (0, [])
+
+    def _store(self, row: int) -> None:
+        """Row `row`'s whole pages of what it holds into the prefix store (with the cache on)."""
+        if self.prefix_cache:
+            self.book.store(row, self.held[row], int(self.row_adapter[row]))
 
     def _prefill_into(self, row: int, prompt: list[int], m: int, end: int) -> None:
         """prompt[m:end] into `row` from position m on, its slots before m holding prompt[:m] already (a shared
@@ -324,6 +351,7 @@ class Engine(Scoring, BatchedPrefill, Warming):
                                                    adapters=self._lora(self.row_adapter[row:row + 1]), P=P, S=S,
                                                    own_from=np.int32(own))
         self.held[row] = list(prompt[:end])
+        self._store(row)
 
     def _run_chunk(self, B: int | None = None, K: int | None = None, L: int | None = None) -> np.ndarray:
         """One decode call of K steps (the program of a whole chunk, told to stop after K: one program per rows and
@@ -333,7 +361,8 @@ class Engine(Scoring, BatchedPrefill, Warming):
         live = [i for i, r in enumerate(self.rows) if r is not None and i not in self.filling]
         B = B or next(b for b in self.row_buckets() if b > max(live, default=0))
         guided = [i for i in live if i < B and self.rows[i].grammar is not None]
-        K = K or (1 if guided or any(self.rows[i].generated == 0 or self.rows[i].stream for i in live) else self.chunk)
+        K = K or (1 if guided or any((self.rows[i].generated == 0 and not self.rows[i].sent) or self.rows[i].stream
+                                     for i in live) else self.chunk)
         if L is None:
             reach = max((int(self.positions_B[i]) + K for i in live if i < B), default=1)
             L = next((b for b in self.length_buckets() if b >= reach), self.max_len)
@@ -357,8 +386,10 @@ class Engine(Scoring, BatchedPrefill, Warming):
                                                            self.logits_BV,
                                                            jnp.asarray(self.positions_B[:B]), temp, topk, topp,
                                                            jnp.asarray(keys), steps, mask, np.int32(K),
-                                                           adapters=self._lora(self.row_adapter[:B]), B=B,
+                                                           adapters=self._lora(self.row_adapter[:B]),
+                                                           forced_B=self.forced_B[:B].copy(), B=B,
                                                            K=max(K, self.chunk), L=L)
+        self.forced_B[:B] = -1  # fed at its first step
         self.batches += 1
         return np.asarray(toks_BK)[:, :K]
 
@@ -387,11 +418,15 @@ class Engine(Scoring, BatchedPrefill, Warming):
                     break
             self.positions_B[row] += len(ids)
             self.held[row] += ids  # fed back: their keys and values are in the row's slots
-            stop = seq.emit(ids, finish)
+            skip, seq.sent = seq.sent, 0  # the first token went out already (`_first`)
+            stop = seq.emit(ids[skip:], finish) if ids[skip:] or finish is not None else False
             if finish is not None or stop:
                 self._free(row)
 
     def _free(self, row: int) -> None:
+        self.forced_B[row] = -1
+        self._store(row)  # the tokens it decoded too: a next turn's prompt starts with them
         self.rows[row], self.positions_B[row] = None, -1
         self.filling.pop(row, None)
         self.book.done(row)
+        self.held[row] = []

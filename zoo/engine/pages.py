@@ -5,25 +5,28 @@ row naming the pages that hold its positions, PAGE at a time.
 - **Memory is pages, not rows x window.** The pool holds `pages` pages whatever the rows and their window: a row
   takes pages as its positions reach them. A row admitted is promised the pages its prompt and `max_tokens` can
   fill (at most the window), so it never runs out mid-answer; a prompt that finds no room waits in the queue
-  until rows finish (or the prefixes cached by free rows are evicted, least recently used first).
-- **Prefixes are shared, not copied.** A prompt whose leading tokens a row holds takes that row's whole pages of
-  them by reference (a count per page): a chat's system prompt is held once however many rows use it. Only whole
-  pages are shared, and a row only writes at its own position on, past the shared pages, so a shared page is
-  never written; the part of the prefix in a partial page is prefilled again (fewer than PAGE tokens).
-- **A free row keeps its pages** (its prefix, for the next prompt that shares it) until it takes another prompt
-  or is evicted to make room.
+  until rows finish (or idle stored pages are taken back, least recently used first).
+- **Prefixes are shared, not copied.** Every whole page a row has filled (its prompt once prefilled, the tokens
+  it decoded once it ends) goes into a prefix store, a trie of pages keyed by their tokens: a prompt whose leading
+  tokens the store holds takes those pages by reference (a count per page), so a chat's system prompt, or a
+  prompt asked again, is held and prefilled once however many rows use it. Only whole pages are shared, and a row
+  only writes at its own position on, past the shared pages, so a shared page is never written; the part of the
+  prefix in a partial page is prefilled again (fewer than PAGE tokens).
+- **An ended row's stored pages stay** in the store, idle, until a row needs a page and no page is free: then
+  the least recently used idle page is taken back (vLLM's automatic prefix caching).
 - Page 0 is scratch: a table entry no page was taken for points there, so a step's writes past a row's pages
   (the rest of a chunk after its end, a free row's nothing) land where nobody reads.
 
-The programs (zoo.engine.programs) gather a call's rows' pages into the dense `[B, S, KV heads, head dim]` view
-zoo.nn.attention reads and writes (the same as the rows' first S slots of a dense cache), and scatter back only
-the pages the call wrote: a decode chunk's K steps touch ceil(K / PAGE) + 1 pages a row, not its S slots.
+A decode chunk (zoo.engine.programs.decode_chunk) reads and writes the pool in place (zoo.nn.paged_cache: each
+layer writes its new token into its page and gathers its rows' pages where its attention reads them). A prefill
+gathers its row's pages into the dense `[B, S, KV heads, head dim]` view zoo.nn.attention's prompt path reads
+and writes (the same as the row's first S slots of a dense cache), and scatters back only the pages it wrote.
 """
 
 from __future__ import annotations
 
+import collections
 import math
-import time
 
 import jax
 import jax.numpy as jnp
@@ -85,8 +88,12 @@ def pages_for(n: int) -> int:
 
 
 class Pages:
-    """The host's book of the pool: free pages, each page's count of rows holding it, each row's pages (its table)
-    and the pages promised to running rows. Every call is made on the engine's thread."""
+    """The host's book of the pool: free pages, each page's count of rows holding it, each row's pages (its table),
+    the pages promised to running rows, and the prefix store: a trie of whole pages of tokens (each page keyed by
+    the node of the page before it, the adapter and its PAGE tokens: exact, no hash to collide) naming the page
+    that holds their keys and values. A page in the store that no row holds is idle: kept for the next prompt that
+    starts with its tokens, and taken back, least recently used first, when a row needs a page and none is free
+    (vLLM's automatic prefix caching). Every call is made on the engine's thread."""
 
     def __init__(self, rows: int, max_len: int, pages: int):
         if (pages - 1) * PAGE < max_len:
@@ -98,46 +105,96 @@ class Pages:
         self.refs = np.zeros(pages, np.int32)
         self.owned: list[list[int]] = [[] for _ in range(rows)]
         self.promised = [0] * rows  # pages a running row may still take
-        self.last_used = [0.0] * rows
         self.table = np.zeros((rows, self.width), np.int32)
-        self.evicted = 0  # free rows' cached prefixes dropped to make room
+        self.nodes: dict[tuple, int] = {}  # (node of the page before, 0 at the start; adapter; tokens) -> page
+        self.node_of: dict[int, tuple[int, tuple]] = {}  # a stored page -> (its node number, its key)
+        self.idle: collections.OrderedDict = collections.OrderedDict()  # stored pages no row holds, oldest first
+        self._serial = 0
+        self.evicted = 0  # idle stored pages taken back for rows to write
 
     def in_use(self) -> int:
+        """Pages held by rows or kept in the prefix store."""
         return self.pages - 1 - len(self.free)
 
+    def held(self) -> int:
+        """Pages held by rows (running, or prefilling)."""
+        return self.in_use() - len(self.idle)
+
     def room(self) -> int:
-        return len(self.free) - sum(self.promised)
+        """Pages a new sequence may be promised: the free ones and the idle stored ones, less those promised."""
+        return len(self.free) + len(self.idle) - sum(self.promised)
+
+    def lookup(self, tokens: list[int], adapter: int = 0) -> list[int]:
+        """The stored pages holding the most whole leading pages of `tokens` (computed under `adapter`)."""
+        out, node = [], 0
+        for j in range(len(tokens) // PAGE):
+            p = self.nodes.get((node, adapter, tuple(tokens[j * PAGE:(j + 1) * PAGE])))
+            if p is None:
+                break
+            out.append(p)
+            node = self.node_of[p][0]
+        return out
+
+    def store(self, row: int, tokens: list[int], adapter: int = 0) -> None:
+        """Row `row`'s whole pages of `tokens` (what its first positions hold) into the prefix store; a page whose
+        tokens another page holds already stays the row's alone."""
+        node = 0
+        for j in range(min(len(tokens) // PAGE, len(self.owned[row]))):
+            p, key = self.owned[row][j], (node, adapter, tuple(tokens[j * PAGE:(j + 1) * PAGE]))
+            q = self.nodes.get(key)
+            if q is None and p not in self.node_of:
+                self._serial += 1
+                self.nodes[key], self.node_of[p], q = p, (self._serial, key), p
+            elif q is None:  # held under another key (cannot happen for one row's own tokens): stop here
+                return
+            node = self.node_of[q][0]
+
+    def forget(self, adapter: int) -> None:
+        """Drop the stored pages computed under `adapter` (its slot now holds another, or none)."""
+        for p in [p for p, (_, key) in self.node_of.items() if key[1] == adapter]:
+            self._unstore(p)
+            if p in self.idle:
+                del self.idle[p]
+                self.free.append(p)
+
+    def _unstore(self, p: int) -> None:
+        _, key = self.node_of.pop(p)
+        del self.nodes[key]
 
     def _release(self, row: int) -> None:
-        for p in self.owned[row]:
+        for p in reversed(self.owned[row]):  # last to first: a stored sequence's tail goes idle (and back) first,
+            # so what is taken back leaves its prefix reachable (as vLLM frees a request's blocks)
             self.refs[p] -= 1
             if self.refs[p] == 0:
-                self.free.append(p)
+                if p in self.node_of:
+                    self.idle[p] = None  # the most recently used
+                else:
+                    self.free.append(p)
         self.owned[row] = []
         self.table[row] = 0
 
-    def take(self, row: int, donor: int, shared: int, tokens: int, evictable, held: list) -> bool:
-        """Row `row` starts a sequence of at most `tokens` tokens whose first `shared` pages are `donor`'s (-1:
-        none): it holds those, lets go of its own, and is promised the rest, evicting the cached prefixes of free
-        rows (`evictable`: those rows, least recently used first; `held[r]` emptied for each) while the pool is
-        short. False, holding nothing, when even then there is no room (the sequence waits)."""
-        keep = list(self.owned[donor][:shared]) if donor >= 0 else []
-        for p in keep:
-            self.refs[p] += 1
+    def _new_page(self) -> int:
+        """A page for a row to write: a free one, else the least recently used idle stored one."""
+        if self.free:
+            return self.free.pop()
+        p, _ = self.idle.popitem(last=False)
+        self._unstore(p)  # pages stored after it keep their keys, unreachable now, and go idle in their turn
+        self.evicted += 1
+        return p
+
+    def take(self, row: int, keep: list[int], tokens: int) -> bool:
+        """Row `row` starts a sequence of at most `tokens` tokens whose first pages are `keep` (stored pages, from
+        `lookup`): it holds those and is promised the rest. False, holding nothing, when the free and idle pages
+        are too few (the sequence waits)."""
         self._release(row)
+        for p in keep:
+            self.idle.pop(p, None)
+            self.refs[p] += 1
+        self.owned[row] = list(keep)
         need = pages_for(tokens) - len(keep)
-        for r in sorted(evictable, key=lambda r: self.last_used[r]):
-            if self.room() >= need:
-                break
-            if r != row and self.owned[r]:
-                self._release(r)
-                held[r] = []
-                self.evicted += 1
         if self.room() < need:
-            self.owned[row] = keep
             self._release(row)
             return False
-        self.owned[row] = keep
         self.table[row, :len(keep)] = keep
         self.promised[row] = need
         return True
@@ -147,16 +204,17 @@ class Pages:
         scratch page)."""
         want = min(pages_for(tokens), self.width)
         while len(self.owned[row]) < want and self.promised[row] > 0:
-            p = self.free.pop()
+            p = self._new_page()
             self.refs[p] = 1
             self.table[row, len(self.owned[row])] = p
             self.owned[row].append(p)
             self.promised[row] -= 1
 
     def done(self, row: int) -> None:
-        """Row `row`'s sequence ended: its pages stay (a prefix for the next prompt), its promise goes."""
+        """Row `row`'s sequence ended: its pages go (those in the prefix store stay there, idle), its promise
+        too."""
         self.promised[row] = 0
-        self.last_used[row] = time.monotonic()
+        self._release(row)
 
     def rows_table(self, rows, N: int) -> np.ndarray:
         """The table's first N pages of these rows (a slice or a list of rows), a copy: the call it goes to may

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from zoo.engine import pages
-from zoo.nn import multi_lora
+from zoo.nn import multi_lora, paged_cache
 
 
 def _apply(model, adapters, variables, ids_BT, **kw):
@@ -81,39 +81,51 @@ def prefill_row(model, ax: int, params, cache, table_1N, logits_BV, row, ids_1P,
     sub = pages.gather(cache, table_1N, ax)
     pos_1P = jnp.where(jnp.arange(P) < length, start + jnp.arange(P), -1)[None]
     out, upd = _apply(model, adapters, {"params": params, "cache": sub}, ids_1P, decode=True, positions_BT=pos_1P,
-                      mutable=["cache"])
+                      logits_at_B=jnp.reshape(length - 1, (1,)), mutable=["cache"])
     own_from = start if own_from is None else own_from
     cache = pages.scatter(cache, upd["cache"], table_1N, (own_from // pages.PAGE)[None], pages.pages_for(P) + 1, ax)
-    last_V = out[0, length - 1, :].astype(jnp.float32)
+    last_V = out[0, 0, :].astype(jnp.float32)
     return cache, logits_BV.at[row].set(last_V)
 
 
-def prefill_rows(model, ax: int, params, cache, table_RN, logits_BV, rows_R, ids_RP, lengths_R, adapters=None, *,
-                 R: int, P: int):
-    """R prompts at once, each from position 0 into its own pages (table_RN: each one's first ceil(P / PAGE); a
-    padding prompt's all the scratch page), ids_RP right-padded to the bucket P, lengths_R their real lengths;
-    each one's last real token's logits into logits_BV at its row (rows_R; a row index past the cache's rows is
-    padding, written nowhere). A prompt from position 0 attends only to its own first P slots, so the rows start
-    from zeros instead of reading the pool: one program over R rows, its products R x P rows deep (a short
-    prompt's prefill alone is a product of a few dozen rows, which XLA:CPU runs at a fraction of its rate). Each
-    row's keys and values equal `prefill_row`'s."""
+def prefill_rows(model, ax: int, params, cache, table_RN, logits_BV, rows_R, ids_RP, lengths_R, starts_R,
+                 adapters=None, *, R: int, P: int, S: int):
+    """R prompts at once, each from its position starts_R on into its own pages (table_RN: each one's first
+    ceil(S / PAGE); a padding prompt's all the scratch page), ids_RP right-padded to the bucket P, lengths_R their
+    real lengths; each one's last real token's logits into logits_BV at its row (rows_R; a row index past the
+    cache's rows is padding, written nowhere). S == P: every prompt from position 0, attending only to its own
+    first P slots, so the rows start from zeros instead of reading the pool; else each reads its first S slots
+    (S >= start + P: the stored prefix it took before its start) and writes back the pages from its start on. One
+    program over R rows, its products R x P rows deep (a short prompt's prefill alone is a product of a few dozen
+    rows, which XLA:CPU runs at a fraction of its rate). Each row's keys and values equal `prefill_row`'s."""
     N = table_RN.shape[1]
 
     def fresh(c):
         if c.ndim <= ax:
             return c
         return jnp.zeros(c.shape[:ax] + (R, N * pages.PAGE) + c.shape[ax + 2:], c.dtype)
-    sub = jax.tree.map(fresh, cache)
-    pos_RP = jnp.where(jnp.arange(P)[None, :] < lengths_R[:, None], jnp.arange(P)[None, :], -1)
+    sub = jax.tree.map(fresh, cache) if S == P else pages.gather(cache, table_RN, ax)
+    pos_RP = jnp.where(jnp.arange(P)[None, :] < lengths_R[:, None], starts_R[:, None] + jnp.arange(P)[None, :], -1)
     out, upd = _apply(model, adapters, {"params": params, "cache": sub}, ids_RP, decode=True, positions_BT=pos_RP,
-                      mutable=["cache"])
-    cache = pages.scatter(cache, upd["cache"], table_RN, jnp.zeros(R, jnp.int32), N, ax)
-    last_RV = jnp.take_along_axis(out, (lengths_R - 1)[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+                      logits_at_B=jnp.maximum(lengths_R - 1, 0), mutable=["cache"])
+    first_R, W = (jnp.zeros(R, jnp.int32), N) if S == P else (starts_R // pages.PAGE, pages.pages_for(P) + 1)
+    cache = pages.scatter(cache, upd["cache"], table_RN, first_R, W, ax)
+    last_RV = out[:, 0].astype(jnp.float32)
     return cache, logits_BV.at[rows_R].set(last_RV, mode="drop")
 
 
+def first_tokens(vocab: int, logits_BV, rows_R, keys_R2, temp_R, topk_R, topp_R):
+    """The first token of each new row (rows_R: rows whose prompts are in), sampled from its prefill's logits as
+    decode_chunk's first step samples (its key at step 0, its temperature, top-k and top-p; no grammar), so it goes
+    out before the next decode call; that call feeds it (decode_chunk's `forced_B`)."""
+    R = rows_R.shape[0]
+    keys = jax.vmap(jax.random.fold_in)(keys_R2, jnp.zeros(R, jnp.int32))
+    mask_RW = jnp.full((R, -(-vocab // 32)), -1, jnp.int32)
+    return _sample(logits_BV[rows_R][:, :vocab], keys, temp_R, topk_R, topp_R, mask_RW)
+
+
 def decode_chunk(model, vocab: int, ax: int, params, cache, table_BN, logits_BV, positions_B, temp_B, topk_B, topp_B,
-                 keys_B2, steps_B, mask_BW, n=None, adapters=None, *, B: int, K: int, L: int):
+                 keys_B2, steps_B, mask_BW, n=None, adapters=None, forced_B=None, *, B: int, K: int, L: int):
     """n steps (at most K; None: K) of the first B rows (a bucket holding every active row): sample from each row's
     logits, feed the token back at its position. One program runs a chunk or a single step (a new row's first
     token, a streaming row): n is traced, K is not. The rows' first L slots (a length bucket holding every
@@ -124,21 +136,21 @@ def decode_chunk(model, vocab: int, ax: int, params, cache, table_BN, logits_BV,
     ids sampled from (a model may pad its output). mask_BW: each row's allowed tokens (zoo.infer.grammar's bitmask,
     all -1 for a row without a grammar), applied at every step: a batch with a grammar row runs one step (n = 1), its
     matcher advanced on the host before the next. `adapters` (every program's): None, or (tables, index_B) giving
-    each row its LoRA adapter (zoo.nn.multi_lora)."""
-    pool, full_logits = cache, logits_BV
-    cache = pages.gather(pool, table_BN, ax)
-    logits_BV = logits_BV[:B]
+    each row its LoRA adapter (zoo.nn.multi_lora). `forced_B`: each row's first token where it was sampled already
+    (`first_tokens`; -1: sample it here), fed at the first step in place of sampling it."""
+    full_logits, logits_BV = logits_BV, logits_BV[:B]
 
     def step(i, carry):
-        cache, logits_BV, pos_B, toks_KB = carry
+        pool, logits_BV, pos_B, toks_KB = carry
         keys = jax.vmap(jax.random.fold_in)(keys_B2, steps_B + i)
         tok_B = _sample(logits_BV[:, :vocab], keys, temp_B, topk_B, topp_B, mask_BW)
-        out, upd = _apply(model, adapters, {"params": params, "cache": cache}, tok_B[:, None], decode=True,
-                          positions_BT=pos_B[:, None], mutable=["cache"])
+        if forced_B is not None:
+            tok_B = jnp.where((i == 0) & (forced_B >= 0), forced_B, tok_B)
+        with paged_cache.paged(table_BN):  # each layer writes its token into its page and reads the rows' pages
+            out, upd = _apply(model, adapters, {"params": params, "cache": pool}, tok_B[:, None], decode=True,
+                              positions_BT=pos_B[:, None], mutable=["cache"])
         return (upd["cache"], out[:, -1, :].astype(jnp.float32), jnp.where(pos_B >= 0, pos_B + 1, -1),
                 toks_KB.at[i].set(tok_B))
     init = (cache, logits_BV, positions_B, jnp.zeros((K, B), jnp.int32))
     cache, logits_BV, _, toks_KB = jax.lax.fori_loop(0, K if n is None else jnp.minimum(n, K), step, init)
-    first_B = jnp.where(positions_B >= 0, positions_B // pages.PAGE, -1)  # the pages the steps wrote, from here
-    pool = pages.scatter(pool, cache, table_BN, first_B, pages.pages_for(K) + 1, ax)
-    return pool, full_logits.at[:B].set(logits_BV), toks_KB.T
+    return cache, full_logits.at[:B].set(logits_BV), toks_KB.T

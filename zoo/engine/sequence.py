@@ -27,6 +27,7 @@ class Sequence:
     grammar: object = None  # a zoo.infer.grammar.Matcher: its tokens keep to a JSON schema (one step a chunk)
     adapter: int = 0  # the slot of the LoRA adapter its rows run (zoo.engine.adapters; 0: the base alone)
     generated: int = 0
+    sent: int = 0  # 1: its first token went out as its prompt was prefilled (Engine._first), before its decode
     enqueued: float = dataclasses.field(default_factory=time.perf_counter)
 
 

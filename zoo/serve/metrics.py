@@ -61,11 +61,13 @@ class Metrics:
               ).set_function(lambda: slots_in_use(engine))
         Gauge("zoo_kv_cache_slots", "KV cache slots in all (its pages x the page's tokens; --kv-cache-tokens)",
               registry=r).set_function(lambda: (engine.book.pages - 1) * PAGE)
-        Gauge("zoo_kv_cache_pages_in_use", "KV cache pages held: by running completions, and the prefixes free rows "
-              "keep for the prompts that share them (evicted when pages run short)", registry=r).set_function(
-            lambda: engine.book.in_use())
-        Gauge("zoo_kv_cache_usage_perc", "The share of the KV cache's pages held (vLLM's kv_cache_usage_perc)",
-              registry=r).set_function(lambda: engine.book.in_use() / (engine.book.pages - 1))
+        Gauge("zoo_kv_cache_pages_in_use", "KV cache pages held by running completions", registry=r).set_function(
+            lambda: engine.book.held())
+        Gauge("zoo_kv_cache_pages_stored", "KV cache pages no completion holds, kept in the prefix store for the "
+              "prompts that start with their tokens (taken back when pages run short)", registry=r).set_function(
+            lambda: len(engine.book.idle))
+        Gauge("zoo_kv_cache_usage_perc", "The share of the KV cache's pages held by running completions (vLLM's "
+              "kv_cache_usage_perc)", registry=r).set_function(lambda: engine.book.held() / (engine.book.pages - 1))
         Gauge("zoo_kv_cache_rows_in_use", "Rows (of --slots) decoding or prefilling a completion", registry=r
               ).set_function(engine.active)
 
