@@ -333,3 +333,20 @@ def test_a_rows_first_token_goes_out_at_its_prefill_and_the_answer_is_the_one_de
     assert first == [want[:1]] and greedy == want and batches == 3  # 9 steps (the first feeds the token sent)
     early, late = answer(0.8), answer(0.8, early=False)
     assert len(early[0]) == 1 and late[0] == [] and early[1] == late[1] and len(late[1]) == 9
+
+
+def test_the_batched_prefills_after_a_stored_prefix_compile_in_threads_and_are_listed_meanwhile(lm):
+    """compile_stored_later (zoo-serve, once it serves): the batched prefills of 16-token pieces after a stored
+    prefix, 4 and 8 rows over the first length bucket, compile in threads; `compiling` (zoo-serve's /health) names
+    them until each is in, then is empty. With the prefix cache off there is nothing to compile."""
+    engine = Engine(lm, slots=8, max_len=256, chunk=4)
+    engine.compile_stored_later()
+    assert engine.compiling == {f"prefill of {R} prompts of up to 16 tokens over 128 slots" for R in (4, 8)}
+    for _ in range(1200):
+        if not engine.compiling:
+            break
+        threading.Event().wait(0.1)
+    assert not engine.compiling and {(4, 16, 128), (8, 16, 128)} <= set(engine._batched)
+    off = Engine(lm, slots=8, max_len=256, prefix_cache=False)
+    off.compile_stored_later()
+    assert not off.compiling and not off._batched_started

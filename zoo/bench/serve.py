@@ -139,6 +139,11 @@ def warm(url: str, clients: int, max_tokens: int, system: str) -> None:
         th.start()
     for th in threads:
         th.join()
+    import httpx
+    for _ in range(600):  # zoo-serve's programs compiling in threads (its /health lists them): in before measuring
+        if not httpx.get(url + "/health", timeout=10).json().get("compiling"):
+            break
+        time.sleep(1)
 
 
 PEER = '''

@@ -148,6 +148,7 @@ def main(argv=None) -> int:
           f"{(engine.book.pages - 1) * pages.PAGE} tokens in pages of {pages.PAGE}; "
           f"{engine.programs()} programs compiled in {seconds:.1f} s); Ctrl-C stops", flush=True)
     engine.start()
+    engine.compile_stored_later()  # in threads, while it serves (its /health lists them until they are in)
     app = create_app(engine, model_id=model_id, api_key=a.api_key, max_request_bytes=a.max_request_bytes,
                      max_prompts=a.max_prompts, log_requests=a.log_requests)
     try:

@@ -49,6 +49,7 @@ class BatchedPrefill:
         self.prefill_rows = prefill_rows
         self._batched: dict = {}  # (R, P, S) -> its compiled prefill_rows program, once compiled
         self._batched_started: set = set()  # (R, P, S) compiles begun
+        self.compiling: set = set()  # the names of the programs compiling in a thread now (zoo-serve's /health)
         self.batched = 0  # prompts prefilled in a batch of two or more
 
     def _group_rows(self, P: int) -> int:
@@ -82,8 +83,21 @@ class BatchedPrefill:
                 self.say(f"zoo-serve: the {name} did not compile ({type(e).__name__}: {e}); they are prefilled one "
                          f"by one")
                 return
+            finally:
+                self.compiling.discard(name)
             self.say(f"zoo-serve: compiled the {name} (first use)")
+        self.compiling.add(name)
         threading.Thread(target=compile_, name=f"zoo-compile-prefill-{R}x{P}x{S}", daemon=True).start()
+
+    def compile_stored_later(self) -> None:
+        """Begin compiling, each in a thread, the batched prefills of the pieces after a stored prefix that a
+        server's steady traffic runs (prompts asked again, a shared system prompt of up to 112 tokens: pieces of up
+        to 16 tokens over the first length bucket); the server answers meanwhile, those prompts prefilled one by
+        one until their program is in."""
+        S, R = self.length_buckets()[0], FEWEST_ROWS
+        while self.prefix_cache and R <= min(self.prefill_rows, self.slots) and S > 16:
+            self._compile_later(R, 16, S)
+            R *= 2
 
     def _prefill_new(self, items: list) -> None:
         """Prompts admitted into their rows (`items`: (row, prompt, m), each prefilled from position m on, its

@@ -38,7 +38,9 @@ slots before it and its own), and a decode for each number of rows (powers of tw
 holding every active row runs, so one client pays for one row) and length (the rows' first L slots, L a length
 bucket holding every position the steps write, zoo.engine.warming: a step reads the keys and values its rows hold,
 not the window). A decode program runs a chunk of steps or stops after one (its step count is traced): one
-step right after an admission or while a row's client streams, so each token goes out as it is sampled. The
+step while a row's client streams, so each token goes out as it is sampled. A new row's first token is sampled
+from its prefill's logits as soon as its prompt is in and goes out at once (`_first`), not after the next decode
+call, which feeds it. The
 layers run one after another (Engine's `scan_layers`). `warm()` compiles the prefills and the decodes of the first
 two lengths before the first request, saying each; a longer length compiles when a row first reaches it (said on
 stderr; jax's persistent compilation cache, which zoo's commands turn on, keeps every program for the next start).
@@ -356,8 +358,8 @@ class Engine(Scoring, BatchedPrefill, Warming):
     def _run_chunk(self, B: int | None = None, K: int | None = None, L: int | None = None) -> np.ndarray:
         """One decode call of K steps (the program of a whole chunk, told to stop after K: one program per rows and
         length, not per K). By default over the smallest row bucket holding every active row, one step when a row
-        has just been admitted (its first token streams at once) or streams, else a chunk, over the smallest length
-        bucket holding every position the steps write."""
+        streams or has just been admitted without its first token sent (a grammar's row), else a chunk, over the
+        smallest length bucket holding every position the steps write."""
         live = [i for i, r in enumerate(self.rows) if r is not None and i not in self.filling]
         B = B or next(b for b in self.row_buckets() if b > max(live, default=0))
         guided = [i for i in live if i < B and self.rows[i].grammar is not None]

@@ -78,4 +78,7 @@ class Warming:
                 self._run_chunk(*shape)
             if kind == "decode":
                 self._compiled.add(tuple(shape))
+        for R in self.row_buckets():  # the first tokens' sampling (Engine._first): a small program per row bucket
+            np.asarray(self._first_tokens(self.logits_BV, np.zeros(R, np.int32), np.zeros((R, 2), np.uint32),
+                                          np.zeros(R, np.float32), np.zeros(R, np.int32), np.ones(R, np.float32)))
         return time.perf_counter() - t

@@ -107,7 +107,8 @@ def create_app(engine, *, model_id: str, api_key: str | None = None, max_request
         return {"status": "ok" if not stopping else "stopping", "model": model_id,
                 "slots": engine.slots, "active": engine.active(),
                 "waiting": engine.waiting.qsize() + len(engine.deferred),
-                "chunks": engine.batches, "sequences": engine.admitted, "scored": engine.scored}
+                "chunks": engine.batches, "sequences": engine.admitted, "scored": engine.scored,
+                "compiling": sorted(engine.compiling)}
 
     def too_large(size: int, at_least: bool = False) -> ApiError:
         return ApiError(413, f"the request body is {'over ' if at_least else ''}{size:,} bytes; this server takes at "
