@@ -141,7 +141,8 @@ def warm(url: str, clients: int, max_tokens: int, system: str) -> None:
         th.join()
     import httpx
     for _ in range(600):  # zoo-serve's programs compiling in threads (its /health lists them): in before measuring
-        if not httpx.get(url + "/health", timeout=10).json().get("compiling"):
+        r = httpx.get(url + "/health", timeout=10)
+        if not r.headers.get("content-type", "").startswith("application/json") or not r.json().get("compiling"):
             break
         time.sleep(1)
 

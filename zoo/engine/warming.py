@@ -43,15 +43,19 @@ class Warming:
 
     def warm_plan(self) -> list[tuple]:
         """What `warm` compiles: ("prefill", P, S) per prompt bucket up to `prefill_chunk` (P = S: a prompt's first
-        piece) and the pieces after it (P the last of those buckets, S each longer length), then ("decode", B, K, L)
-        for each row bucket (one program runs a chunk or a single step: a new row's first token, a streaming row),
+        piece) and the pieces after it (P the last of those buckets, S each longer length), the piece of up to 16
+        tokens after a stored prefix over the first length bucket (a prompt asked again, a short shared system
+        prompt; with the prefix cache on), then ("decode", B, K, L) for each row bucket (one program runs a chunk
+        or a single step: a streaming row),
         at the first WARM_LENGTHS length buckets (the lengths a chat's requests reach); a longer length compiles
         when a row first reaches it, said on the log."""
         lengths = self.length_buckets()[:WARM_LENGTHS]
         steps = [self.chunk]
         first = [P for P in self.buckets() if P <= self.prefill_chunk] or self.buckets()[:1]
         later = [S for S in self.length_buckets() if S > first[-1]]  # a long prompt's later pieces
-        return ([("prefill", P, P) for P in first] + [("prefill", first[-1], S) for S in later]
+        stored = [("prefill", 16, lengths[0])] if self.prefix_cache and lengths[0] > 16 and \
+            ("prefill", 16, lengths[0]) not in [("prefill", first[-1], S) for S in later] else []
+        return ([("prefill", P, P) for P in first] + [("prefill", first[-1], S) for S in later] + stored
                 + [("decode", B, K, L) for L in lengths for B in self.row_buckets() for K in steps])
 
     def programs(self) -> int:
