@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from zoo.engine import pages
+from zoo.infer.grammar import words
 from zoo.nn import multi_lora, paged_cache
 
 
@@ -120,7 +121,7 @@ def first_tokens(vocab: int, logits_BV, rows_R, keys_R2, temp_R, topk_R, topp_R)
     out before the next decode call; that call feeds it (decode_chunk's `forced_B`)."""
     R = rows_R.shape[0]
     keys = jax.vmap(jax.random.fold_in)(keys_R2, jnp.zeros(R, jnp.int32))
-    mask_RW = jnp.full((R, -(-vocab // 32)), -1, jnp.int32)
+    mask_RW = jnp.full((R, words(vocab)), -1, jnp.int32)  # no grammar: every token allowed
     return _sample(logits_BV[rows_R][:, :vocab], keys, temp_R, topk_R, topp_R, mask_RW)
 
 
