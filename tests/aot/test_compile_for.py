@@ -136,7 +136,7 @@ def test_generation_compiles_with_its_kv_cache_over_the_chips(capsys):
 
 def test_zoo_serves_engine_compiles_its_decode_chunk_and_prefill(capsys):
     """zoo-serve SOURCE --compile-for: the engine's own two programs (zoo.engine.programs.decode_chunk over every slot
-    and the whole cache, prefill_row of the longest prompt), with the cache the slots and --max-len make."""
+    and the whole cache, the prefill of the longest prompt), with the cache the slots and --max-len make."""
     from zoo.cli import serve
     args = ["llama_tiny", "--compile-for", "v5e:2x2", "--slots", "4", "--max-len", "32", "--chunk", "2"]
     assert serve.main(args + ["--json"]) == 0

@@ -27,3 +27,16 @@ def decode_all(engine, seqs, timeout: float = 300):
     finally:
         engine.stop()
     return got, finish
+
+
+def on_prefill(engine, record) -> None:
+    """Call record(start, P, S) at each call of the engine's jitted prefill (its first prompt's start position,
+    the bucket P, the slots S it reads); the programs compiled apart (a batched prefill's) are not seen."""
+    from zoo.engine.pages import PAGE
+    prefill = engine._prefill
+
+    def spy(params, cache, table, logits, rows, ids, lengths, starts, *rest):
+        record(int(starts[0]), ids.shape[1], table.shape[1] * PAGE)
+        return prefill(params, cache, table, logits, rows, ids, lengths, starts, *rest)
+    spy.lower = prefill.lower  # the batched prefills compile from it
+    engine._prefill = spy

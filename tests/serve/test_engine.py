@@ -10,7 +10,7 @@ import pytest
 
 import zoo
 from zoo.errors import ArgumentError
-from tests.helpers.engine_runs import decode_all
+from tests.helpers.engine_runs import decode_all, on_prefill
 from zoo.infer import sample
 from zoo.engine.batching import Engine, Sequence
 
@@ -85,8 +85,8 @@ def test_a_prompt_sharing_a_stored_prefix_takes_its_pages_and_answers_the_same(l
     system = rng.integers(1, 256, 150).tolist()
     prompts = [system + rng.integers(1, 256, n).tolist() for n in (20, 35, 9)]
     engine = Engine(lm, slots=2, max_len=256, chunk=4)
-    prefills, prefill = [], engine._prefill
-    engine._prefill = lambda *a, **kw: prefills.append((a[-1], kw["P"], kw["S"])) or prefill(*a, **kw)
+    prefills = []
+    on_prefill(engine, lambda *call: prefills.append(call))
     got = [[] for _ in prompts]
 
     def seq(i):
@@ -123,6 +123,44 @@ def test_a_prompt_sharing_a_stored_prefix_takes_its_pages_and_answers_the_same(l
     off.submit([Sequence(prompt=p, max_tokens=1) for p in prompts[:2]])
     off._admit()
     assert off.reused == 0 and not set(off.book.owned[0]) & set(off.book.owned[1])
+
+
+def test_a_piece_moved_back_to_fit_the_window_reads_the_shared_page_it_computes_again_and_never_writes_it(lm):
+    """A prompt of 120 tokens whose first 80 (5 pages) are stored, in a 128-token window: its 40 new tokens take a
+    64-token piece, which ends past the window from position 80, so it starts at 64 and computes page 4 (a shared
+    page) again; the prefill reads that page and writes only from position 80 on (programs.prefill's own_from).
+    Checked on the program itself (a page before own_from keeps what it held, bit for bit, in every layer) and end
+    to end (the answer is zoo.infer.sample's, the shared pages unchanged)."""
+    rng = np.random.default_rng(9)
+    first = rng.integers(1, 256, 80).tolist()
+    second = first + rng.integers(1, 256, 40).tolist()
+    engine = Engine(lm, slots=2, max_len=128, chunk=4)
+    # the program: 32 tokens from position 0 into pages 1 and 2, writing from position 16 on
+    engine.cache = jax.tree.map(lambda c: c + 7.0, engine.cache)
+    one = np.zeros(1, np.int32)
+    engine.cache, engine.logits_BV = engine._prefill(engine.params, engine.cache, np.asarray([[1, 2]], np.int32),
+                                                     engine.logits_BV, one, np.asarray([second[:32]], np.int32),
+                                                     one + 32, one, one + 16, None)
+    pools = lambda: [c for c in jax.tree.leaves(engine.cache) if c.ndim == 4]  # [pages, PAGE, K, H] per layer
+    assert len(pools()) == 2 * engine.model.cfg.num_layers
+    for c in pools():
+        assert np.all(np.asarray(c[1]) == 7.0) and not np.any(np.asarray(c[2]) == 7.0)
+    engine = Engine(lm, slots=2, max_len=128, chunk=4)
+    prefills, got = [], []
+    on_prefill(engine, lambda *call: prefills.append(call))
+    _run(engine, [Sequence(prompt=first, max_tokens=4, temperature=0.0)])
+    shared = engine.book.lookup(second[:-1])
+    assert len(shared) == 5
+    before = [np.asarray(c[np.asarray(shared)]) for c in pools()]
+    engine.stopping.clear()  # the loop again, on the same cache and store
+    got = _run(engine, [Sequence(prompt=second, max_tokens=6, temperature=0.0)])[0]
+    assert prefills[-1] == (64, 64, 128) and engine.reused == 80
+    after = [np.asarray(c[np.asarray(shared)]) for c in pools()]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    model, params = lm.decoding()
+    want = sample.generate(model, params, second, 6, temperature=0.0, eos_id=sample.stop_ids(lm.tokenizer),
+                           vocab_limit=lm.tokenizer.n_vocab)[0]
+    assert sum(got, []) == want
 
 
 def test_a_cache_smaller_than_its_rows_makes_a_prompt_wait_for_pages_and_takes_back_idle_stored_ones(lm):
@@ -164,8 +202,8 @@ def test_a_cache_smaller_than_its_rows_makes_a_prompt_wait_for_pages_and_takes_b
     assert engine.admitted == 2 and book.evicted == 2 and len(book.idle) == 8 and not book.free
     kept = book.lookup(first)
     assert len(kept) == 3 and engine.reused == 0
-    prefills, prefill = [], engine._prefill
-    engine._prefill = lambda *a, **kw: prefills.append((a[-1], kw["P"])) or prefill(*a, **kw)
+    prefills = []
+    on_prefill(engine, lambda start, P, S: prefills.append((start, P)))
     run([(first, 4)])  # 64 tokens: 4 pages, 3 of them stored, 1 taken back from the second's
     assert engine.reused == 48 and prefills == [(48, 16)] and book.evicted == 3 and book.owned == [[], []]
     with pytest.raises(ArgumentError, match="holds 112 tokens, fewer than one sequence of the context's 128"):
@@ -180,8 +218,8 @@ def test_a_long_prompt_admitted_while_rows_decode_is_prefilled_a_piece_between_t
     prompts = [rng.integers(1, 256, 20).tolist(), rng.integers(1, 256, 100).tolist()]
     engine = Engine(lm, slots=2, max_len=256, chunk=2, prefill_chunk=32)
     got, events = [[], []], []
-    prefill, decode = engine._prefill, engine._decode
-    engine._prefill = lambda *a, **kw: events.append(("prefill", a[-1], kw["P"], kw["S"])) or prefill(*a, **kw)
+    decode = engine._decode
+    on_prefill(engine, lambda *call: events.append(("prefill", *call)))
     engine._decode = lambda *a, **kw: events.append(("decode",)) or decode(*a, **kw)
 
     def seq(i):
@@ -207,8 +245,8 @@ def test_a_long_prompt_admitted_while_rows_decode_is_prefilled_a_piece_between_t
         assert tokens == want
     # Admitted with nobody decoding: the same pieces, all at once, and the row decodes at the next chunk.
     alone = Engine(lm, slots=2, max_len=256, chunk=2, prefill_chunk=32)
-    pieces, prefill = [], alone._prefill
-    alone._prefill = lambda *a, **kw: pieces.append((a[-1], kw["P"], kw["S"])) or prefill(*a, **kw)
+    pieces = []
+    on_prefill(alone, lambda *call: pieces.append(call))
     alone.submit([Sequence(prompt=prompts[1], max_tokens=12, temperature=0.0)])
     alone._admit()
     assert pieces == [(0, 32, 32), (32, 32, 128), (64, 32, 128), (96, 16, 128)] and alone.positions_B[0] == 100
@@ -222,8 +260,8 @@ def test_new_prompts_admitted_together_are_prefilled_in_one_program_and_answer_a
     rng = np.random.default_rng(5)
     prompts = [rng.integers(1, 256, n).tolist() for n in (20, 31, 25, 28)]
     engine = Engine(lm, slots=4, max_len=128, chunk=4, scan_layers=scan)
-    singles, prefill = [], engine._prefill
-    engine._prefill = lambda *a, **kw: singles.append(kw["P"]) or prefill(*a, **kw)
+    singles = []
+    on_prefill(engine, lambda start, P, S: singles.append(P))
     got = [[] for _ in prompts]
 
     def burst():
@@ -285,8 +323,8 @@ def test_prompts_taking_a_stored_prefix_together_are_prefilled_in_one_program_fr
     prompts = [system + rng.integers(1, 256, 10).tolist() for _ in range(5)]
     engine = Engine(lm, slots=4, max_len=128, chunk=4)
     engine.compile_batched(4, 32, 128)
-    singles, prefill = [], engine._prefill
-    engine._prefill = lambda *a, **kw: singles.append((int(a[-1]), kw["P"])) or prefill(*a, **kw)
+    singles = []
+    on_prefill(engine, lambda start, P, S: singles.append((start, P)))
     got = [[] for _ in prompts]
 
     def run(idx):
@@ -337,8 +375,8 @@ def test_a_rows_first_token_goes_out_at_its_prefill_and_the_answer_is_the_one_de
 
 def test_the_batched_prefills_after_a_stored_prefix_compile_in_threads_and_are_listed_meanwhile(lm):
     """compile_stored_later (zoo-serve, once it serves): the batched prefills of 16-token pieces after a stored
-    prefix, 4 and 8 rows over the first length bucket, compile in threads; `compiling` (zoo-serve's /health) names
-    them until each is in, then is empty. With the prefix cache off there is nothing to compile."""
+    prefix, 4 and 8 rows over the first length bucket, compile in threads; `compiling` (zoo-serve's /health)
+    names them until each is in, then is empty. With the prefix cache off there is nothing to compile."""
     engine = Engine(lm, slots=8, max_len=256, chunk=4)
     engine.compile_stored_later()
     assert engine.compiling == {f"prefill of {R} prompts of up to 16 tokens over 128 slots" for R in (4, 8)}

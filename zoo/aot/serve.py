@@ -74,8 +74,7 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
     kv = report.bytes_per_device(cache)
     step = jax.jit(functools.partial(programs.decode_chunk, model, V, ax), static_argnames=("B", "K", "L"),
                    donate_argnums=(1, 3))
-    fill = jax.jit(functools.partial(programs.prefill_row, model, ax), static_argnames=("P", "S"),
-                   donate_argnums=(1, 3))
+    fill = jax.jit(functools.partial(programs.prefill, model), donate_argnums=(1, 3))
     N = -(-max_len // PAGE)  # a row's pages
     t0 = time.perf_counter()
     with jax.set_mesh(mesh_):  # traced under the target's mesh: zoo.nn picks the TPU kernels
@@ -84,10 +83,9 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
             arg((slots,), jnp.int32), arg((slots,), jnp.float32), arg((slots, 2), jnp.uint32), arg((slots,), jnp.int32),
             arg((slots, (V + 31) // 32), jnp.int32), B=slots, K=chunk, L=max_len).compile(), fixed)
         seconds = time.perf_counter() - t0
-        pre = report.compiled(lambda: fill.lower(params, cache, arg((1, N), jnp.int32), logits, arg((), jnp.int32),
-                                                 arg((1, max_len), jnp.int32),
-                                                 arg((), jnp.int32), arg((), jnp.int32), P=max_len, S=max_len).compile(),
-                              fixed)
+        one = arg((1,), jnp.int32)  # the row, the prompt's length, its start and where its writes start
+        pre = report.compiled(lambda: fill.lower(params, cache, arg((1, N), jnp.int32), logits, one,
+                                                 arg((1, max_len), jnp.int32), one, one, one).compile(), fixed)
     pre_seconds = time.perf_counter() - t0 - seconds
     chip = t.chip
     hbm = chip.hbm_bytes * t.chips / len(devices)

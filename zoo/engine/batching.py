@@ -28,7 +28,7 @@ decodes once its last piece is in. Admitted with nobody decoding, its pieces are
 another (pieces, not one bucket: a 1,060-token prompt computes 512 + 512 + 64 positions, not 2,048).
 
 Batched prefill: new prompts admitted together, each prefilled in one piece (from position 0, or from the end of
-the stored prefix it took), go R at a time into one program (zoo.engine.batched_prefill: a burst of short prompts
+the stored prefix it took), go R at a time into one program (zoo.engine.prefilling: a burst of short prompts
 costs half as much; its programs compile in a thread of their own the first time, the prompts prefilled one by
 one meanwhile).
 
@@ -75,23 +75,23 @@ import numpy as np
 from zoo.errors import ArgumentError
 from zoo.infer.grammar import words
 from zoo.infer.sample import stop_ids
-from zoo.engine.batched_prefill import PREFILL_ROWS, BatchedPrefill
 from zoo.engine import pages, programs
-from zoo.engine.programs import decode_chunk, prefill_row
+from zoo.engine.prefilling import PREFILL_ROWS, Prefilling
+from zoo.engine.programs import decode_chunk
 from zoo.engine.scoring import Scoring
-from zoo.engine.sequence import Sequence, decode_name, prefill_name
+from zoo.engine.sequence import Sequence, decode_name
 from zoo.engine.warming import Warming
 
 PREFILL_CHUNK = 512  # a longer prompt admitted while rows decode is prefilled this many tokens between two chunks
 SHARED_MIN = 32  # the fewest stored prompt tokens worth taking (fewer: the prompt is prefilled whole, with others)
 
 
-class Engine(Scoring, BatchedPrefill, Warming):
+class Engine(Scoring, Prefilling, Warming):
     """The decoder behind the server (see the module's docstring). `lm` is a zoo.Pretrained decoder; `slots` rows
     decode together; `max_len` is the cache's length (at most the model's window); `chunk` decode steps run between
     two admissions; `prefix_cache`: prompts take the leading tokens a row holds (see the module's docstring);
     `prefill_chunk`: the piece a long prompt admitted while rows decode is prefilled in; `prefill_rows`: the most
-    new prompts one prefill takes (zoo.engine.batched_prefill; 1: each alone). `scan_layers`: the layers
+    new prompts one prefill takes (zoo.engine.prefilling; 1: each alone). `scan_layers`: the layers
     as one scan (each program compiles one layer: a start-up 2-3x faster) instead of one after another (each decoding
     step 1.3-1.5x faster: a scan copies every layer's weights out of their stack at every step,
     zoo.infer.sample.unscanned). `adapters`: a zoo.engine.adapters.AdapterTable, each Sequence's `adapter` its slot.
@@ -134,10 +134,7 @@ class Engine(Scoring, BatchedPrefill, Warming):
         self.positions_B = np.full(slots, -1, np.int32)  # the next token's position; -1: the row is free
         self.adapters, self.row_adapter = adapters, np.zeros(slots, np.int32)  # each row's adapter slot (0: none)
         self._lora = (lambda index: None) if adapters is None else adapters.args  # what the programs take
-        self._prefill = jax.jit(functools.partial(prefill_row, self.model, self.batch_axis),
-                                static_argnames=("P", "S"), donate_argnums=(1, 3))
-        self._prefill_many = jax.jit(functools.partial(programs.prefill_rows, self.model, self.batch_axis),
-                                     static_argnames=("R", "P", "S"), donate_argnums=(1, 3))
+        self._prefill = jax.jit(functools.partial(programs.prefill, self.model), donate_argnums=(1, 3))
         self._init_batched(prefill_rows)
         self._decode = jax.jit(functools.partial(decode_chunk, self.model, self.vocab, self.batch_axis),
                                static_argnames=("B", "K", "L"), donate_argnums=(1, 3))
@@ -272,22 +269,6 @@ class Engine(Scoring, BatchedPrefill, Warming):
             self.positions_B[row] = len(seq.prompt)
         self._prefill_new(new)
 
-    def _fill(self) -> None:
-        """The next piece (`prefill_chunk` tokens) of the first prompt admitted to be prefilled a piece at a time:
-        one piece between two decode chunks, so the rows decoding wait a piece, never a whole long prompt."""
-        for row, m in list(self.filling.items())[:1]:
-            seq = self.rows[row]
-            if seq.cancelled():
-                self._free(row)
-                continue
-            end = min(m + self.prefill_chunk, len(seq.prompt))
-            self._prefill_into(row, seq.prompt, m, end)
-            if end < len(seq.prompt):
-                self.filling[row] = end
-            else:
-                del self.filling[row]
-                self.positions_B[row] = len(seq.prompt)
-
     def _first(self) -> None:
         """The first token of every row whose prompt is now in (and without a grammar), sampled from its prefill's
         logits and handed out at once: its client does not wait for the next decode call (which feeds it,
@@ -333,27 +314,6 @@ class Engine(Scoring, BatchedPrefill, Warming):
         """Row `row`'s whole pages of what it holds into the prefix store (with the cache on)."""
         if self.prefix_cache:
             self.book.store(row, self.held[row], int(self.row_adapter[row]))
-
-    def _prefill_into(self, row: int, prompt: list[int], m: int, end: int) -> None:
-        """prompt[m:end] into `row` from position m on, its slots before m holding prompt[:m] already (a shared
-        prefix, an earlier piece); the logits of prompt[end - 1] into the row's."""
-        P, own = self.bucket(end - m), m
-        m = min(m, self.max_len - P)  # the prefill's slots stay in the window (a few tokens computed again)
-        rest = prompt[m:end]
-        S = P if m == 0 else self._length(m + P)
-        self.book.grow(row, end)
-        ids = np.zeros((1, P), np.int32)
-        ids[0, :len(rest)] = rest
-        if ("prefill", P, S) not in self._compiled:
-            self.say(f"zoo-serve: compiling the {prefill_name(P, S)} (first use)")
-            self._compiled.add(("prefill", P, S))
-        self.cache, self.logits_BV = self._prefill(self.params, self.cache,
-                                                   self.book.rows_table([row], pages.pages_for(S)), self.logits_BV,
-                                                   row, jnp.asarray(ids), len(rest), m,
-                                                   adapters=self._lora(self.row_adapter[row:row + 1]), P=P, S=S,
-                                                   own_from=np.int32(own))
-        self.held[row] = list(prompt[:end])
-        self._store(row)
 
     def _run_chunk(self, B: int | None = None, K: int | None = None, L: int | None = None) -> np.ndarray:
         """One decode call of K steps (the program of a whole chunk, told to stop after K: one program per rows and

@@ -17,10 +17,9 @@ row naming the pages that hold its positions, PAGE at a time.
 - Page 0 is scratch: a table entry no page was taken for points there, so a step's writes past a row's pages
   (the rest of a chunk after its end, a free row's nothing) land where nobody reads.
 
-A decode chunk (zoo.engine.programs.decode_chunk) reads and writes the pool in place (zoo.nn.paged_cache: each
-layer writes its new token into its page and gathers its rows' pages where its attention reads them). A prefill
-gathers its row's pages into the dense `[B, S, KV heads, head dim]` view zoo.nn.attention's prompt path reads
-and writes (the same as the row's first S slots of a dense cache), and scatters back only the pages it wrote.
+The engine's programs (zoo.engine.programs: a decode chunk, a prefill) read and write the pool in place
+(zoo.nn.paged_cache: each layer writes its new tokens into their pages and gathers its rows' pages where its
+attention reads them).
 """
 
 from __future__ import annotations
@@ -48,38 +47,6 @@ def pool_of(cache, ax: int, pages: int):
             return jax.ShapeDtypeStruct(shape, c.dtype, sharding=getattr(c, "sharding", None))
         return jnp.zeros(shape, c.dtype)
     return jax.tree.map(one, cache)
-
-
-def gather(pool, table_BN, ax: int):
-    """The rows' dense view of their pages: each row-wise leaf [..., B, N * PAGE, ...] (table_BN: each row's first
-    N pages)."""
-    B, N = table_BN.shape
-
-    def one(c):
-        if c.ndim <= ax:
-            return c
-        g = c.at[(slice(None),) * ax + (table_BN.reshape(-1),)].get(mode="promise_in_bounds")  # no bounds select
-        return g.reshape(c.shape[:ax] + (B, N * PAGE) + c.shape[ax + 2:])
-    return jax.tree.map(one, pool)
-
-
-def scatter(pool, view, table_BN, first_B, W: int, ax: int):
-    """The pool with each row's W pages from page first_B (a page index into its table) written back from its
-    dense view (from `gather`, then written by the model); a row with first_B < 0 writes only the scratch page.
-    Leaves that are not per row (a shared index) are the view's."""
-    B, N = table_BN.shape
-    idx_BW = jnp.clip(jnp.maximum(first_B, 0)[:, None] + jnp.arange(W)[None, :], 0, N - 1)
-    dst_BW = jnp.where(first_B[:, None] >= 0, jnp.take_along_axis(table_BN, idx_BW, axis=1), 0)
-
-    def one(c, v):
-        if c.ndim <= ax:
-            return v
-        lead = (slice(None),) * ax
-        pages = v.reshape(v.shape[:ax] + (B, N, PAGE) + v.shape[ax + 2:])
-        sel = pages[lead + (jnp.arange(B)[:, None], idx_BW)]  # [..., B, W, PAGE, ...]
-        sel = sel.reshape(c.shape[:ax] + (B * W, PAGE) + c.shape[ax + 2:])
-        return c.at[lead + (dst_BW.reshape(-1),)].set(sel.astype(c.dtype), mode="promise_in_bounds")
-    return jax.tree.map(one, pool, view)
 
 
 def pages_for(n: int) -> int:

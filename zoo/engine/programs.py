@@ -1,8 +1,8 @@
 """The programs zoo-serve's engine runs (zoo.engine.batching jits them with its model bound; zoo.aot.serve compiles the
-same ones for a TPU): a row's prefill from a position on (`prefill_row`), several new prompts prefilled at once
-(`prefill_rows`) and a chunk of decode steps over the first rows and their pages (`decode_chunk`), each reading its
-rows' pages of the pool as a dense view and writing back the pages it wrote (zoo.engine.pages), with the sampling
-they share (greedy at temperature 0, else top-k / top-p filtered, one key per row and step).
+same ones for a TPU): new prompts prefilled from their positions on, one or several at once (`prefill`), and a chunk
+of decode steps over the first rows (`decode_chunk`), each reading and writing its rows' pages of the pool in place
+(zoo.engine.pages, zoo.nn.paged_cache), with the sampling they share (greedy at temperature 0, else top-k / top-p
+filtered, one key per row and step).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from zoo.engine import pages
 from zoo.infer.grammar import words
 from zoo.nn import multi_lora, paged_cache
 
@@ -69,50 +68,24 @@ def _sample(logits_BV, keys, temp_B, topk_B, topp_B, mask_BW):
     return jax.lax.cond(jnp.any(temp_B > 0), sampled, lambda x: greedy_B, logits_BV)
 
 
-def prefill_row(model, ax: int, params, cache, table_1N, logits_BV, row, ids_1P, length, start, adapters=None, *,
-                P: int, S: int, own_from=None):
-    """Row `row`'s prompt from position `start` on (ids_1P, its first `length` real, right-padded) into its pages
-    (table_1N: its table's first ceil(S / PAGE) pages, zoo.engine.pages); its last real token's logits into
-    logits_BV[row]. The prompt sees the row's first S slots only (S >= start + P; S = P when start is 0):
-    attention over S keys, not the window, the slots before `start` holding the prompt's first tokens already (a
-    shared prefix's pages, an earlier piece). Only the pages from position `own_from` (default: start) on are
-    written back: a piece moved back to fit the window recomputes tokens whose pages another row may share.
-    `model` is the decoder (its layers scanned or not: `ax` the pool's page axis, 1 when scanned), the engine's
-    jitted program with model and ax bound."""
-    sub = pages.gather(cache, table_1N, ax)
-    pos_1P = jnp.where(jnp.arange(P) < length, start + jnp.arange(P), -1)[None]
-    out, upd = _apply(model, adapters, {"params": params, "cache": sub}, ids_1P, decode=True, positions_BT=pos_1P,
-                      logits_at_B=jnp.reshape(length - 1, (1,)), mutable=["cache"])
-    own_from = start if own_from is None else own_from
-    cache = pages.scatter(cache, upd["cache"], table_1N, (own_from // pages.PAGE)[None], pages.pages_for(P) + 1, ax)
-    last_V = out[0, 0, :].astype(jnp.float32)
-    return cache, logits_BV.at[row].set(last_V)
-
-
-def prefill_rows(model, ax: int, params, cache, table_RN, logits_BV, rows_R, ids_RP, lengths_R, starts_R,
-                 adapters=None, *, R: int, P: int, S: int):
-    """R prompts at once, each from its position starts_R on into its own pages (table_RN: each one's first
-    ceil(S / PAGE); a padding prompt's all the scratch page), ids_RP right-padded to the bucket P, lengths_R their
-    real lengths; each one's last real token's logits into logits_BV at its row (rows_R; a row index past the
-    cache's rows is padding, written nowhere). S == P: every prompt from position 0, attending only to its own
-    first P slots, so the rows start from zeros instead of reading the pool; else each reads its first S slots
-    (S >= start + P: the stored prefix it took before its start) and writes back the pages from its start on. One
-    program over R rows, its products R x P rows deep (a short prompt's prefill alone is a product of a few dozen
-    rows, which XLA:CPU runs at a fraction of its rate). Each row's keys and values equal `prefill_row`'s."""
-    N = table_RN.shape[1]
-
-    def fresh(c):
-        if c.ndim <= ax:
-            return c
-        return jnp.zeros(c.shape[:ax] + (R, N * pages.PAGE) + c.shape[ax + 2:], c.dtype)
-    sub = jax.tree.map(fresh, cache) if S == P else pages.gather(cache, table_RN, ax)
+def prefill(model, params, cache, table_RN, logits_BV, rows_R, ids_RP, lengths_R, starts_R, own_from_R,
+            adapters=None):
+    """R prompts at once (R = 1: a prompt alone, a long prompt's piece), each from its position starts_R on into
+    its pages: ids_RP right-padded to a bucket P, lengths_R their real lengths, table_RN each one's first N pages
+    (zoo.engine.pages; a padding prompt's: the scratch page). Each token's keys and values are written into its
+    page in place and each query attends over its row's first N * PAGE slots (zoo.nn.paged_cache, as a decode
+    step): the slots before its start hold the prompt's first tokens already (a stored prefix's pages, an earlier
+    piece). A row's positions before own_from_R are read, not written (a piece moved back to fit the window
+    computes again tokens whose pages other rows may share). Each one's last real token's logits go into
+    logits_BV at its row (rows_R; a row index past the cache's rows is padding, written nowhere). One program over
+    R rows: its products R x P rows deep (a short prompt's prefill alone is a product of a few dozen rows, which
+    XLA:CPU runs at a fraction of its rate). `model`: the decoder, the engine's jitted program with it bound."""
+    P = ids_RP.shape[1]
     pos_RP = jnp.where(jnp.arange(P)[None, :] < lengths_R[:, None], starts_R[:, None] + jnp.arange(P)[None, :], -1)
-    out, upd = _apply(model, adapters, {"params": params, "cache": sub}, ids_RP, decode=True, positions_BT=pos_RP,
-                      logits_at_B=jnp.maximum(lengths_R - 1, 0), mutable=["cache"])
-    first_R, W = (jnp.zeros(R, jnp.int32), N) if S == P else (starts_R // pages.PAGE, pages.pages_for(P) + 1)
-    cache = pages.scatter(cache, upd["cache"], table_RN, first_R, W, ax)
-    last_RV = out[:, 0].astype(jnp.float32)
-    return cache, logits_BV.at[rows_R].set(last_RV, mode="drop")
+    with paged_cache.paged(table_RN, own_from_R):
+        out, upd = _apply(model, adapters, {"params": params, "cache": cache}, ids_RP, decode=True,
+                          positions_BT=pos_RP, logits_at_B=jnp.maximum(lengths_R - 1, 0), mutable=["cache"])
+    return upd["cache"], logits_BV.at[rows_R].set(out[:, 0].astype(jnp.float32), mode="drop")
 
 
 def first_tokens(vocab: int, logits_BV, rows_R, keys_R2, temp_R, topk_R, topp_R):

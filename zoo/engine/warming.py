@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import jax.numpy as jnp
 import numpy as np
 
 from zoo.engine.pages import pages_for
@@ -72,10 +71,10 @@ class Warming:
                                                           else decode_name(*shape)))
             if kind == "prefill":
                 table = np.zeros((1, pages_for(shape[1])), np.int32)  # the scratch page: nothing kept
-                self.cache, self.logits_BV = self._prefill(self.params, self.cache, table, self.logits_BV, 0,
-                                                           jnp.zeros((1, shape[0]), jnp.int32), 1, 0,
-                                                           adapters=self._lora([0]), P=shape[0], S=shape[1],
-                                                           own_from=np.int32(0))
+                one = np.zeros(1, np.int32)  # row 0, from position 0
+                self.cache, self.logits_BV = self._prefill(self.params, self.cache, table, self.logits_BV, one,
+                                                           np.zeros((1, shape[0]), np.int32), one + 1, one, one,
+                                                           self._lora(one))
                 self.held[0] = []
                 self._compiled.add(("prefill", *shape))
             else:
