@@ -373,18 +373,36 @@ def test_a_rows_first_token_goes_out_at_its_prefill_and_the_answer_is_the_one_de
     assert len(early[0]) == 1 and late[0] == [] and early[1] == late[1] and len(late[1]) == 9
 
 
+def test_a_burst_prefilled_in_groups_sends_each_groups_first_tokens_before_the_next_group_is_prefilled(lm):
+    """Eight prompts arriving together go in two prefills of four; the first four's first tokens go out as soon as
+    theirs is done, not after the second (a burst's first tokens no longer wait for the whole burst)."""
+    rng = np.random.default_rng(12)
+    engine = Engine(lm, slots=8, max_len=128, chunk=4)
+    engine.compile_batched(4, 32)
+    events = []
+    run = engine._run_prefill
+    engine._run_prefill = lambda program, take, P, S: events.append(("prefill", [t[0] for t in take])) or \
+        run(program, take, P, S)
+    engine.submit([Sequence(prompt=rng.integers(1, 256, 20 + i).tolist(), max_tokens=4, temperature=0.0,
+                            emit=lambda ids, f, i=i: events.append(("token", i))) for i in range(8)])
+    engine._admit()
+    assert events == [("prefill", [0, 1, 2, 3])] + [("token", i) for i in range(4)] + \
+        [("prefill", [4, 5, 6, 7])] + [("token", i) for i in range(4, 8)]
+
+
 def test_the_batched_prefills_after_a_stored_prefix_compile_in_threads_and_are_listed_meanwhile(lm):
-    """compile_stored_later (zoo-serve, once it serves): the batched prefills of 16-token pieces after a stored
-    prefix, 4 and 8 rows over the first length bucket, compile in threads; `compiling` (zoo-serve's /health)
-    names them until each is in, then is empty. With the prefix cache off there is nothing to compile."""
+    """compile_stored_later (zoo-serve, once it serves): the batched prefills of 16- and 32-token pieces after a
+    stored prefix, 4 and 8 rows over the first length bucket, compile in threads; `compiling` (zoo-serve's
+    /health) names them until each is in, then is empty. With the prefix cache off there is nothing to compile."""
     engine = Engine(lm, slots=8, max_len=256, chunk=4)
     engine.compile_stored_later()
-    assert engine.compiling == {f"prefill of {R} prompts of up to 16 tokens over 128 slots" for R in (4, 8)}
+    assert engine.compiling == {f"prefill of {R} prompts of up to {P} tokens over 128 slots" for R in (4, 8)
+                                for P in (16, 32)}
     for _ in range(1200):
         if not engine.compiling:
             break
         threading.Event().wait(0.1)
-    assert not engine.compiling and {(4, 16, 128), (8, 16, 128)} <= set(engine._batched)
+    assert not engine.compiling and {(R, P, 128) for R in (4, 8) for P in (16, 32)} <= set(engine._batched)
     off = Engine(lm, slots=8, max_len=256, prefix_cache=False)
     off.compile_stored_later()
     assert not off.compiling and not off._batched_started

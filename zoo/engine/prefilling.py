@@ -1,6 +1,6 @@
 """How prompts go into zoo-serve's engine's cache: a long prompt in pieces between decode chunks (`_fill`), a piece
 from a position on (`_prefill_into`), and batched prefill (below), all through one program
-(zoo.engine.programs.prefill, `_run_prefill`).
+(zoo.engine.programs.prefill, `_run_prefill`); each group's first tokens go out as soon as it is in.
 
 Batched prefill: new prompts admitted together (a burst of requests, n completions of one)
 are prefilled R at a time in one program (zoo.engine.programs.prefill) instead of one call each. XLA:CPU runs a
@@ -97,13 +97,15 @@ class Prefilling:
 
     def compile_stored_later(self) -> None:
         """Begin compiling, each in a thread, the batched prefills of the pieces after a stored prefix that a
-        server's steady traffic runs (prompts asked again, a shared system prompt of up to 112 tokens: pieces of up
-        to 16 tokens over the first length bucket); the server answers meanwhile, those prompts prefilled one by
-        one until their program is in."""
-        S, R = self.length_buckets()[0], FEWEST_ROWS
-        while self.prefix_cache and R <= min(self.prefill_rows, self.slots) and S > 16:
-            self._compile_later(R, 16, S)
-            R *= 2
+        server's steady traffic runs (prompts asked again, a chat's next turn, a shared system prompt: pieces of up
+        to 16 and 32 tokens over the first length bucket); the server answers meanwhile, those prompts prefilled
+        one by one until their program is in."""
+        S = self.length_buckets()[0]
+        for P in (16, 32):
+            R = FEWEST_ROWS
+            while self.prefix_cache and R <= min(self.prefill_rows, self.slots) and S > P:
+                self._compile_later(R, P, S)
+                R *= 2
 
     def _prefill_new(self, items: list) -> None:
         """Prompts admitted into their rows (`items`: (row, prompt, m), each prefilled from position m on, its
@@ -132,6 +134,7 @@ class Prefilling:
                     self.batched += R
                 for row, prompt, _ in take:
                     self.positions_B[row] = len(prompt)
+                self._first()  # their first tokens out now, not after the groups behind them
 
     def _fill(self) -> None:
         """The next piece (`prefill_chunk` tokens) of the first prompt admitted to be prefilled a piece at a time:
