@@ -104,16 +104,15 @@ class Pages:
 
     def store(self, row: int, tokens: list[int], adapter: int = 0) -> None:
         """Row `row`'s whole pages of `tokens` (what its first positions hold) into the prefix store; a page whose
-        tokens another page holds already stays the row's alone."""
+        tokens another page holds already stays the row's alone. A page of the row's that is stored is stored under
+        these very tokens (the row took it by them from `lookup`, or stored it itself when it held fewer of them)."""
         node = 0
         for j in range(min(len(tokens) // PAGE, len(self.owned[row]))):
             p, key = self.owned[row][j], (node, adapter, tuple(tokens[j * PAGE:(j + 1) * PAGE]))
             q = self.nodes.get(key)
-            if q is None and p not in self.node_of:
+            if q is None:
                 self._serial += 1
                 self.nodes[key], self.node_of[p], q = p, (self._serial, key), p
-            elif q is None:  # held under another key (cannot happen for one row's own tokens): stop here
-                return
             node = self.node_of[q][0]
 
     def forget(self, adapter: int) -> None:
