@@ -7,12 +7,14 @@ characters), else 32 random hex digits; every response carries it back in `X-Req
 too: this middleware sits outside FastAPI's own error handling), a completion's body `id` is OpenAI's prefix and it
 (`chatcmpl-ID`, `cmpl-ID`, as vLLM names them), and zoo-serve's log lines about the request start with it,
 `zoo-serve: [ID] ...`, uvicorn's own (a 500's traceback) `[ID] ...`. While the server stops, a request to /v1/ is
-answered 503 in OpenAI's shape; /health and /metrics go on answering."""
+answered 503 in OpenAI's shape; /health and /metrics go on answering. With `--api-key`, `Authorise` answers 401 to a
+request without the key."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import hmac
 import logging
 import re
 import sys
@@ -152,3 +154,22 @@ def install(app, metrics, drain, log_requests: bool = False) -> None:
     routes = {r.path for r in app.routes}
     build = app.build_middleware_stack  # FastAPI's stack starts with the 500 handler: this goes around it
     app.build_middleware_stack = lambda: Operations(build(), metrics, drain, routes, log_requests)
+
+
+class Authorise:
+    """A plain ASGI middleware: every request but `GET /health` must send `Authorization: Bearer KEY` (compared in
+    constant time), else it is answered 401 in OpenAI's error body. Plain ASGI rather than FastAPI's
+    `@app.middleware("http")`, which passes every streamed chunk through a task and a memory stream of its own."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.want = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.want):
+                e = ApiError(401, "a missing or wrong API key: send 'Authorization: Bearer KEY'", "authentication_error",
+                             code="invalid_api_key")
+                await JSONResponse(e.body(), status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
