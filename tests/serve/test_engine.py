@@ -350,14 +350,15 @@ def test_a_rows_first_token_goes_out_at_its_prefill_and_the_answer_is_the_one_de
     from zoo.engine.programs import key_data
     rng = np.random.default_rng(10)
     prompt = rng.integers(1, 256, 30).tolist()
+    ends = []
 
-    def answer(temperature, early=True):
+    def answer(temperature, early=True, max_tokens=9):
         engine = Engine(lm, slots=2, max_len=128, chunk=4)
         if not early:
             engine._first = lambda: None
         got = []
-        engine.submit([Sequence(prompt=prompt, max_tokens=9, temperature=temperature, key=key_data(7, 0),
-                                emit=lambda ids, f: got.append(list(ids)))])
+        engine.submit([Sequence(prompt=prompt, max_tokens=max_tokens, temperature=temperature, key=key_data(7, 0),
+                                emit=lambda ids, f: got.append(list(ids)) or ends.append(f))])
         engine._admit()
         engine._first()
         first = list(got)
@@ -371,6 +372,9 @@ def test_a_rows_first_token_goes_out_at_its_prefill_and_the_answer_is_the_one_de
     assert first == [want[:1]] and greedy == want and batches == 3  # 9 steps (the first feeds the token sent)
     early, late = answer(0.8), answer(0.8, early=False)
     assert len(early[0]) == 1 and late[0] == [] and early[1] == late[1] and len(late[1]) == 9
+    # a one-token answer ends at its prefill: no decode call, its finish "length"
+    ends.clear()
+    assert answer(0.0, max_tokens=1) == ([want[:1]], want[:1], 0) and ends == ["length"]
 
 
 def test_a_burst_prefilled_in_groups_sends_each_groups_first_tokens_before_the_next_group_is_prefilled(lm):

@@ -272,7 +272,8 @@ class Engine(Scoring, Prefilling, Warming):
     def _first(self) -> None:
         """The first token of every row whose prompt is now in (and without a grammar), sampled from its prefill's
         logits and handed out at once: its client does not wait for the next decode call (which feeds it,
-        `forced_B`). An end of text or a one-token answer is left to that call, which ends the row as usual."""
+        `forced_B`). A one-token answer ends here, with no decode call; an end of text is left to that call, which
+        ends the row as usual."""
         new = [i for i, r in enumerate(self.rows) if r is not None and i not in self.filling and r.generated == 0
                and not r.sent and self.forced_B[i] < 0 and r.grammar is None and self.positions_B[i] >= 0]
         if not new:
@@ -286,10 +287,14 @@ class Engine(Scoring, Prefilling, Warming):
                                              np.asarray([s.top_p for s in seqs], np.float32)))
         for row, tok in zip(new, toks.tolist()):
             seq, self.forced_B[row] = self.rows[row], tok
-            if tok in self.eos or seq.max_tokens <= 1 or seq.cancelled():
+            if tok in self.eos or seq.cancelled():
                 continue
             seq.sent = 1
-            if seq.emit([tok], None):  # a stop string in the first token: the row ends without decoding
+            if seq.max_tokens <= 1:
+                seq.generated = 1
+                seq.emit([tok], "length")
+                self._free(row)
+            elif seq.emit([tok], None):  # a stop string in the first token: the row ends without decoding
                 self._free(row)
 
     def _length(self, n: int) -> int:
