@@ -337,7 +337,7 @@ class Attention(nn.Module):
         value = self.variable("cache", "cached_value", jnp.zeros, v_BTKH.shape, v_BTKH.dtype)
         if initialising:  # the cache's length is the length of the input it was created with
             return k_BTKH, v_BTKH, mask_B1TS
-        if (paged := paged_cache.table()) is not None:  # the pool of pages (zoo.nn.paged_cache)
+        if (paged := paged_cache.current()) is not None:  # the pool of pages (zoo.nn.paged_cache)
             k_BSKH, v_BSKH, cmask_B1TS = paged_cache.write_read(key, value, k_BTKH, v_BTKH, positions_T, *paged)
             return k_BSKH, v_BSKH, cmask_B1TS if mask_B1TS is None else mask_B1TS & cmask_B1TS
         S = key.value.shape[1]

@@ -33,8 +33,8 @@ def paged(table_BN, write_from_B=None):
         _TABLE.reset(token)
 
 
-def table():
-    """(table_BN, write_from_B) of the pages the model is traced under, or None (a dense cache)."""
+def current():
+    """(table_BN, write_from_B) of the `paged` block the model is traced under, or None (a dense cache)."""
     return _TABLE.get()
 
 
