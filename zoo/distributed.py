@@ -21,7 +21,9 @@ What else ends a start or a run of several processes in one line, on every proce
   and by default aborts with a C++ stack trace; zoo's `_fatal` says the one line instead (how, on jaxlib 0.10:
   above `_fatal`). A lost process other than 0 is named by zoo's own watchdog (`_watch`), within half the timeout;
   should jax's heartbeat verdict come first (a busy host holding the watchdog up), `_fatal` names the process the
-  watchdog last saw go quiet, in the same line.
+  watchdog last saw go quiet, in the same line;
+- a collective cut short by a lost peer (gloo's C++ exception, uncaught in XLA's thread): `_broken` names the
+  peer the same way.
 """
 
 from __future__ import annotations
@@ -210,6 +212,31 @@ def _answers(address: str | None, for_s: float = 2.0) -> bool:
     return True
 
 
+# ---- a collective cut short: gloo's exceptions, thrown in XLA's threads, uncaught (std::terminate) ----
+# A peer killed mid-collective may close or cut short its TCP stream while this process reads it; gloo then throws
+# (an IoException, or an EnforceNotMet when a message came cut: "Received data size doesn't match expected size")
+# before the coordination client or the watchdog has seen the peer go. The loss is the likely cause: `_broken`
+# asks who is gone as `_fatal` does (the coordinator first), then leaves the watchdog its time (`_limit`) to name a
+# peer gone quiet, and only then names gloo's exception (processes running different programs: a collective of
+# another size). Seen once in CI: process 0 killed, process 1 aborted in gloo (rc -6, a C++ stack trace).
+GLOO = {b"N4gloo9ExceptionE": "gloo::Exception", b"N4gloo11IoExceptionE": "gloo::IoException",
+        b"N4gloo13EnforceNotMetE": "gloo::EnforceNotMet",
+        b"N4gloo25InvalidOperationExceptionE": "gloo::InvalidOperationException"}
+
+
+def _broken(what: str) -> None:
+    """gloo threw `what` (its exception's type) out of a collective: a lost peer named, else that, in one line."""
+    from jax._src import distributed
+    state = distributed.global_state
+    if state.process_id != 0 and not _answers(state.coordinator_address):
+        _lost([0], "the coordinator no longer answers")
+    end = time.monotonic() + _limit + 2 * BEAT_S
+    while time.monotonic() < end:  # the watchdog's thread runs on: past `_limit` of silence it names the peer
+        time.sleep(0.2)
+    _leave(f"error: a collective between the processes failed ({what}) and no process was seen lost; "
+           f"every process stops (do they all run the same program? the same config and zoo){'. ' + hint if hint else ''}")
+
+
 _handlers: list = []  # the ctypes callbacks std::terminate may call: alive as long as the process
 
 
@@ -227,8 +254,11 @@ def _on_terminate() -> None:
 
     def handler():
         info = current()  # the std::type_info of the exception in flight; its mangled name follows its vtable
-        if info and ctypes.c_char_p.from_address(info + ctypes.sizeof(ctypes.c_void_p)).value == b"St8bad_cast":
+        name = ctypes.c_char_p.from_address(info + ctypes.sizeof(ctypes.c_void_p)).value.lstrip(b"*") if info else b""
+        if name == b"St8bad_cast":
             _fatal()
+        if name in GLOO:
+            _broken(GLOO[name])
         if previous:
             previous[0]()
 
