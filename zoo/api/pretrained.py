@@ -223,19 +223,20 @@ class Pretrained:
         """The text of token ids."""
         return self.tokenizer.decode(list(ids))
 
-    def decoding(self, scan: bool = True):
+    def decoding(self, scan: bool = True, fuse: bool = True):
         """(model, params) that generation and scoring run, made on first use and kept; the same outputs as
         (model, params). scan True: the layers as one scan (zoo.infer.sample.scanned: one layer compiled instead of
         L); False: one layer after another (zoo.infer.sample.unscanned: faster decoding steps, longer compiles;
-        zoo-serve's engine). On a CPU a decoder's kernels are kept transposed, [out, in], for decoding's few rows
-        (zoo.nn.decode_layout: a copy of the weights, the same outputs up to float rounding)."""
-        key = "_decoding_" if scan else "_decoding_looped_"
+        zoo-serve's engine). On a CPU a decoder's kernels are kept transposed, [out, in], for decoding's few rows,
+        with query, key and value one weight and gate and fc one unless `fuse` is False (zoo.nn.decode_layout: a
+        copy of the weights, the same outputs up to float rounding)."""
+        key = ("_decoding_" if scan else "_decoding_looped_") + ("" if fuse else "apart_")
         if key not in self.__dict__:
             from zoo.infer.sample import scanned, unscanned
             from zoo.nn import decode_layout
             model, params = (scanned if scan else unscanned)(self.model, self.params)
             if self.config.model.family == "gpt":  # on a CPU, the kernels as [out, in] (zoo.nn.decode_layout)
-                params = decode_layout.transposed(model, params)
+                params = decode_layout.transposed(model, params, fuse=fuse)
             self.__dict__[key] = (model, params)
         return self.__dict__[key]
 

@@ -108,7 +108,8 @@ class Engine(Scoring, Prefilling, Warming):
         self.held: list[list[int]] = [[] for _ in range(slots)]  # the tokens whose keys and values a row's slots hold
         self.reused = 0  # prompt tokens taken from the cache instead of prefilled
         self.max_len = min(max_len or lm.config.window, lm.config.window)
-        self.model, self.params = lm.decoding(scan=scan_layers)  # looped layers by default: see Engine's docstring
+        # looped layers by default (see Engine's docstring); adapters per request find their Einsums apart
+        self.model, self.params = lm.decoding(scan=scan_layers, fuse=adapters is None)
         self.vocab = lm.tokenizer.n_vocab
         self.eos = np.asarray(stop_ids(lm.tokenizer), np.int32)
         self.waiting: queue.Queue = queue.Queue()

@@ -24,7 +24,7 @@ from zoo.nn import paged_cache, tpu_kernels
 from zoo.nn.attention_backend import (  # noqa: F401 (CUDNN_DTYPES ... _dbias_exported: read from here by others)
     CUDNN_DTYPES, FALLBACKS, IMPLEMENTATIONS, _dbias_exported, cudnn_unsupported_reason, gpu_compute_capability,
     note_fallback, resolve_attention, select_backend)
-from zoo.nn.layers import Dtype, Einsum, einsum_f32, rms_norm, rms_norm_plus1, softcap as soft_cap
+from zoo.nn.layers import Dtype, Einsum, einsum_f32, fused_t, rms_norm, rms_norm_plus1, softcap as soft_cap
 from zoo.nn.masks import (  # noqa: F401 (padding_mask: read from here by others)
     causal_mask, packed_layout, padding_mask, segment_mask, window_mask)
 from zoo.nn.positions import Rope
@@ -259,10 +259,15 @@ class Attention(nn.Module):
         become l0 v + l1 value_embed, l (`value_lambdas`) learned and initialised to 0.5 each."""
         D = x_BTD.shape[-1]
         K = self.num_kv_heads or self.num_heads
-        q_BTNH = self._proj("query", D, self.num_heads, x_BTD)
-        if decode and kv_BSD is not None:
+        if kv_BSD is None and self.has_variable("params", "qkv_t"):  # decode_layout: query, key, value as one product
+            N, H = self.num_heads, self.head_dim
+            q, k, v = fused_t(self, "qkv", x_BTD, (N * H, K * H, K * H))
+            q_BTNH, k_BSKH, v_BSKH = (a.reshape(*a.shape[:2], n, H) for a, n in ((q, N), (k, K), (v, K)))
+        elif decode and kv_BSD is not None:
+            q_BTNH = self._proj("query", D, self.num_heads, x_BTD)
             k_BSKH, v_BSKH = self._cross_cache(kv_BSD, K)
         else:
+            q_BTNH = self._proj("query", D, self.num_heads, x_BTD)
             src_BSD = x_BTD if kv_BSD is None else kv_BSD
             k_BSKH = self._proj("key", src_BSD.shape[-1], K, src_BSD)
             v_BSKH = self._proj("value", src_BSD.shape[-1], K, src_BSD)
