@@ -1,7 +1,6 @@
 """zoo.nn.decode_layout: a decoder's kernels stored [out, in] for decoding on a CPU, a self-attention's query, key
-and value as one weight and a gated MLP's gate and fc as one, give the logits of the plain params (float rounding),
-looped and scanned; adapted kernels are left alone (and their siblings apart); off the CPU the params come back as
-they are."""
+and value as one weight, give the logits of the plain params (float rounding), looped and scanned; adapted kernels
+are left alone (and their siblings apart); off the CPU the params come back as they are."""
 
 import flax.linen as nn
 import jax
@@ -29,13 +28,13 @@ def test_transposed_kernels_give_the_same_logits_looped_and_scanned(preset, scan
     apart = decode_layout.transposed(model, params, platform="cpu", fuse=False)
     assert "kernel_t" in names(moved) and "kernel" not in names(moved)  # every projection, attention and MLP
     assert "kernel" in names(params)  # a copy: the plain params stay as they were
-    # query, key and value one weight (with their biases, GPT-2's), and SwiGLU's gate and fc; or apart if asked
+    # query, key and value one weight (with their biases, GPT-2's); or apart if asked
     attn = (moved["h"] if scan else moved["h_0"])["attn"]
     assert set(attn) == {"qkv_t", "out"} | ({"qkv_bias"} if preset == "gpt_tiny" else set())
     cfg = PRESETS[preset]
     K = cfg.num_kv_heads or cfg.num_heads
     assert attn["qkv_t"].shape[-2:] == ((cfg.num_heads + 2 * K) * cfg.d_model // cfg.num_heads, cfg.d_model)
-    assert ("gate_fc_t" in names(moved)) == (preset == "llama_tiny") and not {"query", "gate"} & names_of_modules(moved)
+    assert not {"query", "key", "value"} & names_of_modules(moved)
     assert {"query", "key", "value"} <= names_of_modules(apart) and "qkv_t" not in names(apart)
     for rows in (1, 8, 80):  # one row; a decoding batch ([out, rows] product); a prompt (the plain product)
         ids = jnp.asarray(np.random.default_rng(rows).integers(0, 200, (rows, 1 if rows < 80 else 3)), jnp.int32)

@@ -228,8 +228,8 @@ class Pretrained:
         (model, params). scan True: the layers as one scan (zoo.infer.sample.scanned: one layer compiled instead of
         L); False: one layer after another (zoo.infer.sample.unscanned: faster decoding steps, longer compiles;
         zoo-serve's engine). On a CPU a decoder's kernels are kept transposed, [out, in], for decoding's few rows,
-        with query, key and value one weight and gate and fc one unless `fuse` is False (zoo.nn.decode_layout: a
-        copy of the weights, the same outputs up to float rounding)."""
+        with query, key and value one weight unless `fuse` is False (zoo.nn.decode_layout: a copy of the weights,
+        the same outputs up to float rounding)."""
         key = ("_decoding_" if scan else "_decoding_looped_") + ("" if fuse else "apart_")
         if key not in self.__dict__:
             from zoo.infer.sample import scanned, unscanned
