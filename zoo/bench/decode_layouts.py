@@ -1,0 +1,74 @@
+"""The decoding params' layouts on a CPU (zoo.nn.decode_layout) side by side in one process, timed alternately so
+that the host's load falls on each alike: kernels [out, in] with query, key and value apart, and with them fused
+(the default). `zoo.infer.sample._generate` of 128 new tokens after 32-token prompts, greedy, random weights.
+
+    python -m zoo.bench.decode_layouts [--rows 1,8,32] [--rounds 5] [--shape smollm2_135m|tiny]
+
+Prints one line per row count: each layout's tokens/s (the median of the rounds, and their range) and the ratio of
+fused to apart; the two decode the same tokens (checked, float rounding aside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+SHAPES = {  # config overrides on configs/llama_tiny.py
+    "smollm2_135m": ["model.num_layers=30", "model.d_model=576", "model.num_heads=9", "model.num_kv_heads=3",
+                     "model.d_ff=1536", "model.vocab_size=49152", "model.max_len=2048", "model.rope_theta=100000.0",
+                     "model.tie_embeddings=True"],
+    "tiny": [],
+}
+
+
+def measure(shape: str, rows: list[int], rounds: int, prompt: int = 32, new: int = 128) -> list[dict]:
+    import flax.linen as nn
+    import jax
+    import numpy as np
+
+    from zoo import tasks
+    from zoo.api.configs import find
+    from zoo.infer.sample import _generate
+    from zoo.nn import decode_layout
+    from zoo.overrides import apply_overrides, load_config_file
+    cfg = apply_overrides(load_config_file(find("llama_tiny")), SHAPES[shape])
+    task = tasks.build(cfg)
+    params = jax.jit(lambda r: nn.unbox(task.init(r)))(jax.random.PRNGKey(0))
+    layouts = {name: decode_layout.transposed(task.model, params, platform="cpu", fuse=fuse)
+               for name, fuse in (("apart", False), ("fused", True))}
+    V, out = cfg.model.vocab_size, []
+    for B in rows:
+        ids = jax.random.randint(jax.random.PRNGKey(1), (B, prompt), 0, V)
+        kw = dict(model=task.model, temperature=0.0, top_k=0, top_p=1.0, vocab_limit=V, eos_id=None, max_new_tokens=new)
+        gen = jax.jit(lambda p, x: _generate(p, x, jax.random.PRNGKey(0), **kw))
+        tokens = {name: np.asarray(gen(p, ids)) for name, p in layouts.items()}
+        times = {name: [] for name in layouts}
+        for _ in range(rounds):
+            for name, p in layouts.items():
+                t = time.perf_counter()
+                gen(p, ids).block_until_ready()
+                times[name].append(time.perf_counter() - t)
+        rate = {name: B * new / float(np.median(ts)) for name, ts in times.items()}
+        out.append({"rows": B, "agree": float((tokens["fused"] == tokens["apart"]).mean()),
+                    **{f"{name}_tokens_per_s": rate[name] for name in layouts},
+                    **{f"{name}_range": (B * new / max(ts), B * new / min(ts)) for name, ts in times.items()},
+                    "fused_over_apart": rate["fused"] / rate["apart"]})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m zoo.bench.decode_layouts", description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", default="1,8,32", help="row counts decoded together, a comma list (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per layout, alternated (default: %(default)s)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="smollm2_135m", help="default: %(default)s")
+    a = ap.parse_args(argv)
+    for r in measure(a.shape, [int(x) for x in a.rows.split(",")], a.rounds):
+        (lo_a, hi_a), (lo_f, hi_f) = r["apart_range"], r["fused_range"]
+        print(f"rows {r['rows']}: apart {r['apart_tokens_per_s']:.1f} tok/s ({lo_a:.1f}-{hi_a:.1f}), fused "
+              f"{r['fused_tokens_per_s']:.1f} ({lo_f:.1f}-{hi_f:.1f}): {r['fused_over_apart']:.2f}x; "
+              f"{100 * r['agree']:.0f}% of tokens the same", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
