@@ -233,8 +233,8 @@ def _broken(what: str) -> None:
     end = time.monotonic() + _limit + 2 * BEAT_S
     while time.monotonic() < end:  # the watchdog's thread runs on: past `_limit` of silence it names the peer
         time.sleep(0.2)
-    _leave(f"error: a collective between the processes failed ({what}) and no process was seen lost; "
-           f"every process stops (do they all run the same program? the same config and zoo){'. ' + hint if hint else ''}")
+    _leave(f"error: a collective between the processes failed ({what}) and no process was seen lost; every "
+           f"process stops (do they all run the same program? the same config and zoo){'. ' + hint if hint else ''}")
 
 
 _handlers: list = []  # the ctypes callbacks std::terminate may call: alive as long as the process

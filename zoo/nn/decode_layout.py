@@ -7,9 +7,9 @@ Only where it pays and nothing else reads the kernel: on the CPU backend, for Ei
 product (`layers.simple`), not adapted (LoRA's lora_a/lora_b beside the kernel) and not quantized (qkernel). Other
 backends' matrix units take either layout: their params come back as they are. A self-attention's query, key and
 value become one weight (`_groups`, read by zoo.nn.layers.fused_t): one product where there were three on the same
-input. One row of SmolLM2-135M decodes 11% faster so (26.8 -> 29.8 tokens/s); 8 and 32 rows measured the same
-within noise (113.8 -> 109.7, 172 -> 169), and a gated MLP's gate and fc fused too gained nothing more. `ZOO_KERNEL_LAYOUT=plain` in the
-environment keeps the kernels as they are on the CPU too (what `python -m zoo.bench.serve --servers
+input. One row of SmolLM2-135M decodes 11-13% faster so; 8 and 32 rows measured the same within the noise, and a
+gated MLP's gate and fc fused too gained nothing more (python -m zoo.bench.decode_layouts). `ZOO_KERNEL_LAYOUT=plain`
+in the environment keeps the kernels as they are on the CPU too (what `python -m zoo.bench.serve --servers
 zoo-serve,zoo-serve-plain-kernels` measures the layout against).
 """
 
