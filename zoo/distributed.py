@@ -230,9 +230,7 @@ def _broken(what: str) -> None:
     state = distributed.global_state
     if state.process_id != 0 and not _answers(state.coordinator_address):
         _lost([0], "the coordinator no longer answers")
-    end = time.monotonic() + _limit + 2 * BEAT_S
-    while time.monotonic() < end:  # the watchdog's thread runs on: past `_limit` of silence it names the peer
-        time.sleep(0.2)
+    time.sleep(_limit + 2 * BEAT_S)  # the watchdog's thread runs on: past `_limit` of silence it names the peer
     _leave(f"error: a collective between the processes failed ({what}) and no process was seen lost; every "
            f"process stops (do they all run the same program? the same config and zoo){'. ' + hint if hint else ''}")
 

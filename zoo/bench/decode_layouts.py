@@ -2,7 +2,7 @@
 that the host's load falls on each alike: kernels [out, in] with query, key and value apart, and with them fused
 (the default). `zoo.infer.sample._generate` of 128 new tokens after 32-token prompts, greedy, random weights.
 
-    python -m zoo.bench.decode_layouts [--rows 1,8,32] [--rounds 5] [--shape smollm2_135m|tiny]
+    python -m zoo.bench.decode_layouts [--rows 1,8,32] [--rounds 5] [--shape smollm2_135m|gpt2_cpu|tiny]
 
 Prints one line per row count: each layout's tokens/s (the median of the rounds, and their range) and the ratio of
 fused to apart; the two decode the same tokens (checked, float rounding aside).
@@ -13,11 +13,14 @@ from __future__ import annotations
 import argparse
 import time
 
-SHAPES = {  # config overrides on configs/llama_tiny.py
-    "smollm2_135m": ["model.num_layers=30", "model.d_model=576", "model.num_heads=9", "model.num_kv_heads=3",
-                     "model.d_ff=1536", "model.vocab_size=49152", "model.max_len=2048", "model.rope_theta=100000.0",
-                     "model.tie_embeddings=True"],
-    "tiny": [],
+SHAPES = {  # name: (shipped config, overrides)
+    "smollm2_135m": ("llama_tiny", ["model.num_layers=30", "model.d_model=576", "model.num_heads=9",
+                                    "model.num_kv_heads=3", "model.d_ff=1536", "model.vocab_size=49152",
+                                    "model.max_len=2048", "model.rope_theta=100000.0", "model.tie_embeddings=True"]),
+    # zoo-bench's `generate` CPU shape: GPT-2's architecture (biases, no GQA) at 6 layers of 384
+    "gpt2_cpu": ("gpt_tiny", ["model.num_layers=6", "model.d_model=384", "model.num_heads=6", "model.d_ff=1536",
+                              "model.vocab_size=50257", "model.max_len=1024", "model.dropout=0.0"]),
+    "tiny": ("llama_tiny", []),
 }
 
 
@@ -31,7 +34,8 @@ def measure(shape: str, rows: list[int], rounds: int, prompt: int = 32, new: int
     from zoo.infer.sample import _generate
     from zoo.nn import decode_layout
     from zoo.overrides import apply_overrides, load_config_file
-    cfg = apply_overrides(load_config_file(find("llama_tiny")), SHAPES[shape])
+    config, overrides = SHAPES[shape]
+    cfg = apply_overrides(load_config_file(find(config)), overrides)
     task = tasks.build(cfg)
     params = jax.jit(lambda r: nn.unbox(task.init(r)))(jax.random.PRNGKey(0))
     layouts = {name: decode_layout.transposed(task.model, params, platform="cpu", fuse=fuse)
