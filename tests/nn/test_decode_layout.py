@@ -23,6 +23,10 @@ def test_transposed_kernels_give_the_same_logits_looped_and_scanned(preset, scan
     model = Gpt(PRESETS[preset])
     params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
     params = nn.unbox(params)
+    rng = np.random.default_rng(0)  # biases start at 0: random ones, so that a bias dropped or misplaced shows
+    params = jax.tree_util.tree_map_with_path(
+        lambda p, x: jnp.asarray(rng.normal(0, 0.5, x.shape), x.dtype) if "bias" in jax.tree_util.keystr(p) else x,
+        params)
     model, params = (scanned if scan else unscanned)(model, params)
     moved = decode_layout.transposed(model, params, platform="cpu")
     apart = decode_layout.transposed(model, params, platform="cpu", fuse=False)
