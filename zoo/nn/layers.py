@@ -303,3 +303,14 @@ def sublayer(x_BTD, f, norm, *, pre_ln: bool, dropout: float, deterministic: boo
     if pre_ln:
         return x_BTD + drop(f(norm(x_BTD)), deterministic=deterministic)
     return norm(x_BTD + drop(f(x_BTD), deterministic=deterministic))
+
+
+def argmax_last(x_BV):
+    """jnp.argmax(x_BV, -1) (the first of equal maxima) as a maximum and a minimum over the indices holding it, int32:
+    XLA:CPU runs jnp.argmax's paired (value, index) reduction scalar by scalar, these two vectorised (a greedy
+    decoding step's [32, 49152] logits: 1.9 against 3.6 ms on the 2-core CPU, [1, 49152] 0.10 against 0.24 ms).
+    A row holding NaN, which no maximum equals, gives its last index."""
+    V = x_BV.shape[-1]
+    max_B1 = jnp.max(x_BV, -1, keepdims=True)
+    first_B = jnp.min(jnp.where(x_BV == max_B1, jnp.arange(V, dtype=jnp.int32), V), -1)
+    return jnp.minimum(first_B, V - 1)
