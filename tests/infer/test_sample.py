@@ -97,13 +97,13 @@ def test_bad_sampling_arguments_are_refused(model_params, kw, fragment):
 
 
 def test_greedy_picks_jnp_argmax_first_of_equal_maxima():
-    """argmax_last (greedy decoding's pick: a maximum, then the least index holding it) is jnp.argmax: on random
+    """first_argmax (greedy decoding's pick: a maximum, then the least index holding it) is jnp.argmax: on random
     rows, on ties (the first wins), on rows of -inf (a grammar masking every token: index 0) and of one token."""
-    from zoo.nn.layers import argmax_last
+    from zoo.nn.layers import first_argmax
     x = jax.random.normal(jax.random.PRNGKey(0), (32, 49152))
     x = x.at[3, 7].set(9.0).at[3, 9000].set(9.0).at[5].set(-jnp.inf).at[6].set(0.0)  # ties; all -inf; all equal
-    got = jax.jit(argmax_last)(x)
+    got = jax.jit(first_argmax)(x)
     assert got.dtype == jnp.int32 and got[3] == 7 and got[5] == 0 and got[6] == 0
     assert (got == jnp.argmax(x, -1)).all()
-    assert int(argmax_last(jnp.asarray([[1.5]]))[0]) == 0
-    assert int(argmax_last(jnp.asarray([[0.0, jnp.nan, 1.0]]))[0]) in range(3)  # NaN: an index in range, not V
+    assert int(first_argmax(jnp.asarray([[1.5]]))[0]) == 0
+    assert int(first_argmax(jnp.asarray([[0.0, jnp.nan, 1.0]]))[0]) in range(3)  # NaN: an index in range, not V

@@ -13,7 +13,7 @@ import numpy as np
 
 from zoo.infer.grammar import words
 from zoo.nn import multi_lora, paged_cache
-from zoo.nn.layers import argmax_last
+from zoo.nn.layers import first_argmax
 
 
 def _apply(model, adapters, variables, ids_BT, **kw):
@@ -59,7 +59,7 @@ def _sample(logits_BV, keys, temp_B, topk_B, topp_B, mask_BW):
     """One token per row: greedy at temperature 0, else sampling at its temperature, filtered by its top-k and
     top-p (the sorting only when some row asks for a filter), among the tokens its grammar's bitmask allows."""
     logits_BV = masked(logits_BV, mask_BW)
-    greedy_B = argmax_last(logits_BV)
+    greedy_B = first_argmax(logits_BV)
 
     def sampled(logits_BV):  # only when some row samples: its Gumbel noise and arg-max over [B, V] cost as much
         scaled_BV = logits_BV / jnp.maximum(temp_B, 1e-6)[:, None]  # as the rest of a 32-row step's sampling

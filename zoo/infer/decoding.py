@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from zoo.nn.layers import argmax_last
+from zoo.nn.layers import first_argmax
 
 NEG_INF = -1.0e9  # "impossible" score; finite so that sums and comparisons stay well-defined
 
@@ -59,7 +59,7 @@ def greedy(params, src_BS, src_valid_BS, *, model, max_len: int, bos_id: int, eo
     def body(c):
         i, cache, tok_B, out_BL, done_B = c
         cache, logits_BV = _decode_call(model, params, cache, tok_B[:, None], enc_BSD, src_valid_BS)
-        tok_B = jnp.where(done_B, eos_id, argmax_last(logits_BV[:, :vocab_limit]))
+        tok_B = jnp.where(done_B, eos_id, first_argmax(logits_BV[:, :vocab_limit]))
         return i + 1, cache, tok_B, out_BL.at[:, i].set(tok_B), done_B | (tok_B == eos_id)
 
     init = (jnp.int32(0), cache, jnp.full((B,), bos_id, jnp.int32), jnp.full((B, max_len), eos_id, jnp.int32),

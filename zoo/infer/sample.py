@@ -18,13 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from zoo.errors import ConfigError
-from zoo.nn.layers import argmax_last
+from zoo.nn.layers import first_argmax
 
 
 def sample_logits(logits_BV, rng, temperature: float, top_k: int, top_p: float):
     """One token per row. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
     if temperature == 0:
-        return argmax_last(logits_BV)
+        return first_argmax(logits_BV)
     logits_BV = logits_BV / temperature
     if top_k:
         kth_B1 = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
