@@ -1,6 +1,8 @@
 """zoo.bench.small_sets: the user-like sets ask every fact, never in the held-out phrasing, and an answer counts
 only when it holds its key."""
 
+import pytest
+
 from zoo.bench import small_sets
 
 
@@ -30,3 +32,9 @@ def test_a_key_counts_as_a_word_of_its_own():
     assert small_sets.holds("It costs 2.50 euros.", "2.50") and small_sets.holds("Age 16.", "16")
     assert not small_sets.holds("30 minutes", "3") and not small_sets.holds("12.50 euros", "2.50")
     assert not small_sets.holds("It is 2.5", "2.50") and small_sets.holds("Paris!", "paris")
+
+
+def test_bad_sizes_are_one_line_naming_the_option(capsys):
+    with pytest.raises(SystemExit) as e:
+        small_sets.main(["--sizes", "60,2OO"])
+    assert e.value.code == 2 and "--sizes='60,2OO': give numbers of chats" in capsys.readouterr().err

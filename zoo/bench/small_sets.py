@@ -157,18 +157,26 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m zoo.bench.small_sets", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="60,200,1000")
     p.add_argument("--model", default=None, help="what zoo.load and --init-from take (default: the SmolLM2 GGUF)")
-    p.add_argument("--workdir", default=None, help="where the runs go (default: a temporary folder)")
+    p.add_argument("--workdir", default=None, help="where the sets, runs and answers go (default: a new temporary "
+                                                   "folder, kept)")
     p.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE")
     a = p.parse_args(argv)
+    try:
+        sizes = [int(x) for x in a.sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        p.error(f"--sizes={a.sizes!r}: give numbers of chats (at least 1), comma-separated, e.g. 60,200,1000")
     model = a.model or smollm2_gguf("python -m zoo.bench.small_sets")
     root = a.workdir or tempfile.mkdtemp(prefix="zoo-small-sets-")
     os.makedirs(root, exist_ok=True)
+    print(f"the sets, runs and answers go to {root} (kept)", flush=True)
     held = write_jsonl(os.path.join(root, "held_out.jsonl"), held_out())
     right, known, answers = score(zoo.load(model))
     write_jsonl(os.path.join(root, "answers_base.jsonl"), [{"answer": x} for x in answers])
     rows = [("base", right, known, 0, 0.0)]
     print(f"base: {right}/{len(FACTS)} held-out facts, {known}/{len(GENERAL)} general answers", flush=True)
-    for n in [int(s) for s in a.sizes.split(",")]:
+    for n in sizes:
         train = write_jsonl(os.path.join(root, f"train_{n}.jsonl"), chats(n))
         t = time.perf_counter()
         run = zoo.train(init_from=model, workdir=os.path.join(root, f"run_{n}"), quiet=True,
