@@ -265,5 +265,8 @@ def test_presets_dtype_and_a_mesh(llama):
     assert sharded.generate(PROMPTS, max_new_tokens=NEW) == zoo.load(llama[1]).generate(PROMPTS, max_new_tokens=NEW)
     fresh = zoo.load("llama_tiny", seed=1)
     assert fresh.kind == "preset" and fresh.config.model.num_layers == 4
+    for lm in (zoo.load(llama[0]), zoo.load(llama[1]), fresh):  # a Hugging Face directory, a run, a preset
+        # on the device already: host arrays would be copied there again by every jitted call
+        assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(lm.params)), lm.kind
     model, params, tok, cfg = fresh  # unpacks as zoo.from_pretrained's tuple did
     assert params is fresh.params and tok.n_vocab == 257

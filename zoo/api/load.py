@@ -93,8 +93,10 @@ def load(source, *, dtype=None, step: int | None = None, base: str | None = None
     cfg = plain(cfg)
     if dtype is not None:
         cfg, params = _cast(cfg, params, str(getattr(dtype, "name", dtype)))
-    if mesh is not None:
-        params = _laid_out(cfg, params, mesh)
+    import jax
+    # On the device once, here: host (numpy) params would be copied to the device again by every jitted call
+    # (all-MiniLM-L6-v2's 90 MB: 45 of a batch-1 embed's 51 ms on this CPU).
+    params = jax.device_put(params) if mesh is None else _laid_out(cfg, params, mesh)
     from zoo import tasks
     return Pretrained(tasks.build(cfg).model, params, tok, cfg, source=source, kind=kind, step=step, run_dir=run_dir,
                       lora_run=lora_run)
