@@ -58,6 +58,15 @@ def test_bucket_and_batches():
     assert [b.tolist() for b in encoder.batches([3, 9, 1, 9, 4], 2)] == [[1, 3], [4, 0], [2]]
 
 
+def test_lengths_pad_to_an_eighth_of_their_power_of_two():
+    got = {n: encoder.length_bucket(n, 512) for n in (1, 8, 9, 17, 19, 28, 43, 64, 65, 75, 200, 256, 300, 600)}
+    assert got == {1: 8, 8: 8, 9: 16, 17: 24, 19: 24, 28: 32, 43: 48, 64: 64, 65: 80, 75: 80, 200: 224, 256: 256,
+                   300: 320, 600: 512}
+    lengths = {encoder.length_bucket(n, 512) for n in range(1, 513)}
+    assert len(lengths) == 20
+    assert all(n <= encoder.length_bucket(n, 512) < n + max(8, n / 4) for n in range(1, 513))
+
+
 def test_classify_file_equals_one_at_a_time(runs, tmp_path, capsys):
     rows = [{"text": t} if i % 2 else {"text": t, "pair": t[::-1][:9], "id": i} for i, t in enumerate(TEXTS)]
     src = write_jsonl(tmp_path / "in.jsonl", rows)

@@ -25,11 +25,12 @@ from __future__ import annotations
 import functools
 import os
 
-import jax
+
 import jax.numpy as jnp
 import numpy as np
 
 from zoo.errors import ArgumentError, FamilyError
+from zoo.infer.encoder import jitted
 from zoo.tasks.embed import Pooling, pool_hidden, st_pooling, unit
 
 PROGRESS_AT = 1024  # texts from which a progress bar is shown
@@ -85,7 +86,7 @@ def _framed(lm, ids: list[list[int]], pool: Pooling) -> list[list[int]]:
     return [[sp.cls, *x[:pool.max_len - 2], sp.sep] for x in ids]
 
 
-@functools.partial(jax.jit, static_argnames=("model", "mode", "normalize", "decoder"))
+@functools.partial(jitted, static_argnames=("model", "mode", "normalize", "decoder"))
 def _pool(params, ids_BT, valid_BT, *, model, mode: str, normalize: bool, decoder: bool):
     """float32[B, D]: each row's pooled (and, with `normalize`, unit-length) last hidden states."""
     if decoder:
@@ -148,7 +149,7 @@ def embed_ids(lm, ids: list[list[int]], *, batch_size: int = 32) -> np.ndarray:
 def _embed_rows(lm, rows: list[list[int]], pool: Pooling, batch_size: int, norm: bool, progress: bool,
                 dimensions: int | None) -> np.ndarray:
     """float32[N, D] of the framed rows, in length-sorted jitted batches of bucketed shapes."""
-    from zoo.infer.encoder import batches, bucket
+    from zoo.infer.encoder import batches, bucket, length_bucket
     width = lm.model.cfg.d_model
     decoder = lm.config.model.family != "bert"
     pad = 0
@@ -163,7 +164,7 @@ def _embed_rows(lm, rows: list[list[int]], pool: Pooling, batch_size: int, norm:
         bar = tqdm(total=len(rows), desc="embedding", unit="texts")
     for idx in groups:
         B = bucket(len(idx), batch_size)
-        T = bucket(max(len(rows[i]) for i in idx), pool.max_len, least=8)
+        T = length_bucket(max(len(rows[i]) for i in idx), pool.max_len)
         ids_BT = np.full((B, T), pad, np.int32)
         valid_BT = np.zeros((B, T), bool)
         for b, i in enumerate(list(idx) + [idx[0]] * (B - len(idx))):
