@@ -254,9 +254,14 @@ class Config:
     def __post_init__(self):
         _check(self.task in TASK_FAMILY, f"task={self.task!r} is unknown; choose one of {', '.join(TASK_FAMILY)}")
         family = FAMILIES[TASK_FAMILY[self.task]]
-        _check(self.model.family == family.name,
+        _check(self.task in FAMILIES[self.model.family].tasks,
                f"task={self.task!r} trains a {family.name} model but model is a {self.model.family} config; "
                f"tasks of {self.model.family}: {', '.join(FAMILIES[self.model.family].tasks)}")
+        if self.task == "embed":  # the poolings of the family's own task
+            from zoo.task_settings import embed_poolings
+            _check(self.embed.pooling in ("", *embed_poolings(self.model.family)),
+                   f"embed.pooling={self.embed.pooling!r} does not pool a {self.model.family} model; choose one of "
+                   f"{', '.join(embed_poolings(self.model.family))}")
         _check(self.context_len >= 0, f"context_len={self.context_len} must be >= 0 (0: data.seq_len)")
         _check(not self.data.streaming or self.task == "gpt_lm",
                f"data.streaming=true streams text for task=gpt_lm (causal LM pretraining); task={self.task!r} reads "

@@ -53,7 +53,13 @@ class PreferenceConfig:
         return self.reference if self.reference != "auto" else ("base" if lora else "precomputed")
 
 
-EMBED_POOLINGS = ("", "mean", "cls", "max", "mean_sqrt_len")
+EMBED_POOLINGS = ("", "mean", "cls", "max", "mean_sqrt_len", "last")
+
+
+def embed_poolings(family: str) -> tuple[str, ...]:
+    """The poolings task=embed trains a model of `family` with: an encoder's (no last token: [SEP]), or a
+    decoder's (no cls: its first token has seen nothing else)."""
+    return ("mean", "cls", "max", "mean_sqrt_len") if family == "bert" else ("last", "mean", "max", "mean_sqrt_len")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,8 +69,8 @@ class EmbedConfig:
 
     scale: float = 20.0  # the cosine similarities' multiplier (1 / temperature; sentence-transformers' default 20)
     symmetric: bool = False  # add the positive -> anchors direction and average (MultipleNegativesSymmetricRankingLoss)
-    pooling: str = ""  # "" as the init_from checkpoint's 1_Pooling/config.json says (else mean) | mean | cls | max
-    #   | mean_sqrt_len
+    pooling: str = ""  # "" as the init_from checkpoint's 1_Pooling/config.json says (else an encoder's mean, a
+    #   decoder's last) | mean | cls | max | mean_sqrt_len (encoders) | last | mean | max | mean_sqrt_len (decoders)
     # A gradient cache (CachedMultipleNegativesRankingLoss): the encoder runs over chunks of this many pairs (each
     # with its K texts), holding one chunk's activations at a time, while the loss still spans the whole batch.
     # 0: off (the batch in one forward). The loss and gradient are the same; dropout masks are drawn per chunk.

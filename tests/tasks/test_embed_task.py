@@ -129,8 +129,8 @@ def test_bad_settings_are_refused_in_one_line(tmp_path):
     cfg = cfg_for("embed", str(tmp_path))
     with pytest.raises(ConfigError, match=r"embed.scale=0.0 must be a positive number"):
         replace(cfg, embed=dict(scale=0.0))
-    with pytest.raises(ConfigError, match=r"embed.pooling='last' is unknown"):
-        replace(cfg, embed=dict(pooling="last"))
+    with pytest.raises(ConfigError, match=r"embed.pooling='first' is unknown"):
+        replace(cfg, embed=dict(pooling="first"))
 
 
 def test_the_pooling_is_read_from_the_checkpoint_and_kept_in_the_run(tmp_path):

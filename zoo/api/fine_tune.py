@@ -192,8 +192,9 @@ def _task(theirs_task: str, sets, file_task: str | None = None) -> str:
     """The task a fine-tune of a `theirs_task` source trains before --set task=: a config file's own task when
     it is one of the source's family (its sections are written for it), else the source's (a bare BERT encoder:
     bert_mlm, or bert_cls when --set names a label field)."""
-    from zoo.models import TASK_FAMILY
-    if file_task and file_task != "bert_encoder" and TASK_FAMILY.get(file_task) == TASK_FAMILY.get(theirs_task):
+    from zoo.models import FAMILIES, TASK_FAMILY
+    if file_task and file_task != "bert_encoder" and theirs_task in TASK_FAMILY and \
+            file_task in FAMILIES[TASK_FAMILY[theirs_task]].tasks:
         return file_task
     task = "bert_mlm" if theirs_task == "bert_encoder" else theirs_task
     if theirs_task.startswith("bert_") and theirs_task != "bert_tokens" and _set_keys(sets) & set(CLS_FIELDS):

@@ -6,7 +6,8 @@ from zoo.models.base import Family, ModelConfig
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gpt", gpt.GptConfig, gpt.PRESETS, tasks={"gpt_lm": "zoo.tasks.lm:LmTask", "sft": "zoo.tasks.sft:SftTask",
-                                                 "dpo": "zoo.tasks.preference:DpoTask", "grpo": "zoo.tasks.rl:GrpoTask"},
+                                                 "dpo": "zoo.tasks.preference:DpoTask", "grpo": "zoo.tasks.rl:GrpoTask",
+                                                 "embed": "zoo.tasks.embed_decoder:DecoderEmbedTask"},
            hf={"gpt2": "zoo.hf.gpt2", "qwen2": "zoo.hf.qwen2", "qwen3": "zoo.hf.qwen3", "mistral": "zoo.hf.mistral",
                "mixtral": "zoo.hf.mixtral", "qwen3_moe": "zoo.hf.qwen3_moe", "phi3": "zoo.hf.phi3",
                "gpt_neox": "zoo.hf.gpt_neox", "gemma": "zoo.hf.gemma", "gemma2": "zoo.hf.gemma2",
@@ -21,8 +22,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("encdec", encdec.EncDecConfig, encdec.PRESETS, tasks={"seq2seq": "zoo.tasks.seq2seq:Seq2SeqTask"},
            hf={"t5": "zoo.hf.t5", "mt5": "zoo.hf.t5", "bart": "zoo.hf.bart"}),  # mT5 is T5 v1.1; exports as t5
 )}
-# Every task name -> its family.
-TASK_FAMILY: dict[str, str] = {t: f.name for f in FAMILIES.values() for t in f.tasks}
+# Every task name -> its family; embed, which encoders and decoders both train (the model config says which), ->
+# bert, the family of a fine-tune's defaults and of a config that names no model.
+TASK_FAMILY: dict[str, str] = {**{t: f.name for f in FAMILIES.values() for t in f.tasks}, "embed": "bert"}
 PRESETS: dict[str, ModelConfig] = {name: cfg for f in FAMILIES.values() for name, cfg in f.presets.items()}
 
 

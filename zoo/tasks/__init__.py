@@ -6,7 +6,7 @@ model config asks for them (`adapted`); `base` holds the protocol."""
 from __future__ import annotations
 
 from zoo import runtime
-from zoo.models import FAMILIES, TASK_FAMILY
+from zoo.models import FAMILIES
 from zoo.models.base import resolve
 from zoo.nn import lora
 from zoo.tasks import distill
@@ -18,7 +18,7 @@ __all__ = ["Data", "Task", "build", "check_data", "plain"]
 
 def plain(cfg) -> Task:
     """The task of cfg without adapters: the family's own model, as a run's merged weights fit it."""
-    return resolve(FAMILIES[TASK_FAMILY[cfg.task]].tasks[cfg.task])(cfg)
+    return resolve(FAMILIES[cfg.model.family].tasks[cfg.task])(cfg)
 
 
 def build(cfg) -> Task:
@@ -35,5 +35,5 @@ def check_data(cfg, vocab: bool = True):
     runtime.check_cache_dir(cfg.data.cache_dir)
     if cfg.distill.teacher:  # a source zoo.load reads (its vocabulary is checked as it loads: zoo.tasks.distill)
         distill.check_source(cfg.distill.teacher)
-    return resolve(FAMILIES[TASK_FAMILY[cfg.task]].tasks[cfg.task]).check_data(cfg, vocab)
+    return resolve(FAMILIES[cfg.model.family].tasks[cfg.task]).check_data(cfg, vocab)
 

@@ -1,5 +1,6 @@
-"""Contrastive fine-tuning of sentence embeddings (task=embed) on a BERT-family encoder: (anchor, positive) pairs,
-optionally a hard negative each, and sentence-transformers' MultipleNegativesRankingLoss with in-batch negatives.
+"""Contrastive fine-tuning of sentence embeddings (task=embed) on a BERT-family encoder (a decoder's:
+zoo.tasks.embed_decoder): (anchor, positive) pairs, optionally a hard negative each, and sentence-transformers'
+MultipleNegativesRankingLoss with in-batch negatives.
 
 Data: any source of zoo.data (`hub:NAME[/CONFIG]`, local json/jsonl/parquet/csv/tsv) with the columns
 sentence-transformers and TRL name, found automatically: anchor/positive (optional negative) or query/document
@@ -47,14 +48,14 @@ from zoo.tasks import grad_cache
 from zoo.tasks.base import Data
 from zoo.tasks.classify import _Encoder
 from zoo.tasks.mlm import check_bert_vocab, check_ids
+from zoo.task_settings import embed_poolings
 
 # Column sets, first match wins: (anchor, positive, optional hard negative).
 COLUMNS = (("anchor", "positive", "negative"), ("query", "document", "negative"))
-# The poolings task=embed trains with -> their key in 1_Pooling/config.json.
-MODES = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
-         "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens"}
-# Every pooling zoo pools with -> its key (last: a decoder's last token, Pretrained.embed's only).
-POOLINGS = {**MODES, "last": "pooling_mode_lasttoken"}
+# Every pooling zoo pools with -> its key in 1_Pooling/config.json (last: a decoder's last token; which of them
+# task=embed trains a family with: zoo.task_settings.embed_poolings).
+POOLINGS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
+            "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens", "last": "pooling_mode_lasttoken"}
 MASKED = -1e9  # the logit of a padding row as a candidate: finite, so a padding row's own loss (weight 0) is not NaN
 
 
@@ -246,9 +247,11 @@ def st_pooling(d: str | None, max_len: int, default: str = "mean", modes=tuple(P
     return Pooling(mode, "Normalize" in types, max_len, tuple(sorted(prompts.items())))
 
 
-def read_pooling(d: str | None, max_len: int) -> Pooling:
-    """task=embed's pooling of the sentence-transformers files in `d` (None: mean, unnormalised): one of MODES."""
-    return st_pooling(d, max_len, modes=tuple(MODES), hint=", which task=embed trains with; set embed.pooling")
+def read_pooling(d: str | None, max_len: int, family: str = "bert") -> Pooling:
+    """task=embed's pooling of the sentence-transformers files in `d` for a model of `family` (None: an encoder's
+    mean, a decoder's last token, unnormalised): one of the family's embed_poolings."""
+    modes = embed_poolings(family)
+    return st_pooling(d, max_len, modes[0], modes=modes, hint=", which task=embed trains with; set embed.pooling")
 
 
 class EmbedTask(_Encoder):
@@ -262,10 +265,25 @@ class EmbedTask(_Encoder):
 
     @functools.cached_property
     def pooling(self) -> Pooling:
-        """The init_from checkpoint's pooling (mean, unnormalised without sentence-transformers files), with
-        embed.pooling's mode when set."""
-        pool = read_pooling(st_dir(self.cfg.init_from), self.cfg.model.max_len)
+        """The init_from checkpoint's pooling (an encoder's mean, a decoder's last token, unnormalised, without
+        sentence-transformers files), with embed.pooling's mode when set."""
+        pool = read_pooling(st_dir(self.cfg.init_from), self.cfg.model.max_len, self.cfg.model.family)
         return dataclasses.replace(pool, mode=self.cfg.embed.pooling or pool.mode)
+
+    def hidden_states(self, params, ids_NT, valid_NT, train: bool, rng):
+        """x_NTD: the encoder's last hidden states of the framed rows."""
+        return self.model.apply({"params": params}, ids_NT, jnp.zeros_like(ids_NT), valid_NT, deterministic=not train,
+                                rngs={"dropout": rng})
+
+    @classmethod
+    def check_vocab(cls, cfg, tokenizer):
+        """The tokenizer fits the model; returns what `frame` takes (the encoder's special tokens)."""
+        return check_bert_vocab(cfg.model, tokenizer)
+
+    @staticmethod
+    def frame(tokenizer, specials, texts: list[str], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [N, T], lengths [N]) of texts as Pretrained.embed frames them."""
+        return encode(tokenizer, specials, texts, seq_len)
 
     def loss(self, params, batch, rng, train):
         ids_BKT, valid_BKT, w_B = batch["inputs"], batch["valid"], batch["weights"]
@@ -274,8 +292,7 @@ class EmbedTask(_Encoder):
         def embed_rows(ids_bKT, valid_bKT, rng):  # [b, K, T] -> e_bKD, the pooled vector of each text
             b = ids_bKT.shape[0]
             ids_NT, valid_NT = ids_bKT.reshape(b * K, T), valid_bKT.reshape(b * K, T)
-            h_NTD = self.model.apply({"params": params}, ids_NT, jnp.zeros_like(ids_NT), valid_NT,
-                                     deterministic=not train, rngs={"dropout": rng})
+            h_NTD = self.hidden_states(params, ids_NT, valid_NT, train, rng)
             return pool_hidden(h_NTD, valid_NT, self.pooling.mode).reshape(b, K, -1)
 
         e = self.cfg.embed
@@ -295,7 +312,7 @@ class EmbedTask(_Encoder):
     def check_data(cls, cfg, vocab: bool = True):
         d = cfg.data
         if vocab:
-            check_bert_vocab(cfg.model, get_tokenizer(d.tokenizer))
+            cls.check_vocab(cfg, get_tokenizer(d.tokenizer))
         ds = load_pairs(d)
         for col in columns_of(ds, d.source):
             texts_of(ds, col)
@@ -305,11 +322,11 @@ class EmbedTask(_Encoder):
 
     def make_data(self, cfg, process_index: int, process_count: int) -> Data:
         d, tokenizer = cfg.data, get_tokenizer(cfg.data.tokenizer)
-        sp = check_bert_vocab(cfg.model, tokenizer)
+        sp = self.check_vocab(cfg, tokenizer)
         ds = load_pairs(d)
         cols = columns_of(ds, d.source)
         texts = [texts_of(ds, c) for c in cols]
-        enc = [encode(tokenizer, sp, t, d.seq_len) for t in texts]
+        enc = [self.frame(tokenizer, sp, t, d.seq_len) for t in texts]
         ids_NKT = np.stack([e[0] for e in enc], 1)
         check_ids(ids_NKT, cfg.model.vocab_size, tokenizer, f"data.source={d.source!r}")
         lengths_NK = np.stack([e[1] for e in enc], 1)

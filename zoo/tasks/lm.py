@@ -23,6 +23,16 @@ def check_vocab(cfg, tokenizer) -> None:
                            f"{tokenizer.n_vocab} (e.g. {-(-tokenizer.n_vocab // 128) * 128})")
 
 
+def decoder_flops(task, seq_len: int) -> int:
+    """6N + attention FLOPs a token of a decoder task's model (N: its params less task.EXCLUDE, and an MoE's
+    experts a token does not run)."""
+    m = task.cfg.model
+    n = count(jax.eval_shape(task.init, jax.random.PRNGKey(0)), exclude=task.EXCLUDE)
+    if m.num_experts:  # active params: a token runs R of the E experts (3 D x F kernels each) in every layer
+        n -= m.num_layers * 3 * m.d_model * m.d_ff * (m.num_experts - m.experts_per_token)
+    return 6 * n + attention_flops(m.num_layers, m.num_heads, m.head_dim, seq_len)
+
+
 class LmTask(BaseTask):
     """Loss on every target token (weight = their count)."""
 
@@ -82,11 +92,7 @@ class LmTask(BaseTask):
         return loss_sum, {**aux, "moe_aux_sum": scaled}
 
     def flops_per_token(self, seq_len):
-        m = self.cfg.model
-        n = count(jax.eval_shape(self.init, jax.random.PRNGKey(0)), exclude=self.EXCLUDE)
-        if m.num_experts:  # active params: a token runs R of the E experts (3 D x F kernels each) in every layer
-            n -= m.num_layers * 3 * m.d_model * m.d_ff * (m.num_experts - m.experts_per_token)
-        return 6 * n + attention_flops(m.num_layers, m.num_heads, m.head_dim, seq_len)
+        return decoder_flops(self, seq_len)
 
     @classmethod
     def check_data(cls, cfg, vocab: bool = True):
