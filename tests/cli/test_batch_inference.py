@@ -56,6 +56,12 @@ def test_bucket_and_batches():
     assert [encoder.bucket(n, 64, least=8) for n in (1, 8, 9, 33, 64)] == [8, 8, 16, 64, 64]
     assert [encoder.bucket(n, 12) for n in (1, 3, 5, 12)] == [1, 4, 8, 12]
     assert [b.tolist() for b in encoder.batches([3, 9, 1, 9, 4], 2)] == [[1, 3], [4, 0], [2]]
+    assert [b.tolist() for b in encoder.length_batches([3, 9, 1, 9, 4], 2)] == [[1, 3], [4, 0], [2]]
+    # a row half its batch's longest or shorter starts a batch of its own (under 8 tokens: counted as 8)
+    lengths = [236, 100, 90, 60, 50, 40, 30, 20, 10, 9, 8, 3]
+    assert [b.tolist() for b in encoder.length_batches(lengths, 4)] == [[0], [1, 2, 3], [4, 5, 6], [7],
+                                                                        [8, 9, 10, 11]]
+    assert sorted(np.concatenate(encoder.length_batches(lengths[::-1], 3)).tolist()) == list(range(12))
 
 
 def test_lengths_pad_to_an_eighth_of_their_power_of_two():

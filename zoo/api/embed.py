@@ -149,7 +149,7 @@ def embed_ids(lm, ids: list[list[int]], *, batch_size: int = 32) -> np.ndarray:
 def _embed_rows(lm, rows: list[list[int]], pool: Pooling, batch_size: int, norm: bool, progress: bool,
                 dimensions: int | None) -> np.ndarray:
     """float32[N, D] of the framed rows, in length-sorted jitted batches of bucketed shapes."""
-    from zoo.infer.encoder import batches, bucket, length_bucket
+    from zoo.infer.encoder import bucket, length_batches, length_bucket
     width = lm.model.cfg.d_model
     decoder = lm.config.model.family != "bert"
     pad = 0
@@ -157,7 +157,7 @@ def _embed_rows(lm, rows: list[list[int]], pool: Pooling, batch_size: int, norm:
         from zoo.tasks.mlm import bert_specials
         pad = bert_specials(lm.tokenizer).pad
     out = np.zeros((len(rows), lm.model.cfg.d_model), np.float32)
-    groups = batches([len(r) for r in rows], batch_size)
+    groups = length_batches([len(r) for r in rows], batch_size)
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -75,6 +75,24 @@ def batches(lengths: list[int], batch_size: int) -> list[np.ndarray]:
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+def length_batches(lengths: list[int], batch_size: int, least: int = 8) -> list[np.ndarray]:
+    """`batches`, with a batch cut early where a row is half its batch's longest or shorter (lengths under `least`
+    counted as `least`, the shortest padded length): one long text no longer pads batch_size - 1 short ones to its
+    length. At most one extra batch per halving of the length (a handful on any corpus), each of rows bucketed as
+    usual; sentence-transformers pads whole batches to their longest text."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    order = np.argsort(-np.asarray(lengths, np.int64), kind="stable")
+    out, start = [], 0
+    for i, row in enumerate(order):
+        if i > start and (i - start == batch_size or 2 * max(lengths[row], least) <= lengths[order[start]]):
+            out.append(order[start:i])
+            start = i
+    if start < len(order):
+        out.append(order[start:])
+    return out
+
+
 def pad_rows(rows: list[list[int]], seg_starts: list[int], pad_id: int, batch_size: int, max_len: int):
     """(ids_BT, segment_ids_BT, valid_BT) of rows padded to the bucketed shape; extra rows repeat row 0."""
     B = bucket(len(rows), batch_size)
@@ -102,7 +120,7 @@ def class_probs(model, params, rows: list[list[int]], seg_starts: list[int], *, 
     """probs [N, C] of a BertClassifier for N framed rows (its logits with softmax=False); segment 1 of row i
     starts at seg_starts[i]."""
     out = [None] * len(rows)
-    for idx in batches([len(r) for r in rows], batch_size):
+    for idx in length_batches([len(r) for r in rows], batch_size):
         arrays = pad_rows([rows[i] for i in idx], [seg_starts[i] for i in idx], pad_id, batch_size,
                           model.cfg.max_len)
         probs_BC = np.asarray(_class_probs(params, *map(jnp.asarray, arrays), model=model, softmax=softmax))
@@ -125,7 +143,7 @@ def mask_top_k(model, params, rows: list[list[int]], *, pad_id: int, mask_id: in
     top_k = min(top_k, model.cfg.vocab_size)
     where = [np.flatnonzero(np.asarray(r) == mask_id) for r in rows]
     out = [None] * len(rows)
-    for idx in batches([len(r) for r in rows], batch_size):
+    for idx in length_batches([len(r) for r in rows], batch_size):
         ids_BT, _, valid_BT = pad_rows([rows[i] for i in idx], [len(rows[i]) for i in idx], pad_id, batch_size,
                                        model.cfg.max_len)
         K = bucket(max(len(where[i]) for i in idx), ids_BT.shape[1])
@@ -148,7 +166,7 @@ def _best_tags(params, ids_BT, valid_BT, *, model):
 def best_tags(model, params, rows: list[list[int]], *, pad_id: int, batch_size: int = 32) -> list[np.ndarray]:
     """For each framed row, a token classifier's most likely tag id at each of its positions."""
     out = [None] * len(rows)
-    for idx in batches([len(r) for r in rows], batch_size):
+    for idx in length_batches([len(r) for r in rows], batch_size):
         ids_BT, _, valid_BT = pad_rows([rows[i] for i in idx], [len(rows[i]) for i in idx], pad_id, batch_size,
                                        model.cfg.max_len)
         best_BT = np.asarray(_best_tags(params, jnp.asarray(ids_BT), jnp.asarray(valid_BT), model=model))
