@@ -1,7 +1,7 @@
 """task=embed on a decoder (zoo.tasks.embed_decoder): the loss and its gradient equal sentence-transformers'
-MultipleNegativesRankingLoss over a Llama's last-token states in transformers; 8 devices train the numbers of 1; a
-stopped run resumes bit for bit; LoRA trains; a fine-tune keeps the checkpoint's pooling and `zoo.load(run).embed`
-pools as it trained; a pooling the family does not train is refused in one line."""
+MultipleNegativesRankingLoss over a Llama's last-token states in transformers; a fine-tune keeps the checkpoint's
+pooling and `zoo.load(run).embed` pools as it trained; a pooling the family does not train is refused in one line.
+8 devices = 1, resume and LoRA: tests/tasks/test_embed_task.py, on an encoder and on this decoder."""
 
 import dataclasses
 import json
@@ -16,7 +16,7 @@ import torch
 import zoo
 from conftest import replace
 from tests.helpers import hf_runs, tiny_lms
-from tests.helpers.runs import losses, run, write_jsonl
+from tests.helpers.runs import losses, write_jsonl
 from tests.helpers.tiny_configs import bert as bert_cfg
 from tests.helpers.tiny_configs import llama_lm
 from zoo import hf, tasks
@@ -106,49 +106,6 @@ def test_a_fine_tune_keeps_the_checkpoints_pooling_and_embeds_as_it_trained(llam
                            jax.random.PRNGKey(0))
     last = np.asarray(h)[np.arange(len(ids)), lengths - 1]
     np.testing.assert_allclose(vecs, last / np.linalg.norm(last, axis=-1, keepdims=True), atol=1e-5)
-
-
-# ---- the trainer's invariants ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def one_and_eight(tmp_path_factory):
-    """The tiny Llama-style decoder trained from scratch on the builtin pairs (6 steps, symmetric) on 1 device and on
-    8 (data 4, fsdp 2)."""
-    base = tmp_path_factory.mktemp("embed_decoder")
-    cfg = llama_lm(str(base / "cache"))
-    cfg = replace(dataclasses.replace(cfg, task="embed"), embed=dict(symmetric=True), mesh=dict(data=4, fsdp=2))
-    one = run(replace(cfg, mesh=dict(data=1, fsdp=1)), base / "one", devices=jax.devices()[:1])
-    many = run(cfg, base / "many")
-    return cfg, base, one, many
-
-
-def test_eight_devices_train_the_numbers_of_one(one_and_eight):
-    cfg, base, one, many = one_and_eight
-    assert many["setup"].mesh.devices.size == 8
-    assert losses(base / "many") == pytest.approx(losses(base / "one"), rel=1e-5)
-    for a, b in zip(jax.tree.leaves(many["state"].params), jax.tree.leaves(one["state"].params)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
-
-
-def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(one_and_eight, tmp_path):
-    cfg, base, _, many = one_and_eight
-    part = run(cfg, tmp_path / "part", stop_at_step=3)
-    assert int(part["state"].step) == 3
-    resumed = run(cfg, tmp_path / "part", resume=True)
-    for a, b in zip(jax.tree.leaves(many["state"]), jax.tree.leaves(resumed["state"])):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert losses(tmp_path / "part") == losses(base / "many")
-
-
-def test_a_lora_run_trains_its_adapters_alone(one_and_eight, tmp_path):
-    cfg, base, one, _ = one_and_eight
-    lora = dataclasses.replace(replace(cfg, model=dict(lora_rank=4, lora_alpha=8.0), mesh=dict(data=1, fsdp=1)),
-                               init_from=str(base / "one"))
-    out = run(lora, tmp_path / "lora", devices=jax.devices()[:1])
-    trained = jax.tree_util.tree_flatten_with_path(out["state"].params)[0]
-    assert trained and all("lora_" in jax.tree_util.keystr(p) for p, _ in trained)
-    assert any(np.abs(np.asarray(x)).max() > 0 for p, x in trained if "lora_b" in jax.tree_util.keystr(p))
-    assert all(np.isfinite(v) for v in losses(tmp_path / "lora").values())
-    assert zoo.load(str(tmp_path / "lora")).embed(["a b c"]).shape == (1, 64)
 
 
 def test_a_pooling_the_family_does_not_train_is_refused_in_one_line(tmp_path):

@@ -1,7 +1,7 @@
 """task=embed (zoo.tasks.embed): the loss and its gradient equal sentence-transformers' MultipleNegativesRankingLoss
 (and its symmetric variant) on the same embeddings and on all-MiniLM-L6-v2 itself; the columns are found or named
 in one line; 8 devices train the numbers of 1 (the similarity matrix spans every device's rows); a stopped run
-resumes bit for bit; LoRA trains; a fine-tune of all-MiniLM-L6-v2 lowers the loss and `zoo.load(run).embed` pools
+resumes bit for bit; LoRA trains (these three on an encoder and on a decoder); a fine-tune of all-MiniLM-L6-v2 lowers the loss and `zoo.load(run).embed` pools
 as the checkpoint does."""
 
 import dataclasses
@@ -18,6 +18,7 @@ import zoo
 from conftest import replace
 from tests.helpers.runs import losses, run, write_jsonl
 from tests.helpers.tiny_configs import bert as cfg_for
+from tests.helpers.tiny_configs import llama_lm
 from zoo import tasks
 from zoo.errors import ConfigError, ZooDataError
 from zoo.tasks import embed as embed_task
@@ -147,16 +148,18 @@ def test_the_pooling_is_read_from_the_checkpoint_and_kept_in_the_run(tmp_path):
 
 
 # ---- the trainer's invariants ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def one_and_eight(tmp_path_factory):
-    """The tiny embed config (6 steps, hard negatives, symmetric) on 1 device and on 8 (data 4, fsdp 2)."""
+@pytest.fixture(scope="module", params=["bert", "gpt"])
+def one_and_eight(request, tmp_path_factory):
+    """The tiny embed config (6 steps, hard negatives, symmetric) on 1 device and on 8 (data 4, fsdp 2): the tiny
+    BERT, and the tiny Llama-style decoder (zoo.tasks.embed_decoder: last-token pooling)."""
     base = tmp_path_factory.mktemp("embed")
     rows = [{"anchor": r["anchor"], "positive": r["positive"], "negative": n["positive"]}
             for r, n in zip(embed_task.builtin_pairs().select(range(0, 200)),
                             embed_task.builtin_pairs().select(range(100, 300)))]
     src = write_jsonl(base / "triples.jsonl", rows)
-    cfg = replace(cfg_for("embed", str(base / "cache")), data=dict(source=src), embed=dict(symmetric=True),
-                  mesh=dict(data=4, fsdp=2))
+    tiny = cfg_for("embed", str(base / "cache")) if request.param == "bert" else \
+        dataclasses.replace(llama_lm(str(base / "cache")), task="embed")
+    cfg = replace(tiny, data=dict(source=src), embed=dict(symmetric=True), mesh=dict(data=4, fsdp=2))
     one = run(replace(cfg, mesh=dict(data=1, fsdp=1)), base / "one", devices=jax.devices()[:1])
     many = run(cfg, base / "many")
     return cfg, base, one, many
@@ -191,7 +194,7 @@ def test_a_lora_run_trains_its_adapters_alone(one_and_eight, tmp_path):
     assert trained and all("lora_" in jax.tree_util.keystr(p) for p, _ in trained)
     assert any(np.abs(np.asarray(x)).max() > 0 for p, x in trained if "lora_b" in jax.tree_util.keystr(p))
     assert all(np.isfinite(v) for v in losses(tmp_path / "lora").values())
-    assert zoo.load(str(tmp_path / "lora")).embed(["a b c"]).shape == (1, 32)
+    assert zoo.load(str(tmp_path / "lora")).embed(["a b c"]).shape == (1, cfg.model.d_model)
 
 
 # ---- a fine-tune of all-MiniLM-L6-v2 -----------------------------------------------------------------
