@@ -257,7 +257,11 @@ class Config:
         _check(self.task in FAMILIES[self.model.family].tasks,
                f"task={self.task!r} trains a {family.name} model but model is a {self.model.family} config; "
                f"tasks of {self.model.family}: {', '.join(FAMILIES[self.model.family].tasks)}")
-        if self.task == "embed":  # the poolings of the family's own task
+        if self.task == "embed":  # the poolings of the family's own task; in-batch negatives need a second pair
+            micro = self.train.batch_size // max(self.train.grad_accum, 1)
+            _check(micro >= 2, f"task=embed needs at least 2 pairs a microbatch (the other pairs are each anchor's "
+                               f"negatives); train.batch_size={self.train.batch_size} with train.grad_accum="
+                               f"{self.train.grad_accum} gives {micro}")
             from zoo.task_settings import embed_poolings
             _check(self.embed.pooling in ("", *embed_poolings(self.model.family)),
                    f"embed.pooling={self.embed.pooling!r} does not pool a {self.model.family} model; choose one of "

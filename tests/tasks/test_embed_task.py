@@ -112,6 +112,34 @@ def test_loss_and_gradient_equal_sentence_transformers_on_minilm(symmetric, mini
     assert np.abs(g_theirs).max() > 1e-3
 
 
+def test_the_evaluation_scores_retrieval_on_the_validation_pairs_as_zoo_eval_does():
+    """evaluate_extra on all-MiniLM-L6-v2's own weights: nDCG@10, MRR@10 and recall of each validation anchor
+    against every validation positive equal zoo.eval.retrieval's metrics of `embed`'s vectors of the same texts
+    (cut to the task's 32 tokens), and a padding row is no query or passage."""
+    from zoo.data.tokenizers import get_tokenizer
+    from zoo.eval import retrieval
+    from zoo.tasks.base import Data
+    from zoo.tasks.mlm import bert_specials
+    pairs = embed_task.builtin_pairs().select(range(0, 150, 5))  # 30 pairs: batches of 16, the second padded
+    lm = zoo.load(minilm_dir())
+    task = tasks.build(dataclasses.replace(lm.config, task="embed", init_from=minilm_dir()))
+    tok = get_tokenizer(minilm_dir())
+    ids, lengths = zip(*(embed_task.encode(tok, bert_specials(tok), t, 32) for t in (pairs["anchor"],
+                                                                                    pairs["positive"])))
+    val = embed_task.Pairs(np.stack(ids, 1), np.stack(lengths, 1))
+    data = Data(train=None, eval=embed_task.eval_batches(val, 16, 4), tokenizer=tok)
+    got = task.evaluate_extra({"bert": lm.params["bert"]}, data)
+    assert set(got) == {"eval_ndcg@10", "eval_mrr@10", "eval_recall@1", "eval_recall@10"}
+    from zoo.api.embed import embed_ids
+    cut = lambda texts: embed_ids(lm, [tok.encode(t)[:30] for t in texts])  # noqa: E731  [CLS] + 30 + [SEP]
+    _, idx = retrieval.search(cut(pairs["anchor"]), cut(pairs["positive"]), k=10)
+    want = retrieval.metrics({str(q): [str(d) for d in row] for q, row in enumerate(idx)},
+                             {str(q): {str(q): 1} for q in range(30)}, k_values=(1, 10))
+    for k in ("ndcg@10", "mrr@10", "recall@1", "recall@10"):
+        assert got[f"eval_{k}"] == pytest.approx(want[k], abs=1e-6), k
+    assert 0.3 < got["eval_ndcg@10"] < 1.0  # a score that can be wrong either way
+
+
 # ---- data ------------------------------------------------------------------------------------------
 def test_columns_are_found_and_a_wrong_set_is_named(tmp_path):
     rows = [{"query": f"what is item {i}?", "document": f"item {i} is a thing", "negative": f"item {i + 1}"}
@@ -124,10 +152,16 @@ def test_columns_are_found_and_a_wrong_set_is_named(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"text": "a", "label": 1}] * 4)
     with pytest.raises(ZooDataError, match=r"has columns text, label; task=embed reads anchor/positive"):
         tasks.check_data(replace(cfg, data=dict(source=bad)), vocab=False)
+    same = write_jsonl(tmp_path / "same.jsonl", [{"anchor": f"text {i}", "positive": f"text {i}"} for i in range(8)])
+    with pytest.raises(ZooDataError, match=r"every positive equals its anchor \(8 rows\), so the loss teaches nothing"):
+        tasks.check_data(replace(cfg, data=dict(source=same)), vocab=False)
 
 
 def test_bad_settings_are_refused_in_one_line(tmp_path):
     cfg = cfg_for("embed", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"task=embed needs at least 2 pairs a microbatch .*train.batch_size=8 with "
+                                          r"train.grad_accum=8 gives 1$"):
+        replace(cfg, train=dict(batch_size=8, grad_accum=8))
     with pytest.raises(ConfigError, match=r"embed.scale=0.0 must be a positive number"):
         replace(cfg, embed=dict(scale=0.0))
     with pytest.raises(ConfigError, match=r"embed.pooling='first' is unknown"):

@@ -314,8 +314,11 @@ class EmbedTask(_Encoder):
         if vocab:
             cls.check_vocab(cfg, get_tokenizer(d.tokenizer))
         ds = load_pairs(d)
-        for col in columns_of(ds, d.source):
-            texts_of(ds, col)
+        cols = columns_of(ds, d.source)
+        texts = [texts_of(ds, col) for col in cols]
+        if all(a == p for a, p in zip(texts[0], texts[1])):
+            raise ZooDataError(f"data.source={d.source!r}: every {cols[1]} equals its {cols[0]} ({len(ds)} rows), so "
+                               f"the loss teaches nothing; give each {cols[0]} another text that should match it")
         if len(ds) < 2:
             raise ZooDataError(f"data.source={d.source!r} has {len(ds)} pair; a train/val split needs 2")
         return cfg
@@ -338,6 +341,38 @@ class EmbedTask(_Encoder):
         return Data(train=PairBatches(train, cfg.train.batch_size, cfg.train.seed, process_index, process_count),
                     eval=eval_batches(val, cfg.train.batch_size, cfg.train.eval_batches, process_index, process_count),
                     tokenizer=tokenizer, rows=len(train))
+
+    def evaluate_extra(self, params, data) -> dict:
+        """Retrieval on the validation pairs the evaluation reads (train.eval_batches of them), as `zoo-eval --task
+        retrieval` scores a BEIR set: each anchor a query whose one relevant passage is its positive, every one of
+        those positives the corpus, exact cosine search: eval_ndcg@10, eval_mrr@10, eval_recall@1 and @10. Left
+        out on several processes (each holds only its own rows)."""
+        from zoo.eval import retrieval
+        real = [(b["inputs"][i, :2], b["valid"][i, :2]) for b in data.eval for i in np.flatnonzero(b["weights"] > 0)]
+        if len(real) < 2 or jax.process_count() > 1:
+            return {}
+        if any(len(x.sharding.device_set) > 1 for x in jax.tree.leaves(params)):  # one device: gathered once
+            params = jax.device_put(jax.device_get(params), jax.local_devices()[0])
+        ids_NT = np.concatenate([r[0] for r in real])  # anchor, positive, anchor, positive, ...
+        valid_NT = np.concatenate([r[1] for r in real])
+        B = 2 * self.cfg.train.batch_size
+        vectors = []
+        for i in range(0, len(ids_NT), B):  # every chunk padded to B rows: one program
+            ids, valid = ids_NT[i:i + B], valid_NT[i:i + B]
+            pad = B - len(ids)
+            ids, valid = np.pad(ids, ((0, pad), (0, 0))), np.pad(valid, ((0, pad), (0, 0)), constant_values=True)
+            vectors.append(np.asarray(self._pooled(params, ids, valid))[:B - pad])
+        e_N2D = np.concatenate(vectors).reshape(len(real), 2, -1)
+        _, idx = retrieval.search(e_N2D[:, 0], e_N2D[:, 1], k=10)
+        ranked = {str(q): [str(d) for d in row] for q, row in enumerate(idx)}
+        scores = retrieval.metrics(ranked, {str(q): {str(q): 1} for q in range(len(real))}, k_values=(1, 10))
+        return {f"eval_{k}": v for k, v in scores.items() if k != "queries"}
+
+    @functools.cached_property
+    def _pooled(self):
+        """(params, ids_NT, valid_NT) -> e_ND, jitted: the texts' pooled vectors, no dropout."""
+        return jax.jit(lambda params, ids_NT, valid_NT: pool_hidden(
+            self.hidden_states(params, ids_NT, valid_NT, False, jax.random.PRNGKey(0)), valid_NT, self.pooling.mode))
 
     def prepare(self, params, data, workdir, resume, mesh):
         """The run's sentence-transformers files, so zoo.load(run).embed (and SentenceTransformer) pool as it trained."""
