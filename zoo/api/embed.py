@@ -15,9 +15,10 @@ OpenAI's `dimensions` give it (`matryoshka` says which widths the checkpoint dec
 
 `prompt` puts a string before every text; `prompt_name` takes one from the checkpoint's
 config_sentence_transformers.json "prompts" (e.g. Qwen3-Embedding's "query": "Instruct: ...\\nQuery:"), as
-`encode(prompt_name=...)` does. Texts run in jitted batches sorted by length and padded to bucketed shapes
-(zoo.infer.encoder), so a text's vector does not depend on the texts beside it and any number of texts compiles a
-handful of programs; a progress bar goes to stderr for PROGRESS_AT texts or more.
+`encode(prompt_name=...)` does. Texts run in jitted batches sorted by length, cut where a text is half its batch's
+longest, and padded to bucketed shapes (zoo.infer.encoder), so a text's vector does not depend on the texts beside
+it and any number of texts compiles a few dozen programs at most; a progress bar goes to stderr for PROGRESS_AT texts
+or more.
 """
 
 from __future__ import annotations
