@@ -6,8 +6,9 @@ Rows are token ids already framed ([CLS] a [SEP] (b [SEP])) by the caller. They 
 and cut into batches of at most `batch_size`, so a batch pads little; each batch is padded to a bucketed
 shape (the rows to the next power of two, capped at batch_size; the length to the next eighth of a power of
 two, `length_bucket`, capped at the model's max_len), so a file of any size compiles at most 20 lengths for
-each row count. Padded positions are [PAD] with valid_BT False: the model masks them as keys, so no real
-position (and no [CLS]) sees them; padded rows repeat a real row and are dropped. Results come back in the order of the rows given.
+each row count; a batch is cut early where a row is half its longest (`length_batches`). Padded positions are
+[PAD] with valid_BT False: the model masks them as keys, so no real position (and no [CLS]) sees them; padded
+rows repeat a real row and are dropped. Results come back in the order of the rows given.
 """
 
 from __future__ import annotations

@@ -79,8 +79,8 @@ def einsum_attention(q_BTNH, k_BSKH, v_BSKH, bias=None, mask=None, *, scale=None
             k_BSKH, v_BSKH = (jnp.repeat(x, G, axis=2) for x in (k_BSKH, v_BSKH))
         # Heads moved before positions first ([B, N, T, H]): both products are then plain batched GEMMs. Read in
         # place, XLA:CPU ran the value product as [B, N, H, T] and transposed it back (2026-11-30, this 2-core CPU:
-        # MiniLM's attention at [32, 256, 12, 32] 307 -> 153 ms; causal [8, 256, 12, 64] forward 82 -> 50 ms,
-        # with its backward 166 -> 127 ms).
+        # MiniLM's attention at [32, 256, 12, 32] 307 -> 131 ms; causal [8, 256, 12, 64] forward 82 -> 50 ms,
+        # with its backward 166 -> 96 ms).
         q_x, k_x, v_x = (x.swapaxes(1, 2) for x in (q_BTNH, k_BSKH, v_BSKH))
         qk, pv = "BNTH,BNSH->BNTS", "BNTS,BNSH->BNTH"
     step = group and T == 1 and B >= DECODE_REDUCE_ROWS
