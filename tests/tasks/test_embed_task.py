@@ -1,8 +1,9 @@
 """task=embed (zoo.tasks.embed): the loss and its gradient equal sentence-transformers' MultipleNegativesRankingLoss
 (and its symmetric variant) on the same embeddings and on all-MiniLM-L6-v2 itself; the columns are found or named
 in one line; 8 devices train the numbers of 1 (the similarity matrix spans every device's rows); a stopped run
-resumes bit for bit; LoRA trains (these three on an encoder and on a decoder); a fine-tune of all-MiniLM-L6-v2 lowers the loss and `zoo.load(run).embed` pools
-as the checkpoint does."""
+resumes bit for bit; LoRA trains (these three on an encoder and on a decoder); the evaluation scores retrieval as
+zoo-eval does; a fine-tune of all-MiniLM-L6-v2 lowers the loss and `zoo.load(run).embed` pools as the checkpoint
+does."""
 
 import dataclasses
 import json
