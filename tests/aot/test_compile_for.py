@@ -141,7 +141,9 @@ def test_zoo_serves_engine_compiles_its_decode_chunk_and_prefill(capsys):
     args = ["llama_tiny", "--compile-for", "v5e:2x2", "--slots", "4", "--max-len", "32", "--chunk", "2"]
     assert serve.main(args + ["--json"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["engine"] == {"slots": 4, "max_len": 32, "chunk": 2} and r["fits"] and r["mesh"]["tensor"] == 4
+    assert r["engine"] == {"slots": 4, "max_len": 32, "chunk": 2, "scan_layers": False,
+                           "paged_attention": "pages gathered (--paged-kernel auto)"}
+    assert r["fits"] and r["mesh"]["tensor"] == 4
     # 4 slots x 32 positions in pages of 16 (zoo.engine.pages), and the scratch page; its 2 KV heads do not divide
     # the 4 chips: whole
     assert 0 <= r["kv_cache_bytes"] - 4 * 2 * (4 * 32 + 16) * 2 * 32 * 2 < 64
@@ -150,6 +152,22 @@ def test_zoo_serves_engine_compiles_its_decode_chunk_and_prefill(capsys):
     assert r["estimate"]["tokens_per_s"] == pytest.approx(4 / r["estimate"]["per_token_s"])
     assert serve.main(args[:3] + ["--slots", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --slots 0 must be >= 1"
+
+
+def test_zoo_serve_compiles_its_decode_with_the_tpu_paged_attention_kernel_where_named(capsys):
+    """--paged-kernel tpu: the decode program holds the Pallas kernel (a tpu_custom_call per layer, run per shard of
+    the KV heads: Qwen3-0.6B's 8 over 4 chips); a model whose head dim is not 128 is refused in one line."""
+    from zoo.cli import serve
+    args = ["qwen3_0_6b", "--compile-for", "v5e:2x2", "--slots", "4", "--max-len", "64", "--chunk", "2",
+            "--scan-layers"]
+    assert serve.main(args + ["--paged-kernel", "tpu", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["engine"]["paged_attention"] == "the tpu Pallas kernel" and r["fits"]
+    assert "tpu_custom_call:paged_attention" in r["kernels"]
+    assert "tpu_custom_call:paged_attention" not in r["prefill"]["kernels"]  # a prefill gathers the pages
+    assert serve.main(["smollm2_135m"] + args[1:] + ["--paged-kernel", "tpu"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --paged-kernel tpu: head dim 64: the TPU kernel's blocks are "
+                                               "whole 128-lane tiles")
 
 
 def test_a_zoo_process_on_a_host_without_a_tpu_hears_nothing_from_libtpu():

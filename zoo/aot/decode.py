@@ -22,8 +22,9 @@ from zoo.configuration import MeshConfig
 from zoo.errors import ConfigError
 
 
-def _config(source: str, dtype: str):
-    """The model config of a preset name or a zoo run, cast to `dtype` and scanned, as generation runs it."""
+def _config(source: str, dtype: str, scan: bool = True):
+    """The model config of a preset name or a zoo run, cast to `dtype` and scanned, as generation runs it (`scan`
+    False: its layers one after another, as zoo-serve's engine runs them)."""
     import os
     from zoo.models import PRESETS
     if source in PRESETS:
@@ -37,18 +38,18 @@ def _config(source: str, dtype: str):
                           f"a zoo run directory")
     if model.family != "gpt":
         raise ConfigError(f"{source!r} is a {model.family} model; generation is compiled for decoders (gpt family)")
-    return dataclasses.replace(model, dtype=dtype, param_dtype=dtype, scan_layers=model.num_layers > 1)
+    return dataclasses.replace(model, dtype=dtype, param_dtype=dtype, scan_layers=scan and model.num_layers > 1)
 
 
-def abstract_model(source: str, devices, dtype: str, mesh: MeshConfig | None):
+def abstract_model(source: str, devices, dtype: str, mesh: MeshConfig | None, scan: bool = True):
     """(model config, model, mesh, params) of `source` on `devices`: the params abstract, laid out with the
-    trainer's rules on `mesh` (default: tensor-parallel over every device)."""
+    trainer's rules on `mesh` (default: tensor-parallel over every device); `scan` as `_config`."""
     import jax
     import jax.numpy as jnp
     import flax.linen as nn
     from zoo.models.gpt import Gpt
     from zoo.training import sharding
-    model_cfg = _config(source, dtype)
+    model_cfg = _config(source, dtype, scan)
     model = Gpt(model_cfg)
     mesh_ = sharding.make_mesh(mesh or MeshConfig(data=1, fsdp=1, tensor=-1, expert=1), devices)
     boxed = jax.eval_shape(lambda r: model.init(r, jnp.zeros((1, 8), jnp.int32))["params"], jax.random.PRNGKey(0))

@@ -240,6 +240,8 @@ def text(r: dict) -> str:
                                     or "none") + " per device",
               "kernels         " + (", ".join(r["kernels"]) or "none"),
               _estimate(r["estimate"])]
+    if "engine" in r:
+        lines.append(f"paged attention {r['engine']['paged_attention']}")
     if "prefill" in r:  # zoo-serve's engine: its second program
         p = r["prefill"]
         lines.append(f"prefill         {p['refused'] or 'total ' + gib(p['bytes_per_device']['total']) + ' per device'}"

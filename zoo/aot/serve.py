@@ -6,7 +6,8 @@ program="serve")`): the two programs the engine (zoo.engine.batching) runs while
   prefill  one row's prompt of up to `max_len` tokens into its cache row,
 
 with the params abstract (nothing loaded) and laid out as generation's are (zoo.aot.decode: tensor-parallel over
-the chips), and the engine's cache its own argument, its KV heads split over `tensor` where they divide it (else
+the chips), the layers one after another as the engine runs them (`scan_layers`: one scan, a faster compile; until
+2026-11-30 the report compiled the scan whatever the engine ran), and the engine's cache its own argument, its KV heads split over `tensor` where they divide it (else
 whole on every chip). The report is the decode program's, with the prefill's figures under "prefill" and `fits`
 true only when both fit. The estimate per chunk step is (params + KV cache bytes per device) / HBM bandwidth.
 """
@@ -25,9 +26,9 @@ from zoo.errors import ConfigError
 DEFAULT_MAX_LEN = 2048  # zoo-serve's cache length when --max-len is not given: the model's context, at most this
 
 
-def _cache(model, slots: int, max_len: int, mesh):
-    """The engine's KV cache (its pool of pages, zoo.engine.pages) as abstract arrays: KV heads over `tensor` where
-    they divide it, else whole."""
+def _cache(model, slots: int, max_len: int, mesh, heads_first: bool):
+    """The engine's KV cache (its pool of pages, zoo.engine.pages; laid out heads first for a paged-attention
+    kernel) as abstract arrays: KV heads over `tensor` where they divide it, else whole."""
     import jax
     import jax.numpy as jnp
     import flax.linen as nn
@@ -36,23 +37,26 @@ def _cache(model, slots: int, max_len: int, mesh):
     cache = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((slots, max_len), jnp.int32),
                                                        decode=True))["cache"])
     ax = 1 if model.cfg.scan_layers else 0
-    cache = pages.pool_of(cache, ax, pages.default_pages(slots, max_len))  # the engine's pool of pages
+    cache = pages.pool_of(cache, ax, pages.default_pages(slots, max_len), heads_first)  # the engine's pool
     tensor = mesh.shape.get("tensor", 1)
+    heads = ax if heads_first else ax + 2  # [layers,] pages, page slots, KV heads, head dim; or KV heads first
 
     def laid(a):
-        if a.ndim > ax + 2 and a.shape[ax + 2] % tensor == 0:  # [layers,] pages, page slots, KV heads, head dim
+        if a.ndim > ax + 2 and a.shape[heads] % tensor == 0:
             spec = [None] * a.ndim
-            spec[ax + 2] = "tensor"
+            spec[heads] = "tensor"
             return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P(*spec)))
         return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P()))
     return jax.tree.map(laid, cache), ax
 
 
 def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | None = None, chunk: int = 8,
-                  dtype: str = "bfloat16", mesh: MeshConfig | None = None) -> dict:
+                  dtype: str = "bfloat16", mesh: MeshConfig | None = None, paged_kernel: str = "auto",
+                  scan_layers: bool = False) -> dict:
     """The report of zoo-serve's engine for `source` (a preset name or a zoo run) compiled for `target` with
     `slots` rows, a cache of `max_len` slots (default: the model's context, at most DEFAULT_MAX_LEN) and chunks of
-    `chunk` steps, as `zoo-serve SOURCE --slots --max-len --chunk` would run it (see the module's docstring)."""
+    `chunk` steps, its layers one after another (`scan_layers`: as one scan), as `zoo-serve SOURCE --slots
+    --max-len --chunk --paged-kernel [--scan-layers]` would run it (see the module's docstring)."""
     import jax
     import jax.numpy as jnp
     from zoo.engine import programs
@@ -63,18 +67,22 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
             raise ConfigError(f"--{name.replace('_', '-')} {v} must be >= {2 if name == 'max_len' else 1}")
     t = targets.parse(target)
     devices = targets.devices(t)
-    model_cfg, model, mesh_, params = decode.abstract_model(source, devices, dtype, mesh)
+    model_cfg, model, mesh_, params = decode.abstract_model(source, devices, dtype, mesh, scan=scan_layers)
     max_len = min(max_len or DEFAULT_MAX_LEN, model_cfg.max_len)
-    cache, ax = _cache(model, slots, max_len, mesh_)
+    from zoo.nn import paged_kernels
+    kernel, why = paged_kernels.for_model(paged_kernel, model_cfg, dtype, platform="tpu")  # as the engine chooses
+    if why and paged_kernel != "auto":
+        raise ConfigError(f"--paged-kernel {paged_kernel}: {why}")
+    cache, ax = _cache(model, slots, max_len, mesh_, bool(kernel))
     rep = sharding.replicated(mesh_)
     arg = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=rep)  # noqa: E731
     V = model_cfg.vocab_size
     logits = arg((slots, V), jnp.float32)
     fixed = {"params": report.bytes_per_device(params), "optimizer": 0}
     kv = report.bytes_per_device(cache)
-    step = jax.jit(functools.partial(programs.decode_chunk, model, V, ax), static_argnames=("B", "K", "L"),
-                   donate_argnums=(1, 3))
-    fill = jax.jit(functools.partial(programs.prefill, model), donate_argnums=(1, 3))
+    step = jax.jit(functools.partial(programs.decode_chunk, model, V, ax, kernel=kernel),
+                   static_argnames=("B", "K", "L"), donate_argnums=(1, 3))
+    fill = jax.jit(functools.partial(programs.prefill, model, kernel=kernel), donate_argnums=(1, 3))
     N = -(-max_len // PAGE)  # a row's pages
     t0 = time.perf_counter()
     with jax.set_mesh(mesh_):  # traced under the target's mesh: zoo.nn picks the TPU kernels
@@ -102,6 +110,8 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
             "compile_seconds": seconds, "fits": fits,
             "prefill": {"bytes_per_device": pre["bytes_per_device"], "flops_per_device": pre["flops_per_device"],
                         "kernels": pre["kernels"], "compile_seconds": pre_seconds, "refused": pre.get("refused")},
-            "engine": {"slots": slots, "max_len": max_len, "chunk": chunk},
+            "engine": {"slots": slots, "max_len": max_len, "chunk": chunk,
+                       "paged_attention": f"the {kernel} Pallas kernel" if kernel else
+                       f"pages gathered ({why or '--paged-kernel ' + paged_kernel})", "scan_layers": scan_layers},
             "estimate": {"prefill_s": prefill_s, "per_token_s": per_token,
                          "tokens_per_s": slots / per_token if per_token else 0.0}}

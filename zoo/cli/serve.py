@@ -68,6 +68,10 @@ def main(argv=None) -> int:
                     "(default: %(default)s)")
     ap.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt whole, even where another "
                     "row holds its leading tokens (a shared system prompt) already")
+    ap.add_argument("--paged-kernel", default="auto", choices=("auto", "off", "tpu", "gpu"), help="a decoding step's "
+                    "attention by jax's Pallas paged-attention kernel, reading each row's pages where they lie (tpu / "
+                    "gpu: that kernel, for a head dim of 128; off its platform in interpret mode, for checks); off, "
+                    "and auto for now: the rows' pages gathered (zoo.nn.paged_kernels says why)")
     ap.add_argument("--scan-layers", action="store_true", help="decode with the layers as one scan: each program "
                     "compiles one layer (a start-up 2-3x faster) but every step copies each layer's weights out of "
                     "their stack (1.3-1.5x slower decoding)")
@@ -135,7 +139,8 @@ def main(argv=None) -> int:
         engine = Engine(lm, slots=a.slots, max_len=a.max_len or min(lm.config.window, 2048), chunk=a.chunk,
                         max_queue=a.max_queue, prefix_cache=not a.no_prefix_cache, prefill_chunk=a.prefill_chunk,
                         scan_layers=a.scan_layers, prefill_rows=a.prefill_rows, adapters=table,
-                        kv_pages=a.kv_cache_tokens and pages.pages_of_tokens(a.kv_cache_tokens))
+                        kv_pages=a.kv_cache_tokens and pages.pages_of_tokens(a.kv_cache_tokens),
+                        paged_kernel=a.paged_kernel)
     except BAD_INPUT as e:
         if sock is not None:
             sock.close()
@@ -206,7 +211,8 @@ def _compile_for(a) -> int:
     import json
     from zoo.aot import report, serve
     out = serve.compile_serve(a.source, a.compile_for, slots=a.slots, max_len=a.max_len, chunk=a.chunk,
-                              dtype=a.dtype)
+                              dtype=a.dtype, paged_kernel=a.paged_kernel,
+                              scan_layers=a.scan_layers)
     print(json.dumps(out) if a.json else report.text(out))
     return 0
 

@@ -81,6 +81,7 @@ from zoo.engine.programs import decode_chunk
 from zoo.engine.scoring import Scoring
 from zoo.engine.sequence import Sequence, decode_name
 from zoo.engine.warming import Warming
+from zoo.nn import paged_kernels
 
 PREFILL_CHUNK = 512  # a longer prompt admitted while rows decode is prefilled this many tokens between two chunks
 SHARED_MIN = 32  # the fewest stored prompt tokens worth taking (fewer: the prompt is prefilled whole, with others)
@@ -99,7 +100,8 @@ class Engine(Scoring, Prefilling, Warming):
 
     def __init__(self, lm, *, slots: int = 8, max_len: int | None = None, chunk: int = 8, max_queue: int = 64,
                  prefix_cache: bool = True, prefill_chunk: int = PREFILL_CHUNK, scan_layers: bool = False,
-                 prefill_rows: int = PREFILL_ROWS, adapters=None, kv_pages: int | None = None):
+                 prefill_rows: int = PREFILL_ROWS, adapters=None, kv_pages: int | None = None,
+                 paged_kernel: str = "auto"):
         if adapters is not None and scan_layers:  # the adapter table names the looped layers (h_0, h_1, ...)
             raise ArgumentError("adapters per request decode with the layers looped; leave out --scan-layers")
         self.lm, self.slots, self.chunk, self.max_queue = lm, slots, chunk, max_queue
@@ -128,16 +130,23 @@ class Engine(Scoring, Prefilling, Warming):
         self.batch_axis = 1 if self.model.cfg.scan_layers else 0  # scanned stacks put the layer axis first
         kv_pages = kv_pages or pages.default_pages(slots, self.max_len)
         self.book = pages.Pages(slots, self.max_len, kv_pages)  # which pages each row holds (zoo.engine.pages)
+        # decoding's attention by a paged-attention kernel where one is named and takes the model, the pool laid out
+        # for it; else the rows' pages gathered (zoo.nn.paged_kernels)
+        self.kernel, why = paged_kernels.for_model(paged_kernel, self.model.cfg, self.model.cfg.dtype)
+        if why and paged_kernel != "auto":
+            raise ArgumentError(f"--paged-kernel {paged_kernel}: {why}")
         self.cache = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
-                                  pages.pool_of(nn.unbox(dense), self.batch_axis, kv_pages))
+                                  pages.pool_of(nn.unbox(dense), self.batch_axis, kv_pages, bool(self.kernel)))
         self.deferred: collections.deque = collections.deque()  # taken from the queue, waiting for pages
         self.logits_BV = jnp.zeros((slots, self.model.cfg.vocab_size), jnp.float32)
         self.positions_B = np.full(slots, -1, np.int32)  # the next token's position; -1: the row is free
         self.adapters, self.row_adapter = adapters, np.zeros(slots, np.int32)  # each row's adapter slot (0: none)
         self._lora = (lambda index: None) if adapters is None else adapters.args  # what the programs take
-        self._prefill = jax.jit(functools.partial(programs.prefill, self.model), donate_argnums=(1, 3))
+        self._prefill = jax.jit(functools.partial(programs.prefill, self.model, kernel=self.kernel),
+                                donate_argnums=(1, 3))
         self._init_batched(prefill_rows)
-        self._decode = jax.jit(functools.partial(decode_chunk, self.model, self.vocab, self.batch_axis),
+        self._decode = jax.jit(functools.partial(decode_chunk, self.model, self.vocab, self.batch_axis,
+                                                 kernel=self.kernel),
                                static_argnames=("B", "K", "L"), donate_argnums=(1, 3))
         self._first_tokens = jax.jit(functools.partial(programs.first_tokens, self.vocab))
         self.forced_B = np.full(slots, -1, np.int32)  # a row's first token, sampled at its prefill; -1: none

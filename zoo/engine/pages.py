@@ -36,13 +36,15 @@ from zoo.errors import ArgumentError
 PAGE = 16  # tokens a page holds (vLLM's default block size)
 
 
-def pool_of(cache, ax: int, pages: int):
+def pool_of(cache, ax: int, pages: int, heads_first: bool = False):
     """The page pool shaped like a dense cache `cache` (arrays or ShapeDtypeStructs; each row-wise leaf's axes ax
-    and ax + 1 are rows and slots): those two axes become (pages, PAGE)."""
+    and ax + 1 are rows and slots): those two axes become (pages, PAGE); with `heads_first` (a paged-attention
+    kernel's layout, zoo.nn.paged_kernels) [rows, slots, K, H] becomes [K, pages, PAGE, H]."""
     def one(c):
         if c.ndim <= ax:
             return c
-        shape = c.shape[:ax] + (pages, PAGE) + c.shape[ax + 2:]
+        rest = c.shape[ax + 2:]
+        shape = c.shape[:ax] + ((rest[0], pages, PAGE) + rest[1:] if heads_first else (pages, PAGE) + rest)
         if isinstance(c, jax.ShapeDtypeStruct):
             return jax.ShapeDtypeStruct(shape, c.dtype, sharding=getattr(c, "sharding", None))
         return jnp.zeros(shape, c.dtype)

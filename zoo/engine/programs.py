@@ -70,7 +70,7 @@ def _sample(logits_BV, keys, temp_B, topk_B, topp_B, mask_BW):
 
 
 def prefill(model, params, cache, table_RN, logits_BV, rows_R, ids_RP, lengths_R, starts_R, own_from_R,
-            adapters=None):
+            adapters=None, *, kernel=None):
     """R prompts at once (R = 1: a prompt alone, a long prompt's piece), each from its position starts_R on into
     its pages: ids_RP right-padded to a bucket P, lengths_R their real lengths, table_RN each one's first N pages
     (zoo.engine.pages; a padding prompt's: the scratch page). Each token's keys and values are written into its
@@ -80,10 +80,11 @@ def prefill(model, params, cache, table_RN, logits_BV, rows_R, ids_RP, lengths_R
     computes again tokens whose pages other rows may share). Each one's last real token's logits go into
     logits_BV at its row (rows_R; a row index past the cache's rows is padding, written nowhere). One program over
     R rows: its products R x P rows deep (a short prompt's prefill alone is a product of a few dozen rows, which
-    XLA:CPU runs at a fraction of its rate). `model`: the decoder, the engine's jitted program with it bound."""
+    XLA:CPU runs at a fraction of its rate). `model`: the decoder, the engine's jitted program with it bound;
+    `kernel`: the pool is laid out for that paged-attention kernel (zoo.nn.paged_kernels), read here by the gather."""
     P = ids_RP.shape[1]
     pos_RP = jnp.where(jnp.arange(P)[None, :] < lengths_R[:, None], starts_R[:, None] + jnp.arange(P)[None, :], -1)
-    with paged_cache.paged(table_RN, own_from_R):
+    with paged_cache.paged(table_RN, own_from_R, kernel):
         out, upd = _apply(model, adapters, {"params": params, "cache": cache}, ids_RP, decode=True,
                           positions_BT=pos_RP, logits_at_B=jnp.maximum(lengths_R - 1, 0), mutable=["cache"])
     return upd["cache"], logits_BV.at[rows_R].set(out[:, 0].astype(jnp.float32), mode="drop")
@@ -100,7 +101,8 @@ def first_tokens(vocab: int, logits_BV, rows_R, keys_R2, temp_R, topk_R, topp_R)
 
 
 def decode_chunk(model, vocab: int, ax: int, params, cache, table_BN, logits_BV, positions_B, temp_B, topk_B, topp_B,
-                 keys_B2, steps_B, mask_BW, n=None, adapters=None, forced_B=None, *, B: int, K: int, L: int):
+                 keys_B2, steps_B, mask_BW, n=None, adapters=None, forced_B=None, *, B: int, K: int, L: int,
+                 kernel=None):
     """n steps (at most K; None: K) of the first B rows (a bucket holding every active row): sample from each row's
     logits, feed the token back at its position. One program runs a chunk or a single step (a new row's first
     token, a streaming row): n is traced, K is not. The rows' first L slots (a length bucket holding every
@@ -112,7 +114,9 @@ def decode_chunk(model, vocab: int, ax: int, params, cache, table_BN, logits_BV,
     all -1 for a row without a grammar), applied at every step: a batch with a grammar row runs one step (n = 1), its
     matcher advanced on the host before the next. `adapters` (every program's): None, or (tables, index_B) giving
     each row its LoRA adapter (zoo.nn.multi_lora). `forced_B`: each row's first token where it was sampled already
-    (`first_tokens`; -1: sample it here), fed at the first step in place of sampling it."""
+    (`first_tokens`; -1: sample it here), fed at the first step in place of sampling it. `kernel`: each step's
+    attention by that paged-attention kernel over the pool laid out for it (zoo.nn.paged_kernels), None: the
+    pages gathered."""
     full_logits, logits_BV = logits_BV, logits_BV[:B]
 
     def step(i, carry):
@@ -121,7 +125,8 @@ def decode_chunk(model, vocab: int, ax: int, params, cache, table_BN, logits_BV,
         tok_B = _sample(logits_BV[:, :vocab], keys, temp_B, topk_B, topp_B, mask_BW)
         if forced_B is not None:
             tok_B = jnp.where((i == 0) & (forced_B >= 0), forced_B, tok_B)
-        with paged_cache.paged(table_BN):  # each layer writes its token into its page and reads the rows' pages
+        # each layer writes its token into its page and reads the rows' pages (or attends by `kernel`)
+        with paged_cache.paged(table_BN, kernel=kernel):
             out, upd = _apply(model, adapters, {"params": params, "cache": pool}, tok_B[:, None], decode=True,
                               positions_BT=pos_B[:, None], mutable=["cache"])
         return (upd["cache"], out[:, -1, :].astype(jnp.float32), jnp.where(pos_B >= 0, pos_B + 1, -1),

@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from zoo.nn import paged_cache, tpu_kernels
+from zoo.nn import paged_cache, paged_kernels, tpu_kernels
 from zoo.nn.attention_backend import (  # noqa: F401 (CUDNN_DTYPES ... _dbias_exported: read from here by others)
     CUDNN_DTYPES, FALLBACKS, IMPLEMENTATIONS, _dbias_exported, cudnn_unsupported_reason, gpu_compute_capability,
     note_fallback, resolve_attention, select_backend)
@@ -293,6 +293,9 @@ class Attention(nn.Module):
             positions_T = jnp.arange(x_BTD.shape[1]) if positions_T is None else positions_T
             q_BTNH, k_BSKH = self._rotate(q_BTNH, positions_T, local), self._rotate(k_BSKH, positions_T, local)
         if decode and kv_BSD is None:
+            if (out_BTNH := self._paged_kernel(q_BTNH, k_BSKH, v_BSKH, positions_T, mask_B1TS, bias_BNTS,
+                                               local)) is not None:
+                return self._out(D, out_BTNH)
             k_BSKH, v_BSKH, mask_B1TS = self._update_cache(k_BSKH, v_BSKH, positions_T, mask_B1TS)
             is_causal = False
         # A window (not on a global layer, local False): without a cache, index distances (packed rows' positions
@@ -321,10 +324,31 @@ class Attention(nn.Module):
             out_BTNH = attention(q_BTNH, k_BSKH, v_BSKH, bias=bias_BNTS, mask=mask_B1TS, scale=self.scale,
                                  is_causal=is_causal, implementation=self.implementation, training=not decode,
                                  segment_ids_BT=segment_ids_BT, softcap=self.softcap, window=window, local=local)
+        return self._out(D, out_BTNH)
+
+    def _out(self, D, out_BTNH):
         return Einsum((self.num_heads, self.head_dim, D), ("heads", "kv", "embed"), "BTNH,NHD->BTD",
                       std=self.out_std,
                       bias_axes=("embed",) if (self.use_bias if self.out_bias is None else self.out_bias) else None,
                       dtype=self.dtype, param_dtype=self.param_dtype, name="out")(out_BTNH)
+
+    def _paged_kernel(self, q_BTNH, k_BTKH, v_BTKH, positions_T, mask_B1TS, bias_BNTS, local):
+        """A decoding step's attention by the paged cache's kernel (zoo.nn.paged_kernels), its keys and values
+        written first; None where no kernel is asked for or it cannot take the step (the reason logged once)."""
+        paged = paged_cache.current()
+        if paged is None or paged.kernel is None or not self.has_variable("cache", "cached_key"):
+            return None
+        window = self.sliding_window if local is not False else 0
+        why = paged_kernels.unsupported_reason(paged.kernel, q_BTNH, self.get_variable("cache", "cached_key"),
+                                               bias=bias_BNTS, mask=mask_B1TS, window=window)
+        if why is not None:
+            if q_BTNH.shape[1] == 1:  # a prefill's many queries always take the gather: not worth a line
+                note_fallback(why, kernel=f"the {paged.kernel} paged-attention kernel (the pages gathered)")
+            return None
+        key, value = self.variable("cache", "cached_key"), self.variable("cache", "cached_value")
+        paged_cache.write(key, value, k_BTKH, v_BTKH, positions_T, paged)
+        return paged_kernels.attend(paged.kernel, q_BTNH, key.value, value.value, positions_T, paged.table_BN,
+                                    scale=self.scale, softcap=self.softcap)
 
     def _rotate(self, x_BTNH, positions_T, local):
         """`rope`, or `rope_local` where `local` (a Python bool, or a traced scalar: both computed, one kept)."""
@@ -352,7 +376,7 @@ class Attention(nn.Module):
         if initialising:  # the cache's length is the length of the input it was created with
             return k_BTKH, v_BTKH, mask_B1TS
         if (paged := paged_cache.current()) is not None:  # the pool of pages (zoo.nn.paged_cache)
-            k_BSKH, v_BSKH, cmask_B1TS = paged_cache.write_read(key, value, k_BTKH, v_BTKH, positions_T, *paged)
+            k_BSKH, v_BSKH, cmask_B1TS = paged_cache.write_read(key, value, k_BTKH, v_BTKH, positions_T, paged)
             return k_BSKH, v_BSKH, cmask_B1TS if mask_B1TS is None else mask_B1TS & cmask_B1TS
         S = key.value.shape[1]
         if positions_T.ndim == 2:  # per row (left-padded batches): a token goes to the slot of its position
