@@ -142,7 +142,8 @@ def test_zoo_serves_engine_compiles_its_decode_chunk_and_prefill(capsys):
     assert serve.main(args + ["--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["engine"] == {"slots": 4, "max_len": 32, "chunk": 2, "scan_layers": False,
-                           "paged_attention": "pages gathered (--paged-kernel auto)"}
+                           "paged_attention": "pages gathered (head dim 32: the TPU kernel's blocks are whole "
+                                              "128-lane tiles)"}
     assert r["fits"] and r["mesh"]["tensor"] == 4
     # 4 slots x 32 positions in pages of 16 (zoo.engine.pages), and the scratch page; its 2 KV heads do not divide
     # the 4 chips: whole
@@ -154,17 +155,34 @@ def test_zoo_serves_engine_compiles_its_decode_chunk_and_prefill(capsys):
     assert capsys.readouterr().err.strip() == "error: --slots 0 must be >= 1"
 
 
-def test_zoo_serve_compiles_its_decode_with_the_tpu_paged_attention_kernel_where_named(capsys):
-    """--paged-kernel tpu: the decode program holds the Pallas kernel (a tpu_custom_call per layer, run per shard of
-    the KV heads: Qwen3-0.6B's 8 over 4 chips); a model whose head dim is not 128 is refused in one line."""
+def test_zoo_serve_decodes_with_the_tpu_paged_attention_kernel_where_it_takes_the_model(capsys):
+    """Compiled for a TPU, the engine's decode holds jax's ragged paged-attention kernel (a tpu_custom_call per layer,
+    run per chip's share of the KV heads: Qwen3-0.6B's 8 over 4 chips) and writes each token into the combined pool
+    in place: no copy of a pool in the program. A model whose head dim is not 128 is refused in one line."""
+    import re
+    from zoo.aot import report
     from zoo.cli import serve
+    texts = []
+    compiled = report.compiled
+
+    def spy(fn, fixed):
+        c = fn()
+        texts.append(c.as_text())
+        return compiled(lambda: c, fixed)
     args = ["qwen3_0_6b", "--compile-for", "v5e:2x2", "--slots", "4", "--max-len", "64", "--chunk", "2",
             "--scan-layers"]
-    assert serve.main(args + ["--paged-kernel", "tpu", "--json"]) == 0
+    report.compiled = spy
+    try:
+        assert serve.main(args + ["--json"]) == 0
+    finally:
+        report.compiled = compiled
     r = json.loads(capsys.readouterr().out)
     assert r["engine"]["paged_attention"] == "the tpu Pallas kernel" and r["fits"]
-    assert "tpu_custom_call:paged_attention" in r["kernels"]
-    assert "tpu_custom_call:paged_attention" not in r["prefill"]["kernels"]  # a prefill gathers the pages
+    assert "tpu_custom_call:ragged_paged_attention_kernel" in r["kernels"]
+    assert not any("ragged" in k for k in r["prefill"]["kernels"])  # a prefill gathers the pages
+    # the pool: 28 layers of 4 x 64 slots in pages of 16 and the scratch page, a chip's 2 x 2 combined heads of 128
+    pool = r"bf16\[28,17,16,4,128\]"
+    assert re.search(pool, texts[0]) and not re.search(r"copy(-start)?[.0-9]* = " + pool, texts[0])
     assert serve.main(["smollm2_135m"] + args[1:] + ["--paged-kernel", "tpu"]) == 2
     assert capsys.readouterr().err.strip() == ("error: --paged-kernel tpu: head dim 64: the TPU kernel's blocks are "
                                                "whole 128-lane tiles")

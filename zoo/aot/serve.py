@@ -6,10 +6,12 @@ program="serve")`): the two programs the engine (zoo.engine.batching) runs while
   prefill  one row's prompt of up to `max_len` tokens into its cache row,
 
 with the params abstract (nothing loaded) and laid out as generation's are (zoo.aot.decode: tensor-parallel over
-the chips), the layers one after another as the engine runs them (`scan_layers`: one scan, a faster compile; until
-2026-11-30 the report compiled the scan whatever the engine ran), and the engine's cache its own argument, its KV heads split over `tensor` where they divide it (else
-whole on every chip). The report is the decode program's, with the prefill's figures under "prefill" and `fits`
-true only when both fit. The estimate per chunk step is (params + KV cache bytes per device) / HBM bandwidth.
+the chips), the layers one after another as the engine runs them (`scan_layers`: one scan, a faster compile;
+until 2026-11-30 the report compiled the scan whatever the engine ran), the decode's attention by jax's paged
+kernel where the engine would run it (zoo.nn.paged_kernels), and the engine's cache its own argument, its KV heads
+split over `tensor` where they divide it (else whole on every chip). The report is the decode program's, with the
+prefill's figures under "prefill" and `fits` true only when both fit. The estimate per chunk step is (params + KV
+cache bytes per device) / HBM bandwidth.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from zoo.errors import ConfigError
 DEFAULT_MAX_LEN = 2048  # zoo-serve's cache length when --max-len is not given: the model's context, at most this
 
 
-def _cache(model, slots: int, max_len: int, mesh, heads_first: bool):
-    """The engine's KV cache (its pool of pages, zoo.engine.pages; laid out heads first for a paged-attention
+def _cache(model, slots: int, max_len: int, mesh, combined: bool):
+    """The engine's KV cache (its pool of pages, zoo.engine.pages; keys and values one pool for a paged-attention
     kernel) as abstract arrays: KV heads over `tensor` where they divide it, else whole."""
     import jax
     import jax.numpy as jnp
@@ -37,14 +39,14 @@ def _cache(model, slots: int, max_len: int, mesh, heads_first: bool):
     cache = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((slots, max_len), jnp.int32),
                                                        decode=True))["cache"])
     ax = 1 if model.cfg.scan_layers else 0
-    cache = pages.pool_of(cache, ax, pages.default_pages(slots, max_len), heads_first)  # the engine's pool
+    cache = pages.pool_of(cache, ax, pages.default_pages(slots, max_len), combined)  # the engine's pool of pages
     tensor = mesh.shape.get("tensor", 1)
-    heads = ax if heads_first else ax + 2  # [layers,] pages, page slots, KV heads, head dim; or KV heads first
+    split = 2 * tensor if combined else tensor  # a combined pool's shards hold whole key-value pairs
 
-    def laid(a):
-        if a.ndim > ax + 2 and a.shape[heads] % tensor == 0:
+    def laid(a):  # [layers,] pages, page slots, KV heads (2K combined), head dim
+        if a.ndim > ax + 2 and a.shape[ax + 2] % split == 0:
             spec = [None] * a.ndim
-            spec[heads] = "tensor"
+            spec[ax + 2] = "tensor"
             return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P(*spec)))
         return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P()))
     return jax.tree.map(laid, cache), ax
@@ -70,7 +72,8 @@ def compile_serve(source: str, target: str, *, slots: int = 8, max_len: int | No
     model_cfg, model, mesh_, params = decode.abstract_model(source, devices, dtype, mesh, scan=scan_layers)
     max_len = min(max_len or DEFAULT_MAX_LEN, model_cfg.max_len)
     from zoo.nn import paged_kernels
-    kernel, why = paged_kernels.for_model(paged_kernel, model_cfg, dtype, platform="tpu")  # as the engine chooses
+    kernel, why = paged_kernels.for_model(paged_kernel, model_cfg, dtype, platform="tpu",  # as the engine chooses
+                                          tensor=mesh_.shape.get("tensor", 1))
     if why and paged_kernel != "auto":
         raise ConfigError(f"--paged-kernel {paged_kernel}: {why}")
     cache, ax = _cache(model, slots, max_len, mesh_, bool(kernel))

@@ -68,10 +68,10 @@ def main(argv=None) -> int:
                     "(default: %(default)s)")
     ap.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt whole, even where another "
                     "row holds its leading tokens (a shared system prompt) already")
-    ap.add_argument("--paged-kernel", default="auto", choices=("auto", "off", "tpu", "gpu"), help="a decoding step's "
-                    "attention by jax's Pallas paged-attention kernel, reading each row's pages where they lie (tpu / "
-                    "gpu: that kernel, for a head dim of 128; off its platform in interpret mode, for checks); off, "
-                    "and auto for now: the rows' pages gathered (zoo.nn.paged_kernels says why)")
+    ap.add_argument("--paged-kernel", default="auto", choices=("auto", "off", "tpu"), help="a decoding step's "
+                    "attention by jax's Pallas ragged paged-attention kernel, reading each row's pages where they "
+                    "lie: auto, on a TPU where it takes the model (head dim 128; zoo.nn.paged_kernels says why "
+                    "not); off: the rows' pages gathered; tpu: the kernel or a one-line refusal")
     ap.add_argument("--scan-layers", action="store_true", help="decode with the layers as one scan: each program "
                     "compiles one layer (a start-up 2-3x faster) but every step copies each layer's weights out of "
                     "their stack (1.3-1.5x slower decoding)")

@@ -130,8 +130,7 @@ class Engine(Scoring, Prefilling, Warming):
         self.batch_axis = 1 if self.model.cfg.scan_layers else 0  # scanned stacks put the layer axis first
         kv_pages = kv_pages or pages.default_pages(slots, self.max_len)
         self.book = pages.Pages(slots, self.max_len, kv_pages)  # which pages each row holds (zoo.engine.pages)
-        # decoding's attention by a paged-attention kernel where one is named and takes the model, the pool laid out
-        # for it; else the rows' pages gathered (zoo.nn.paged_kernels)
+        # a paged-attention kernel where one takes the model (TPU), the pool laid out for it (zoo.nn.paged_kernels)
         self.kernel, why = paged_kernels.for_model(paged_kernel, self.model.cfg, self.model.cfg.dtype)
         if why and paged_kernel != "auto":
             raise ArgumentError(f"--paged-kernel {paged_kernel}: {why}")

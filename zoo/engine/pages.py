@@ -36,19 +36,23 @@ from zoo.errors import ArgumentError
 PAGE = 16  # tokens a page holds (vLLM's default block size)
 
 
-def pool_of(cache, ax: int, pages: int, heads_first: bool = False):
+def pool_of(cache, ax: int, pages: int, combined: bool = False):
     """The page pool shaped like a dense cache `cache` (arrays or ShapeDtypeStructs; each row-wise leaf's axes ax
-    and ax + 1 are rows and slots): those two axes become (pages, PAGE); with `heads_first` (a paged-attention
-    kernel's layout, zoo.nn.paged_kernels) [rows, slots, K, H] becomes [K, pages, PAGE, H]."""
-    def one(c):
+    and ax + 1 are rows and slots): those two axes become (pages, PAGE). `combined` (a paged-attention kernel's
+    layout, zoo.nn.paged_kernels): each layer's keys and values one pool in `cached_key`, [pages, PAGE, 2K, H],
+    and `cached_value` empty."""
+    def one(path, c):
         if c.ndim <= ax:
             return c
         rest = c.shape[ax + 2:]
-        shape = c.shape[:ax] + ((rest[0], pages, PAGE) + rest[1:] if heads_first else (pages, PAGE) + rest)
+        name = getattr(path[-1], "key", None)
+        if combined and name == "cached_key":
+            rest = (2 * rest[0],) + rest[1:]
+        shape = c.shape[:ax] + ((0,) if combined and name == "cached_value" else (pages, PAGE) + rest)
         if isinstance(c, jax.ShapeDtypeStruct):
             return jax.ShapeDtypeStruct(shape, c.dtype, sharding=getattr(c, "sharding", None))
         return jnp.zeros(shape, c.dtype)
-    return jax.tree.map(one, cache)
+    return jax.tree_util.tree_map_with_path(one, cache)
 
 
 def pages_for(n: int) -> int:

@@ -293,8 +293,9 @@ class Attention(nn.Module):
             positions_T = jnp.arange(x_BTD.shape[1]) if positions_T is None else positions_T
             q_BTNH, k_BSKH = self._rotate(q_BTNH, positions_T, local), self._rotate(k_BSKH, positions_T, local)
         if decode and kv_BSD is None:
-            if (out_BTNH := self._paged_kernel(q_BTNH, k_BSKH, v_BSKH, positions_T, mask_B1TS, bias_BNTS,
-                                               local)) is not None:
+            window = self.sliding_window if local is not False else 0  # a paged step by its kernel (TPU)
+            if (out_BTNH := paged_kernels.decode_step(self, q_BTNH, k_BSKH, v_BSKH, positions_T, mask=mask_B1TS,
+                                                      bias=bias_BNTS, window=window)) is not None:
                 return self._out(D, out_BTNH)
             k_BSKH, v_BSKH, mask_B1TS = self._update_cache(k_BSKH, v_BSKH, positions_T, mask_B1TS)
             is_causal = False
@@ -331,24 +332,6 @@ class Attention(nn.Module):
                       std=self.out_std,
                       bias_axes=("embed",) if (self.use_bias if self.out_bias is None else self.out_bias) else None,
                       dtype=self.dtype, param_dtype=self.param_dtype, name="out")(out_BTNH)
-
-    def _paged_kernel(self, q_BTNH, k_BTKH, v_BTKH, positions_T, mask_B1TS, bias_BNTS, local):
-        """A decoding step's attention by the paged cache's kernel (zoo.nn.paged_kernels), its keys and values
-        written first; None where no kernel is asked for or it cannot take the step (the reason logged once)."""
-        paged = paged_cache.current()
-        if paged is None or paged.kernel is None or not self.has_variable("cache", "cached_key"):
-            return None
-        window = self.sliding_window if local is not False else 0
-        why = paged_kernels.unsupported_reason(paged.kernel, q_BTNH, self.get_variable("cache", "cached_key"),
-                                               bias=bias_BNTS, mask=mask_B1TS, window=window)
-        if why is not None:
-            if q_BTNH.shape[1] == 1:  # a prefill's many queries always take the gather: not worth a line
-                note_fallback(why, kernel=f"the {paged.kernel} paged-attention kernel (the pages gathered)")
-            return None
-        key, value = self.variable("cache", "cached_key"), self.variable("cache", "cached_value")
-        paged_cache.write(key, value, k_BTKH, v_BTKH, positions_T, paged)
-        return paged_kernels.attend(paged.kernel, q_BTNH, key.value, value.value, positions_T, paged.table_BN,
-                                    scale=self.scale, softcap=self.softcap)
 
     def _rotate(self, x_BTNH, positions_T, local):
         """`rope`, or `rope_local` where `local` (a Python bool, or a traced scalar: both computed, one kept)."""
