@@ -64,6 +64,15 @@ def quiet_cache_failures() -> None:
 GOOGLE_PCI_VENDOR = "0x1ae0"  # a TPU chip on the PCI bus (jax's cloud_tpu_init looks for the same)
 
 
+def is_terminal() -> bool:
+    """Whether the console is a terminal (stdout and stderr): a progress bar redrawn in a log file is
+    one long line of carriage returns."""
+    try:
+        return sys.stdout.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
+
+
 def tpu_attached() -> bool:
     return any(open(p).read().strip() == GOOGLE_PCI_VENDOR for p in glob.glob("/sys/bus/pci/devices/*/vendor"))
 

@@ -185,7 +185,7 @@ def classify(a) -> dict:
                       label_column=a.label_column, split=a.split, cache_dir=a.cache_dir)
     out = classification.evaluate(model, params, tok, cfg, class_names(lm), data,
                                   batch_size=a.batch_size, max_rows=a.max_docs)
-    if _gather("classify", {}) is None:  # several processes: each scored every row; process 0 prints
+    if _peers().gather("classify", {}) is None:  # several processes: each scored every row; process 0 prints
         return None
     return {"run": a.workdir, "data": a.data, **out}
 
@@ -199,7 +199,7 @@ def retrieval(a) -> dict:
     lm = a.workdir if a.workdir == "bm25" and not os.path.exists(a.workdir) else zoo.load(a.workdir)
     out = beir.evaluate(lm, a.data, split=a.split, batch_size=a.batch_size, max_docs=a.max_docs, index=a.index,
                         prompts=[] if isinstance(lm, str) else [name for name, _ in pooling_of(lm).prompts])
-    if _gather("retrieval", {}) is None:  # several processes: each searched every query; process 0 prints
+    if _peers().gather("retrieval", {}) is None:  # several processes: each searched every query; process 0 prints
         return None
     return {"run": a.workdir, "data": a.data, "split": a.split, **out}
 
@@ -217,7 +217,7 @@ def tokens(a) -> dict:
                       cache_dir=a.cache_dir)
     out = token_classify.evaluate_source(model, params, tok, class_names(lm), data,
                                          batch_size=a.batch_size, max_rows=a.max_docs)
-    if _gather("tokens", {}) is None:  # several processes: each scored every row; process 0 prints
+    if _peers().gather("tokens", {}) is None:  # several processes: each scored every row; process 0 prints
         return None
     return {"run": a.workdir, "data": a.data, **out}
 
@@ -229,7 +229,7 @@ def mlm(a) -> dict:
     _, params, tok, cfg = _load(a.workdir, "bert_mlm")
     data = DataConfig(source=a.data, text_column=a.text_column, split=a.split, cache_dir=a.cache_dir)
     out = mlm_eval.evaluate(build(cfg), params, tok, data, batch_size=a.batch_size, max_docs=a.max_docs)
-    if _gather("mlm", {}) is None:  # several processes: each scored every row; process 0 prints
+    if _peers().gather("mlm", {}) is None:  # several processes: each scored every row; process 0 prints
         return None
     return {"run": a.workdir, "data": a.data, **out}
 
@@ -242,7 +242,7 @@ def translate(a) -> dict:
                       cache_dir=a.cache_dir)
     out = seq2seq.evaluate(model, params, tok, cfg, data, beam=a.beam, batch_size=a.batch_size, max_rows=a.max_docs,
                            worst=a.show)
-    if _gather("translate", {}) is None:
+    if _peers().gather("translate", {}) is None:
         return None
     return {"run": a.workdir, "data": a.data, **out}
 
@@ -287,14 +287,14 @@ def perplexity(a) -> dict:
     all_docs = tok.encode_batch(texts)
     prefix = prefix_token(tok)
     _check_vocab(all_docs + [[prefix]], tok, cfg, a.workdir)
-    docs = _share(all_docs)
+    docs = _peers().share(all_docs)
     update, close = _progress(sum(len(ppl.windows(len(d) + 1, context, stride)) for d in docs), "window")
     try:
         lls = ppl.document_logliks(model, params, docs, prefix=prefix, context=context, stride=stride,
                                    batch_size=a.batch_size, progress=update)
     finally:
         close()
-    parts = _gather("perplexity", {"nll": -float(np.sum(lls, dtype=np.float64))})
+    parts = _peers().gather("perplexity", {"nll": -float(np.sum(lls, dtype=np.float64))})
     if parts is None:
         return None
     out = ppl.summary(sum(p["nll"] for p in parts), sum(map(len, all_docs)),
@@ -313,7 +313,7 @@ def choice(a) -> dict:
     prefix = prefix_token(tok)
     _check_vocab([tok.encode(q["context"] + "".join(q["choices"])) for q in questions] + [[prefix]], tok, cfg,
                  a.workdir)
-    mine = _share(questions)
+    mine = _peers().share(questions)
     update, close = _progress(sum(len(q["choices"]) for q in mine), "choice")
     try:
         out = mc.evaluate(model, params, tok, mine, prefix=prefix, context=cfg.window,
@@ -321,7 +321,7 @@ def choice(a) -> dict:
             {"questions": 0, "correct": 0, "correct_norm": 0, "logliks": []}
     finally:
         close()
-    parts = _gather("choice", {k: out[k] for k in ("questions", "correct", "correct_norm", "logliks")})
+    parts = _peers().gather("choice", {k: out[k] for k in ("questions", "correct", "correct_norm", "logliks")})
     if parts is None:
         return None
     n, c, cn = (sum(p[k] for p in parts) for k in ("questions", "correct", "correct_norm"))
@@ -337,7 +337,7 @@ def generate(a) -> dict:
     lm = _load(a.workdir)
     model, params = lm.decoding()  # the layers as one scan: one layer compiled (zoo.infer.sample.scanned)
     cfg = lm.config
-    mine = _share(items)
+    mine = _peers().share(items)
     update, close = _progress(len(mine), "answer")
     try:
         out = gen.evaluate(model, params, lm.tokenizer, cfg.data.tokenizer, mine, run_dir=lm.run_dir,
@@ -345,7 +345,7 @@ def generate(a) -> dict:
                            progress=update)
     finally:
         close()
-    parts = _gather("generate", out)
+    parts = _peers().gather("generate", out)
     if parts is None:
         return None
     rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r["index"])
@@ -354,16 +354,11 @@ def generate(a) -> dict:
             "contains": ct / n, "exact": em, "contained": ct, "worst": gen.worst(rows, a.show), "rows": rows}
 
 
-def _share(items: list) -> list:
-    """This process's share of `items` (every process_count-th from its index; all of them with one process)."""
-    import jax
-    return items[jax.process_index()::jax.process_count()]
-
-
-def _gather(name: str, value: dict) -> list[dict] | None:
-    """Every process's `value` on process 0 (None elsewhere: it prints nothing)."""
+def _peers():
+    """zoo.training.peers (this process's share of the items; every process's results on process 0), imported
+    once jax may start."""
     from zoo.training import peers
-    return peers.gather(name, value)
+    return peers
 
 
 def _check_vocab(seqs, tok, cfg, workdir: str) -> None:

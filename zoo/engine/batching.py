@@ -79,15 +79,15 @@ from zoo.engine import pages, programs
 from zoo.engine.prefilling import PREFILL_ROWS, Prefilling
 from zoo.engine.programs import decode_chunk
 from zoo.engine.scoring import Scoring
+from zoo.engine.sharing import SHARED_MIN, Sharing
 from zoo.engine.sequence import Sequence, decode_name
 from zoo.engine.warming import Warming
 from zoo.nn import paged_kernels
 
 PREFILL_CHUNK = 512  # a longer prompt admitted while rows decode is prefilled this many tokens between two chunks
-SHARED_MIN = 32  # the fewest stored prompt tokens worth taking (fewer: the prompt is prefilled whole, with others)
 
 
-class Engine(Scoring, Prefilling, Warming):
+class Engine(Scoring, Prefilling, Warming, Sharing):
     """The decoder behind the server (see the module's docstring). `lm` is a zoo.Pretrained decoder; `slots` rows
     decode together; `max_len` is the cache's length (at most the model's window); `chunk` decode steps run between
     two admissions; `prefix_cache`: prompts take the leading tokens a row holds (see the module's docstring);
@@ -308,26 +308,6 @@ class Engine(Scoring, Prefilling, Warming):
 
     def _length(self, n: int) -> int:
         return next(b for b in self.length_buckets() if b >= n)
-
-    @staticmethod
-    def _common(a: list[int], b: list[int]) -> int:
-        """How many leading tokens two prompts share."""
-        n = min(len(a), len(b))
-        same = np.asarray(a[:n], np.int32) == np.asarray(b[:n], np.int32)
-        return n if same.all() else int(np.argmin(same))
-
-    def shared(self, prompt: list[int], adapter: int = 0) -> tuple[int, list[int]]:
-        """(n, pages): the most leading tokens of `prompt` whose keys and values the prefix store holds in whole
-        pages (at most all but its last, whose logits the prefill gives) under the same adapter, and those pages;
-        (0, []) below SHARED_MIN or with the cache off."""
-        keep = self.book.lookup(prompt[:-1], adapter) if self.prefix_cache else []
-        n = len(keep) * pages.PAGE
-        return (n, keep) if n >= SHARED_MIN else (0, [])
-
-    def _store(self, row: int) -> None:
-        """Row `row`'s whole pages of what it holds into the prefix store (with the cache on)."""
-        if self.prefix_cache:
-            self.book.store(row, self.held[row], int(self.row_adapter[row]))
 
     def _run_chunk(self, B: int | None = None, K: int | None = None, L: int | None = None) -> np.ndarray:
         """One decode call of K steps (the program of a whole chunk, told to stop after K: one program per rows and

@@ -26,7 +26,7 @@ import os
 import re
 
 from zoo.data.bpe import ENDOFTEXT, TiktokenTokenizer
-from zoo.data.hf_tokenizers import RemappedBpe, unicode_to_byte
+from zoo.data.hf_bpe import RemappedBpe, unicode_to_byte
 from zoo.data.tokenizers import ByteTokenizer
 from zoo.errors import ConversionError
 

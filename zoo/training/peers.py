@@ -66,6 +66,11 @@ def stop_step(proposed: int | None) -> int | None:
         return None
 
 
+def share(items: list) -> list:
+    """This process's share of `items` (every process_count-th from its index; all of them with one process)."""
+    return items[jax.process_index()::jax.process_count()]
+
+
 def gather(name: str, value: dict) -> list[dict] | None:
     """Every process's `value` (JSON), in process order, on process 0; None on the others. With one process:
     [value]. For sums a command adds up once (zoo-eval's log-likelihoods: exact float64, unlike a collective

@@ -35,6 +35,7 @@ from zoo import tasks
 from zoo.tasks import distill
 from zoo.configuration import Config
 from zoo.errors import ConfigError, TrainError
+from zoo.runtime import is_terminal as _is_terminal  # (the tests replace it: a bar under pytest)
 from zoo.eval import during
 from zoo.training import (checkpoint, data_state, flops, freeze, memory, optim, orbax_errors, peers, programs,
                           run_once, runs, sharding)
@@ -132,15 +133,6 @@ def new_params(cfg: Config, trains):
     if not cfg.init_from or cfg.optim.head_lr_mult == 1:
         return None
     return optim.new_mask(trains, freeze.base_shapes(runs.load_config(cfg.init_from)))
-
-
-def _is_terminal() -> bool:
-    """Whether the console is a terminal (stdout and stderr): a progress bar redrawn in a log file is
-    one long line of carriage returns."""
-    try:
-        return sys.stdout.isatty() and sys.stderr.isatty()
-    except (AttributeError, ValueError):  # replaced or closed streams
-        return False
 
 
 def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | None = None,
