@@ -92,8 +92,8 @@ def compile_for(config=None, target: str = "v5e:2x2", *, overrides=(), init_from
 
     program="generate": instead, the program `zoo.load(config).generate` runs (config: a preset name or a zoo
     run), for `rows`, `prompt_len`, `max_new_tokens` and `dtype` given as keywords (zoo.aot.decode).
-    program="serve": zoo-serve's engine (its decode chunk and prefill) for `slots`, `max_len`, `chunk` and
-    `dtype` (zoo.aot.serve)."""
+    program="serve": zoo-serve's engine (its decode chunk and prefill) for `slots`, `max_len`, `chunk`, `dtype`,
+    `paged_kernel` ("auto", "off" or "tpu": jax's paged-attention kernel) and `scan_layers` (zoo.aot.serve)."""
     if program == "generate":
         from zoo.aot import decode
         return decode.compile_generate(config, target, **generate)
