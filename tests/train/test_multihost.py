@@ -44,7 +44,9 @@ def test_two_processes_match_one_process_with_eight_devices(two, tmp_path):
     assert all("Traceback" not in err for _, err in outs), outs
     (out0, _), (out1, _) = outs
     assert out0.startswith(f"training gpt_lm in {work}\n") and "done: step 3" in out0
-    assert out1 == ""  # process 1 prints nothing: one console, one metrics.jsonl, one TensorBoard
+    # process 1 prints nothing: one console, one metrics.jsonl, one TensorBoard. (Gloo's C++ lines, which `finish`
+    # drops, can interleave on stdout and leave their newlines behind: a bare "\n" was seen once in 2 runs.)
+    assert out1.strip() == ""
     single = run(cfg, tmp_path / "single")
     assert single["setup"].mesh.devices.size == 8
     assert losses(work) == pytest.approx(losses(tmp_path / "single"), rel=1e-5)
@@ -309,7 +311,7 @@ def test_two_bench_processes_step_over_both_hosts_devices_and_process_0_reports(
     rows = [json.loads(line) for line in out0.splitlines() if line.startswith("{")]
     assert len(rows) == 1 and rows[0]["device_count"] == 8 and rows[0]["process_count"] == 2
     assert rows[0]["tokens_per_s"] > 0 and "process_index" not in rows[0]
-    assert out1 == ""
+    assert out1.strip() == ""  # (as above: gloo's interleaved lines may leave a newline)
     [(_, err)] = finish(start(args + ["--peer", "hf-torch"], only=[0], command=("-m", "zoo.cli.bench")), timeout=60)
     assert err.strip().splitlines() == ["error: --peer hf-torch runs transformers on one host; on several processes "
                                         "zoo-bench measures zoo alone (leave out --peer)"]
