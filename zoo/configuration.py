@@ -273,6 +273,9 @@ class Config:
         _check(not self.distill.teacher or self.task in DISTILL_TASKS,
                f"distill.teacher distils into task=gpt_lm or sft; task={self.task!r} trains no teacher's logits "
                f"(leave distill.teacher empty)")
+        _check(not (self.distill.top_k and self.data.streaming),
+               f"distill.top_k={self.distill.top_k} caches the teacher's logits of fixed training rows; "
+               f"data.streaming=true has none (set data.streaming=false or distill.top_k=0)")
         max_len = getattr(self.model, "max_len", None)
         if max_len is not None:
             _check(self.data.seq_len <= max_len,

@@ -98,8 +98,19 @@ class DistillConfig:
     # GKD's generalised Jensen-Shannon divergence (TRL's beta): 0 the forward KL(teacher || student), 1 the reverse
     # KL(student || teacher), between them the divergence to the mixture beta * teacher + (1 - beta) * student
     beta: float = 0.0
+    # k > 0: the teacher's k largest logits (and their ids) at every position of every training row, computed once
+    # before training and cached under data.cache_dir (zoo.tasks.teacher_cache); the step reads them instead of
+    # running the teacher, whose weights are then never held beside the student's. 0: the teacher runs in the step
+    top_k: int = 0
 
     def __post_init__(self):
+        _check(isinstance(self.top_k, int) and self.top_k >= 0,
+               f"distill.top_k={self.top_k!r} must be a whole number >= 0 (0: the teacher runs in the step)")
+        _check(not self.top_k or self.teacher, f"distill.top_k={self.top_k} caches a teacher's logits; name the "
+                                               f"teacher (distill.teacher) or set distill.top_k=0")
+        _check(not self.top_k or self.beta == 0.0,
+               f"distill.top_k={self.top_k} trains the forward KL on the teacher's top-k (distill.beta=0); "
+               f"distill.beta={self.beta} needs the whole vocabulary of both models (set distill.top_k=0)")
         _check(math.isfinite(self.temperature) and self.temperature > 0,
                f"distill.temperature={self.temperature} must be a positive number")
         _check(0.0 <= self.alpha <= 1.0, f"distill.alpha={self.alpha} must be in [0, 1] (the divergence's share)")

@@ -49,7 +49,8 @@ def _check_tokens(tokens: np.ndarray, seq_len: int) -> None:
                            f"lower data.seq_len or use a larger corpus")
 
 
-def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+def windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+    """The LM rows of `tokens` starting at `starts`: inputs, targets (shifted by one) and weights, [len(starts), seq_len]."""
     # One fancy index reads just these rows' pages from the memmap.
     rows_BT1 = np.asarray(tokens[starts[:, None] + np.arange(seq_len + 1)], dtype=np.int32)
     return {"inputs": np.ascontiguousarray(rows_BT1[:, :-1]),
@@ -72,7 +73,7 @@ class Batches:
         rng = np.random.default_rng([self.seed, step])
         # Every process draws the whole global batch so all agree on it, then keeps its own rows.
         starts = rng.integers(0, len(self.tokens) - self.seq_len, size=self.global_batch)
-        return _windows(self.tokens, starts[self.rows], self.seq_len)
+        return windows(self.tokens, starts[self.rows], self.seq_len)
 
 
 def eval_batches(tokens: np.ndarray, seq_len: int, global_batch: int, num_batches: int,
@@ -84,5 +85,5 @@ def eval_batches(tokens: np.ndarray, seq_len: int, global_batch: int, num_batche
     out = []
     for b in range(num_batches):
         window = np.arange(b * global_batch, (b + 1) * global_batch)[rows] % n_windows
-        out.append(_windows(tokens, window * seq_len, seq_len))
+        out.append(windows(tokens, window * seq_len, seq_len))
     return out

@@ -25,6 +25,8 @@ eval_loss is its cross-entropy, comparable with a run trained without a teacher.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -49,6 +51,24 @@ def divergence(student_BTV, teacher_BTV, temperature: float = 1.0, beta: float =
     return beta * kl(t, m) + (1 - beta) * kl(s, m)
 
 
+class Cached(NamedTuple):
+    """The teacher's k largest logits at each position and their ids, read from its cache (zoo.tasks.teacher_cache)
+    instead of run in the step."""
+
+    ids_BTK: jax.Array  # int32
+    logits_BTK: jax.Array  # float32, the raw logits (before the temperature)
+
+
+def cached_divergence(student_BTV, teacher: Cached, temperature: float = 1.0):
+    """float32[B, T]: KL(p_k || q) per token, p_k the softmax of the teacher's cached top-k logits / T (renormalised
+    over its k ids: the tail the cache dropped gets no mass), q the student's softmax(z / T) over the whole
+    vocabulary, read at those ids. With k = the vocabulary it is divergence(beta=0) exactly."""
+    s_BTV = jax.nn.log_softmax(student_BTV.astype(jnp.float32) / temperature, -1)
+    s_BTK = jnp.take_along_axis(s_BTV, teacher.ids_BTK, -1)
+    t_BTK = jax.nn.log_softmax(teacher.logits_BTK.astype(jnp.float32) / temperature, -1)
+    return jnp.sum(jnp.exp(t_BTK) * (t_BTK - s_BTK), -1)
+
+
 def cross_entropy(logits_BTV, targets_BT, smoothing: float = 0.0):
     """(float32[B, T] token cross-entropies, float32[B, T] 1 where the target is the argmax), label smoothing as
     zoo.nn.losses.linear_cross_entropy applies it."""
@@ -61,11 +81,14 @@ def cross_entropy(logits_BTV, targets_BT, smoothing: float = 0.0):
 
 
 def mixed_loss(dcfg, student_BTV, teacher_BTV, targets_BT, weights_BT, smoothing: float = 0.0):
-    """(loss sum, correct sum, {"kl_sum", "ce_sum"}) over the weighted tokens; dcfg a DistillConfig."""
+    """(loss sum, correct sum, {"kl_sum", "ce_sum"}) over the weighted tokens; dcfg a DistillConfig; teacher_BTV
+    the teacher's logits, or its cached top-k (Cached)."""
     w_BT = weights_BT.astype(jnp.float32)
     ce_BT, correct_BT = cross_entropy(student_BTV, targets_BT, smoothing)
-    kl_BT = dcfg.temperature ** 2 * divergence(student_BTV, jax.lax.stop_gradient(teacher_BTV), dcfg.temperature,
-                                                dcfg.beta)
+    teacher_BTV = jax.tree.map(jax.lax.stop_gradient, teacher_BTV)
+    d_BT = (cached_divergence(student_BTV, teacher_BTV, dcfg.temperature) if isinstance(teacher_BTV, Cached) else
+            divergence(student_BTV, teacher_BTV, dcfg.temperature, dcfg.beta))
+    kl_BT = dcfg.temperature ** 2 * d_BT
     kl, ce = jnp.sum(kl_BT * w_BT), jnp.sum(ce_BT * w_BT)
     return dcfg.alpha * kl + (1 - dcfg.alpha) * ce, jnp.sum(correct_BT * w_BT), {"kl_sum": kl, "ce_sum": ce}
 
@@ -89,6 +112,7 @@ class Teacher:
 
     def __init__(self, cfg):
         self.cfg, self.source, self.model = cfg, cfg.distill.teacher, None
+        self.loader = None  # distill.top_k: mesh -> the teacher's params, called only when its cache is built
 
     def load(self, mesh, load):
         """The teacher's params laid out over `mesh` (zoo's rules table, as the student's), its vocabulary checked
@@ -134,13 +158,17 @@ def check_source(source: str) -> None:
 
 def attach(s, state, load=None):
     """`state` with the teacher's params (s.task.teacher, read by `load`, zoo.load, and laid out over s.mesh) and
-    s.state_shardings saying where they lie; the state as it is when the task has no teacher."""
+    s.state_shardings saying where they lie; the state as it is when the task has no teacher, or reads the teacher's
+    cached top-k (distill.top_k: the teacher is read, by `load`, only to build the cache)."""
     teacher = getattr(s.task, "teacher", None)
     if teacher is None:
         return state
     if load is None:
         raise ConfigError(f"distill.teacher={teacher.source!r}: the teacher is read by zoo.train (train.py), which "
                           f"hands the trainer zoo.load; call zoo.train, or trainer.train(..., teacher_of=zoo.load)")
+    if s.cfg.distill.top_k:  # the step reads the teacher's cached top-k (LmTask.prepare): no params in the state
+        teacher.loader = lambda mesh: teacher.load(mesh, load)
+        return state
     params = teacher.load(s.mesh, load)
     s.state_shardings = s.state_shardings.replace(teacher=jax.tree.map(lambda x: x.sharding, params))
     return state.replace(teacher=params)

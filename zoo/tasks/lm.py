@@ -12,7 +12,7 @@ from zoo.errors import ZooDataError
 from zoo.infer.sample import generate
 from zoo.models.gpt import Gpt, output_embedding
 from zoo.nn import losses, moe
-from zoo.tasks import distill
+from zoo.tasks import distill, teacher_cache
 from zoo.tasks.base import BaseTask, Data, attention_flops, count
 
 
@@ -61,16 +61,24 @@ class LmTask(BaseTask):
         forward pass takes beside the ids, sft's packing)."""
         w_VD, cap = output_embedding(self.cfg.model, params), self.cfg.model.final_softcap
         smoothing = self.cfg.train.label_smoothing if train else 0.0
-        if teacher is None:
+        if "teacher_ids" in batch:  # distill.top_k: the teacher's top-k read from its cache (zoo.tasks.teacher_cache)
+            teacher_out = distill.Cached(batch["teacher_ids"], batch["teacher_logits"])
+        elif teacher is not None:
+            teacher_out = self.teacher.logits(teacher, batch["inputs"], **forward)
+        else:
             loss_sum, correct = losses.linear_cross_entropy(h_BTD, w_VD, batch["targets"], batch["weights"],
                                                             label_smoothing=smoothing, logit_cap=cap)
             return loss_sum, correct, {}
-        return distill.mixed_loss(self.cfg.distill, distill.student_logits(h_BTD, w_VD, cap),
-                                  self.teacher.logits(teacher, batch["inputs"], **forward), batch["targets"],
-                                  batch["weights"], smoothing)
+        return distill.mixed_loss(self.cfg.distill, distill.student_logits(h_BTD, w_VD, cap), teacher_out,
+                                  batch["targets"], batch["weights"], smoothing)
 
     def train_metrics(self, totals: dict) -> dict:
         return distill.train_metrics(totals)
+
+    def prepare(self, params, data: Data, workdir: str, resume: bool, mesh) -> None:
+        """distill.top_k: the training rows with the teacher's cached top-k logits (built first when missing)."""
+        if self.teacher is not None and self.cfg.distill.top_k:
+            teacher_cache.attach(self, data, mesh, say=print if jax.process_index() == 0 else (lambda _: None))
 
     def hidden(self, params, ids_BT, train, rng, **kw):
         """(final hidden states, the MoE load-balancing loss: None for a dense model) of the model on ids_BT."""
@@ -118,7 +126,8 @@ class LmTask(BaseTask):
                                 process_index, process_count)
         evals = batches.eval_batches(tokens.val, cfg.data.seq_len, cfg.train.batch_size, cfg.train.eval_batches,
                                      process_index, process_count)
-        return Data(train=train, eval=evals, tokenizer=tokenizer, rows=len(tokens.train) // cfg.data.seq_len)
+        data = Data(train=train, eval=evals, tokenizer=tokenizer, rows=len(tokens.train) // cfg.data.seq_len)
+        return teacher_cache.deferred(cfg, data, process_index, process_count)  # distill.top_k's rows
 
     def sample(self, params, tokenizer, prompt: str, max_new_tokens: int) -> str:
         """A sampled continuation (temperature 0.8, top-k 40, seed 0), its context cropped to the trained length."""

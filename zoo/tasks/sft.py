@@ -39,7 +39,7 @@ from zoo.infer.sample import generate
 from zoo.models.gpt import output_embedding
 from zoo.nn import losses
 from zoo.tasks.base import Data
-from zoo.tasks import sft_replay
+from zoo.tasks import sft_replay, teacher_cache
 from zoo.tasks.lm import LmTask, check_vocab
 
 
@@ -243,12 +243,13 @@ class SftTask(LmTask):
         if process_index == 0:
             print(report(d, counts, len(train), len(val), train, plan, len(mix)), flush=True)
         B = cfg.train.batch_size
-        return Data(train=packing.PackedBatches(train, plan, d.seq_len, B, cfg.train.seed, process_index,
+        data = Data(train=packing.PackedBatches(train, plan, d.seq_len, B, cfg.train.seed, process_index,
                                                 process_count),
                     eval=packing.eval_batches(val, val_plan, d.seq_len, B, cfg.train.eval_batches, process_index,
                                               process_count),
                     tokenizer=tokenizer, files=files, rows=len(plan), answers=answers,
                     packed_examples=len(train) if d.packing else 0)  # epochs of a small set: zoo.training.sizing
+        return teacher_cache.deferred(cfg, data, process_index, process_count)  # distill.top_k's rows
 
     def prepare_data(self, params_of, workdir: str, resume: bool) -> None:
         """data.mix_source=replay: the base's answers (`params_of()`: the params the run starts from) generated, or on
