@@ -25,6 +25,7 @@ from typing import ClassVar
 import flax.linen as nn
 import jax.numpy as jnp
 
+from zoo.models import mtp
 from zoo.models.base import ModelConfig, check, check_choice, check_positive
 from zoo.nn import layers
 from zoo.nn.block import Block
@@ -99,6 +100,10 @@ class GptConfig(ModelConfig):
     #   block starts as the identity (modded-nanogpt's `proj.weight.zero_()`); off: normal(0.02 / sqrt(2L))
     unet_skips: bool = False  # U-net: block i's output (i < L // 2) is added, times a learned scalar skip_weights[i]
     #   (init 1), to the input of its mirror, block L-1-i (modded-nanogpt); the looped stack only (not scan_layers)
+    # Multi-token prediction (DeepSeek-V3; zoo.models.mtp): D more modules, module k predicting the token k + 1
+    # places ahead, their cross-entropy added to gpt_lm's training loss times mtp_weight / D. 0: none
+    mtp_depth: int = 0
+    mtp_weight: float = 0.3  # DeepSeek-V3's lambda (0.3, later 0.1)
     value_embeds: int = 0  # E > 0: E more token tables [V, K*H] (value_embed_0..); table j's row of each token is
     #   mixed into the attention values of layers j and L-E+j, v -> l0 v + l1 row, l learned (init 0.5); the first
     #   and last E layers (modded-nanogpt's value embeddings); 2E <= L, the looped stack only; 0: none
@@ -135,6 +140,8 @@ class GptConfig(ModelConfig):
             check(getattr(self, name) >= 0, f"model.{name}={getattr(self, name)} must be >= 0 (0: off)")
         check(not self.global_every or self.sliding_window > 0,
               f"model.global_every={self.global_every} needs model.sliding_window > 0 (the local layers' window)")
+        check(self.mtp_depth >= 0 and self.mtp_weight >= 0,
+              f"model.mtp_depth={self.mtp_depth} and model.mtp_weight={self.mtp_weight} must be >= 0")
         check(not self.unet_skips or not self.scan_layers,
               "model.unet_skips=true needs model.scan_layers=false (a scan cannot carry the first half's outputs)")
         check(not self.unet_skips or self.num_layers >= 2,
@@ -278,13 +285,15 @@ class Gpt(nn.Module):
     padding before it at negative positions; each token is cached at the slot of its position, padding
     nowhere, so no query sees it (zoo.infer.sample.generate_batch). `logits_at_B` ([B] int32) computes the logits
     of one position per row, [B, 1, V] (a prefill needs its last token's: the output projection of the rest is a
-    fifth of a short prompt's FLOPs on SmolLM2), as transformers' `logits_to_keep`."""
+    fifth of a short prompt's FLOPs on SmolLM2), as transformers' `logits_to_keep`. With model.mtp_depth, `hidden=True`
+    and `mtp_ids_BT` (the tokens one place ahead: the targets) it returns (x_BTD, the multi-token prediction modules'
+    hidden states: zoo.models.mtp)."""
 
     cfg: GptConfig
 
     @nn.compact
     def __call__(self, ids_BT, *, deterministic: bool = True, decode: bool = False, hidden: bool = False,
-                 positions_BT=None, segment_ids_BT=None, logits_at_B=None):
+                 positions_BT=None, segment_ids_BT=None, logits_at_B=None, mtp_ids_BT=None):
         cfg = self.cfg
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         T = ids_BT.shape[1]
@@ -308,8 +317,7 @@ class Gpt(nn.Module):
             x_BTD = x_BTD + (pos_xD if positions.ndim == 2 else pos_xD[None])
         x_BTD = nn.Dropout(cfg.dropout)(x_BTD, deterministic=deterministic)
         x_BTD = layers.constrain(x_BTD, ("batch", "length", "embed"))
-        blocks = stack_blocks(
-            Block, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, remat_policy=cfg.remat_policy, name="h",
+        block_kw = dict(
             num_heads=cfg.num_heads, head_dim=cfg.head_dim, d_ff=cfg.d_ff, dropout=cfg.dropout, ln_eps=cfg.ln_eps,
             pre_ln=True, norm_names=("ln_1", "ln_2"), activation=MLP_ACTIVATIONS.get(cfg.mlp, nn.silu),
             # zero_init_proj: normal(0) draws the same keys as normal(std), so every other parameter is unchanged
@@ -319,6 +327,8 @@ class Gpt(nn.Module):
             rope=cfg.rope(), sliding_window=cfg.sliding_window, qk_norm=cfg.qk_norm,
             parallel_residual=cfg.parallel_residual, num_experts=cfg.num_experts,
             experts_per_token=cfg.experts_per_token, moe_norm_topk=cfg.moe_norm_topk, **gemma_block_kw(cfg))
+        blocks = stack_blocks(Block, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat,
+                              remat_policy=cfg.remat_policy, name="h", **block_kw)
         skips = {}
         if cfg.unet_skips:  # float32 scalars, one per mirrored pair; 1: the encoder half's output added as it is
             skips["skip_weights"] = self.param("skip_weights", layers.ones((None,)), (cfg.num_layers // 2,),
@@ -327,7 +337,13 @@ class Gpt(nn.Module):
             skips["layer_kw"] = self._value_embed_kw(ids_BT)
         # mask None + is_causal: the attention backend builds the causal mask (cheapest on cuDNN).
         x_BTD = blocks(x_BTD, None, deterministic, decode, positions, segment_ids_BT, **skips)
+        h_BTD = x_BTD
         x_BTD = layers.make_norm(cfg.norm)(cfg.ln_eps, dtype, param_dtype, name="ln_f")(x_BTD)
+        if cfg.mtp_depth and (mtp_ids_BT is not None or self.is_initializing()):  # zoo.models.mtp's modules
+            ahead = mtp_ids_BT if mtp_ids_BT is not None else ids_BT
+            hs = mtp.run(self, h_BTD, ahead, wte, block_kw, deterministic, positions, segment_ids_BT)
+            if hidden and mtp_ids_BT is not None:
+                return x_BTD, hs
         if hidden:
             return x_BTD
         if logits_at_B is not None:  # one position per row (a prefill's last token): its logits alone, [B, 1, V]

@@ -10,6 +10,7 @@ from zoo.data import batches, corpus, store, stream
 from zoo.data.tokenizers import encode_text, get_tokenizer
 from zoo.errors import ZooDataError
 from zoo.infer.sample import generate
+from zoo.models import mtp
 from zoo.models.gpt import Gpt, output_embedding
 from zoo.nn import losses, moe
 from zoo.tasks import distill, teacher_cache
@@ -49,8 +50,15 @@ class LmTask(BaseTask):
         return self.model.init(rng, jnp.zeros((1, self.cfg.data.seq_len), jnp.int32))["params"]
 
     def loss(self, params, batch, rng, train, teacher=None):
-        h_BTD, balance = self.hidden(params, batch["inputs"], train, rng)
+        m = self.cfg.model
+        ahead = {"mtp_ids_BT": batch["targets"]} if m.mtp_depth and train else {}  # evaluation: the main loss
+        out, balance = self.hidden(params, batch["inputs"], train, rng, **ahead)
+        h_BTD, hs = out if ahead else (out, None)
         loss_sum, correct, extra = self.token_loss(params, h_BTD, batch, train, teacher)
+        if hs:  # model.mtp_depth: the multi-token prediction modules' loss added (zoo.models.mtp)
+            scaled, extra["mtp_sum"] = mtp.aux_loss(m, hs, output_embedding(m, params), batch["targets"],
+                                                    batch["weights"])
+            loss_sum = loss_sum + scaled
         weight = jnp.sum(batch["weights"])
         return self.add_balance(loss_sum, {"weight": weight, "correct": correct, "tokens": weight, **extra}, balance,
                                 train)
@@ -73,7 +81,10 @@ class LmTask(BaseTask):
                                   batch["targets"], batch["weights"], smoothing)
 
     def train_metrics(self, totals: dict) -> dict:
-        return distill.train_metrics(totals)
+        out = distill.train_metrics(totals)
+        if "mtp_sum" in totals:  # the modules' summed cross-entropy per token (zoo.models.mtp)
+            out["mtp_loss"] = totals["mtp_sum"] / max(totals.get("weight", 0.0), 1e-9)
+        return out
 
     def prepare(self, params, data: Data, workdir: str, resume: bool, mesh) -> None:
         """distill.top_k: the training rows with the teacher's cached top-k logits (built first when missing)."""
