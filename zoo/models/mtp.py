@@ -4,7 +4,7 @@
 Module k (1..D) predicts the token k + 1 places ahead. With h^0 the main stack's last hidden states (before its final
 norm) and x the row's tokens:
 
-    h'^k_t = W^k [norm_h(h^{k-1}_t); norm_e(Emb(x_{t+k}))]         W^k: [2, D, D] (the concatenation's projection)
+    h'^k_t = W^k [norm_h(h^{k-1}_t); norm_e(Emb(x_{t+k}))]         W^k: [2D, D], held as proj_h and proj_e
     h^k    = Block^k(h'^k)                                          one causal block of the model's own kind
     p^k_t  = softmax(Head(ln_f^k(h^k_t)))   predicting x_{t+k+1}    Emb and Head: the model's own (shared)
 
@@ -36,11 +36,13 @@ class MtpModule(nn.Module):
         cfg = self.cfg
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         norm = layers.make_norm(cfg.norm)
-        both_BTCD = jnp.stack([norm(cfg.ln_eps, dtype, param_dtype, name="norm_h")(h_BTD),
-                               norm(cfg.ln_eps, dtype, param_dtype, name="norm_e")(ahead_BTD)], axis=2)
         D = cfg.d_model
-        x_BTD = layers.Einsum((2, D, D), (None, "embed", "mlp"), "BTCD,CDE->BTE", dtype=dtype,
-                              param_dtype=param_dtype, name="proj")(both_BTCD)
+
+        def proj(name, x_BTD):  # W^k's two halves, [D, D] each: hidden kernels (Muon's, under optim.name=muon)
+            return layers.Einsum((D, D), ("embed", "mlp"), "BTD,DE->BTE", dtype=dtype, param_dtype=param_dtype,
+                                 name=name)(x_BTD)
+        x_BTD = (proj("proj_h", norm(cfg.ln_eps, dtype, param_dtype, name="norm_h")(h_BTD)) +
+                 proj("proj_e", norm(cfg.ln_eps, dtype, param_dtype, name="norm_e")(ahead_BTD)))
         x_BTD = layers.constrain(x_BTD, ("batch", "length", "embed"))
         block = stack_blocks(Block, 1, scan=False, remat=cfg.remat, remat_policy=cfg.remat_policy, name="h",
                              **self.block_kw)
