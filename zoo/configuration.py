@@ -273,6 +273,14 @@ class Config:
         _check(not self.distill.teacher or self.task in DISTILL_TASKS,
                f"distill.teacher distils into task=gpt_lm or sft; task={self.task!r} trains no teacher's logits "
                f"(leave distill.teacher empty)")
+        if self.distill.on_policy > 0:  # zoo.tasks.gkd: the student answers sft's prompts, the teacher grades them
+            on = f"distill.on_policy={self.distill.on_policy}"
+            _check(self.task == "sft", f"{on} samples answers to task=sft's prompts; task={self.task!r} has none (set "
+                                       f"task=sft or distill.on_policy=0)")
+            _check(bool(self.distill.teacher), f"{on} distils the student's own answers against a teacher; set "
+                                               f"distill.teacher (a zoo.load source) or distill.on_policy=0")
+            _check(not self.data.train_on_prompt, f"{on} answers each example's prompt, which data.train_on_prompt="
+                                                  f"true leaves unmarked; set data.train_on_prompt=false")
         max_len = getattr(self.model, "max_len", None)
         if max_len is not None:
             _check(self.data.seq_len <= max_len,
