@@ -67,7 +67,7 @@ class LmTask(BaseTask):
             return loss_sum, correct, {}
         return distill.mixed_loss(self.cfg.distill, distill.student_logits(h_BTD, w_VD, cap),
                                   self.teacher.logits(teacher, batch["inputs"], **forward), batch["targets"],
-                                  batch["weights"], smoothing)
+                                  batch["weights"], smoothing, batch.get(distill.ON_POLICY))
 
     def train_metrics(self, totals: dict) -> dict:
         return distill.train_metrics(totals)
