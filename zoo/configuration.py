@@ -276,6 +276,14 @@ class Config:
         _check(not (self.distill.top_k and self.data.streaming),
                f"distill.top_k={self.distill.top_k} caches the teacher's logits of fixed training rows; "
                f"data.streaming=true has none (set data.streaming=false or distill.top_k=0)")
+        if self.distill.on_policy > 0:  # zoo.tasks.gkd: the student answers sft's prompts, the teacher grades them
+            on = f"distill.on_policy={self.distill.on_policy}"
+            _check(self.task == "sft", f"{on} samples answers to task=sft's prompts; task={self.task!r} has none (set "
+                                       f"task=sft or distill.on_policy=0)")
+            _check(bool(self.distill.teacher), f"{on} distils the student's own answers against a teacher; set "
+                                               f"distill.teacher (a zoo.load source) or distill.on_policy=0")
+            _check(not self.data.train_on_prompt, f"{on} answers each example's prompt, which data.train_on_prompt="
+                                                  f"true leaves unmarked; set data.train_on_prompt=false")
         max_len = getattr(self.model, "max_len", None)
         if max_len is not None:
             _check(self.data.seq_len <= max_len,

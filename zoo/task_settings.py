@@ -102,6 +102,11 @@ class DistillConfig:
     # before training and cached under data.cache_dir (zoo.tasks.teacher_cache); the step reads them instead of
     # running the teacher, whose weights are then never held beside the student's. 0: the teacher runs in the step
     top_k: int = 0
+    # On-policy distillation (GKD, zoo.tasks.gkd; task=sft): the share of steps, drawn from (train.seed, step), whose
+    # answers are the student's own samples to the batch's prompts instead of the data's (TRL's lmbda; 0: off)
+    on_policy: float = 0.0
+    max_new_tokens: int = 128  # the longest answer the student samples on an on-policy step (TRL's max_new_tokens)
+    sample_temperature: float = 0.9  # the student's sampling temperature there (TRL's temperature; 0: greedy)
 
     def __post_init__(self):
         _check(isinstance(self.top_k, int) and self.top_k >= 0,
@@ -113,6 +118,15 @@ class DistillConfig:
                f"distill.beta={self.beta} needs the whole vocabulary of both models (set distill.top_k=0)")
         _check(math.isfinite(self.temperature) and self.temperature > 0,
                f"distill.temperature={self.temperature} must be a positive number")
+        _check(0.0 <= self.on_policy <= 1.0, f"distill.on_policy={self.on_policy} must be in [0, 1] (the share of "
+               f"steps trained on the student's own answers)")
+        _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+               f"distill.max_new_tokens={self.max_new_tokens!r} must be an integer >= 1")
+        _check(math.isfinite(self.sample_temperature) and self.sample_temperature >= 0,
+               f"distill.sample_temperature={self.sample_temperature} must be a finite number >= 0 (0: greedy)")
+        _check(not (self.top_k and self.on_policy), f"distill.top_k={self.top_k} reads the teacher's logits of the "
+               f"data's rows from a cache; distill.on_policy={self.on_policy} needs the teacher live for the student's "
+               f"own answers (set one of them to 0)")
         _check(0.0 <= self.alpha <= 1.0, f"distill.alpha={self.alpha} must be in [0, 1] (the divergence's share)")
         _check(0.0 <= self.beta <= 1.0, f"distill.beta={self.beta} must be in [0, 1] (0: forward KL, 1: reverse KL)")
 

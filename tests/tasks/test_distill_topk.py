@@ -145,7 +145,9 @@ def test_an_interrupted_build_leaves_no_cache(cache_dir, teacher_run, corpus, tm
 def test_bad_top_k_settings_are_refused_in_one_line(cache_dir):
     for kw, msg in ((dict(top_k=-1), r"^distill.top_k=-1 must be a whole number >= 0"),
                     (dict(top_k=8, beta=0.5), r"^distill.top_k=8 trains the forward KL .* distill.beta=0.5 needs"),
-                    (dict(top_k=8, teacher=""), r"^distill.top_k=8 caches a teacher's logits; name the teacher")):
+                    (dict(top_k=8, teacher=""), r"^distill.top_k=8 caches a teacher's logits; name the teacher"),
+                    (dict(top_k=8, on_policy=0.5), r"^distill.top_k=8 reads .* distill.on_policy=0.5 needs the "
+                                                    r"teacher live")):
         with pytest.raises(ConfigError, match=msg):
             DistillConfig(**{"teacher": "gpt_tiny", **kw})
     cfg = tiny_configs.gpt_lm(cache_dir)

@@ -124,14 +124,16 @@ def generate(model, params, prompt_ids, max_new_tokens: int, *, temperature: flo
 
 def generate_batch(model, params, prompts: list[list[int]], max_new_tokens: int, *, temperature: float = 1.0,
                    top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_id: int | tuple[int, ...] | None = None,
-                   vocab_limit: int | None = None, window: int | None = None, group: int = 1) -> list[list[int]]:
+                   vocab_limit: int | None = None, window: int | None = None, group: int = 1,
+                   keep_end: bool = False) -> list[list[int]]:
     """One continuation per prompt, as `generate` (greedy: each row token for token its own `generate`), in one
     batch: the prompts left-padded to a length bucket (the next power of two, capped so the new tokens fit the
     window), so prompts of other lengths in one bucket reuse one compilation. A batch does not crop: a prompt
     plus max_new_tokens beyond `window` is refused (`generate` crops one prompt). `group`: the prompts come in
     runs of this many equal ones (GRPO's num_generations completions of each prompt): each run is prefilled once
     (its keys and values shared by its rows), the same tokens as without it; prompts that do not come so are
-    prefilled row by row."""
+    prefilled row by row. `keep_end`: each continuation keeps the end id it stopped at (which of several: on-policy
+    distillation trains it, zoo.tasks.gkd)."""
     window = _check(model, prompts, max_new_tokens, 1, temperature, top_k, top_p, window)
     longest = max(len(p) for p in prompts)
     if longest + max_new_tokens > window:
@@ -153,7 +155,7 @@ def generate_batch(model, params, prompts: list[list[int]], max_new_tokens: int,
                     model=model, max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
                     top_p=float(top_p), vocab_limit=vocab_limit or model.cfg.vocab_size, eos_id=eos or None,
                     group=group)
-    return _cut(np.asarray(out)[:n], eos)
+    return _cut(np.asarray(out)[:n], eos, keep_end)
 
 
 def check_settings(max_new_tokens, num_samples, temperature, top_k, top_p) -> None:
@@ -185,11 +187,11 @@ def _eos(eos_id) -> tuple[int, ...]:
     return tuple(int(i) for i in eos_id) if isinstance(eos_id, (tuple, list)) else (int(eos_id),)
 
 
-def _cut(out_BN, eos_id) -> list[list[int]]:
-    """Each row's new tokens up to (without) the first end-of-text (any of eos_id's)."""
+def _cut(out_BN, eos_id, keep_end: bool = False) -> list[list[int]]:
+    """Each row's new tokens up to (without; with `keep_end`, with) the first end-of-text (any of eos_id's)."""
     eos, result = set(_eos(eos_id)), []
     for row in out_BN.tolist():
-        end = next((i for i, t in enumerate(row) if t in eos), len(row))
+        end = next((i + keep_end for i, t in enumerate(row) if t in eos), len(row))
         result.append(row[:end])
     return result
 

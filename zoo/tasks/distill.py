@@ -21,6 +21,10 @@ the rules table that lays out the student's (zoo.load(source, mesh=...)), frozen
 state), and never written to the run's checkpoints: a resumed run loads it again from distill.teacher. It must
 share the student's vocabulary (same model.vocab_size and tokenizer size). Evaluation runs the student alone:
 eval_loss is its cross-entropy, comparable with a run trained without a teacher.
+
+On-policy distillation (distill.on_policy > 0, task=sft: zoo.tasks.gkd): on a share of the steps the rows hold the
+student's own sampled answers, flagged by the batch's `on_policy` row key (ON_POLICY); those rows take alpha = 1, the
+divergence alone, as TRL's GKDTrainer trains them.
 """
 
 from __future__ import annotations
@@ -80,9 +84,16 @@ def cross_entropy(logits_BTV, targets_BT, smoothing: float = 0.0):
     return ce_BT, (target_BT >= jnp.max(logits_BTV, -1)).astype(jnp.float32)
 
 
-def mixed_loss(dcfg, student_BTV, teacher_BTV, targets_BT, weights_BT, smoothing: float = 0.0):
-    """(loss sum, correct sum, {"kl_sum", "ce_sum"}) over the weighted tokens; dcfg a DistillConfig; teacher_BTV
-    the teacher's logits, or its cached top-k (Cached)."""
+# The batch key of on-policy distillation's rows (zoo.tasks.gkd): float32[B], 1 where a row's answer is the student's
+# own sample, trained on the divergence alone. Absent from every other batch.
+ON_POLICY = "on_policy"
+
+
+def mixed_loss(dcfg, student_BTV, teacher_BTV, targets_BT, weights_BT, smoothing: float = 0.0, on_policy_B=None):
+    """(loss sum, correct sum, {"kl_sum", "ce_sum"}) over the weighted tokens; dcfg a DistillConfig. `on_policy_B`
+    (zoo.tasks.gkd's rows): where 1, alpha is taken as 1, the divergence alone, as TRL's GKD trains the student's own
+    samples (no cross-entropy toward them); None: every row mixes with distill.alpha. teacher_BTV: the teacher's
+    logits, or its cached top-k (Cached)."""
     w_BT = weights_BT.astype(jnp.float32)
     ce_BT, correct_BT = cross_entropy(student_BTV, targets_BT, smoothing)
     teacher_BTV = jax.tree.map(jax.lax.stop_gradient, teacher_BTV)
@@ -90,7 +101,12 @@ def mixed_loss(dcfg, student_BTV, teacher_BTV, targets_BT, weights_BT, smoothing
             divergence(student_BTV, teacher_BTV, dcfg.temperature, dcfg.beta))
     kl_BT = dcfg.temperature ** 2 * d_BT
     kl, ce = jnp.sum(kl_BT * w_BT), jnp.sum(ce_BT * w_BT)
-    return dcfg.alpha * kl + (1 - dcfg.alpha) * ce, jnp.sum(correct_BT * w_BT), {"kl_sum": kl, "ce_sum": ce}
+    if on_policy_B is None:
+        loss = dcfg.alpha * kl + (1 - dcfg.alpha) * ce
+    else:
+        alpha_B1 = jnp.where(on_policy_B[:, None] > 0, 1.0, dcfg.alpha)
+        loss = jnp.sum(w_BT * (alpha_B1 * kl_BT + (1 - alpha_B1) * ce_BT))
+    return loss, jnp.sum(correct_BT * w_BT), {"kl_sum": kl, "ce_sum": ce}
 
 
 def student_logits(h_BTD, w_VD, cap: float = 0.0):

@@ -78,7 +78,7 @@ class LmTask(BaseTask):
                                                             label_smoothing=smoothing, logit_cap=cap)
             return loss_sum, correct, {}
         return distill.mixed_loss(self.cfg.distill, distill.student_logits(h_BTD, w_VD, cap), teacher_out,
-                                  batch["targets"], batch["weights"], smoothing)
+                                  batch["targets"], batch["weights"], smoothing, batch.get(distill.ON_POLICY))
 
     def train_metrics(self, totals: dict) -> dict:
         out = distill.train_metrics(totals)

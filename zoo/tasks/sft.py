@@ -39,7 +39,7 @@ from zoo.infer.sample import generate
 from zoo.models.gpt import output_embedding
 from zoo.nn import losses
 from zoo.tasks.base import Data
-from zoo.tasks import sft_replay, teacher_cache
+from zoo.tasks import gkd, sft_replay, teacher_cache
 from zoo.tasks.lm import LmTask, check_vocab
 
 
@@ -172,6 +172,11 @@ class SftTask(LmTask):
 
     name = "sft"
 
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if cfg.distill.on_policy > 0:  # only then a rollout: the trainer samples on the host for a task that has one
+            self.rollout = gkd.OnPolicy(self)
+
     def loss(self, params, batch, rng, train, teacher=None):
         packing = {"positions_BT": batch["positions"], "segment_ids_BT": batch["segment_ids"]}
         h_BTD, balance = self.hidden(params, batch["inputs"], train, rng, **packing)
@@ -183,6 +188,9 @@ class SftTask(LmTask):
             ok_BT = losses.token_correct(h_BTD, output_embedding(self.cfg.model, params), batch["targets"])
             aux.update(exact_answers(batch["segment_ids"], batch["weights"] > 0, ok_BT))
         return self.add_balance(loss_sum, aux, balance, train)
+
+    def train_metrics(self, totals: dict) -> dict:
+        return {**super().train_metrics(totals), **gkd.train_metrics(totals)}
 
     def eval_metrics(self, totals: dict) -> dict:
         return {"eval_exact_match": totals.get("exact", 0.0) / max(totals.get("answers", 0.0), 1.0)}
