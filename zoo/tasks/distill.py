@@ -56,21 +56,35 @@ def divergence(student_BTV, teacher_BTV, temperature: float = 1.0, beta: float =
 
 
 class Cached(NamedTuple):
-    """The teacher's k largest logits at each position and their ids, read from its cache (zoo.tasks.teacher_cache)
-    instead of run in the step."""
+    """The teacher's k largest logits at each position and their ids, and the log-normaliser of all its logits at the
+    run's temperature, read from its cache (zoo.tasks.teacher_cache) instead of run in the step."""
 
     ids_BTK: jax.Array  # int32
     logits_BTK: jax.Array  # float32, the raw logits (before the temperature)
+    lse_BT: jax.Array  # float32, logsumexp over the whole vocabulary of the logits / distill.temperature
 
 
 def cached_divergence(student_BTV, teacher: Cached, temperature: float = 1.0):
-    """float32[B, T]: KL(p_k || q) per token, p_k the softmax of the teacher's cached top-k logits / T (renormalised
-    over its k ids: the tail the cache dropped gets no mass), q the student's softmax(z / T) over the whole
-    vocabulary, read at those ids. With k = the vocabulary it is divergence(beta=0) exactly."""
+    """float32[B, T]: KL(p || q) per token between the teacher's and the student's distributions at temperature T,
+    coarsened to the teacher's k ids plus one bucket for the rest of the vocabulary:
+
+        sum_i p_i (log p_i - log q_i) + p_rest (log p_rest - log q_rest),   i over the k ids,
+
+    p_i = exp(u_i / T - lse) the teacher's true probabilities (lse cached over its whole vocabulary), p_rest = 1 -
+    sum p_i, q the student's softmax(z / T) over the whole vocabulary, q_rest = 1 - sum q_i. By the log-sum
+    inequality it is at most the full KL, and with k = the vocabulary it is the full KL (divergence(beta=0))."""
     s_BTV = jax.nn.log_softmax(student_BTV.astype(jnp.float32) / temperature, -1)
     s_BTK = jnp.take_along_axis(s_BTV, teacher.ids_BTK, -1)
-    t_BTK = jax.nn.log_softmax(teacher.logits_BTK.astype(jnp.float32) / temperature, -1)
-    return jnp.sum(jnp.exp(t_BTK) * (t_BTK - s_BTK), -1)
+    t_BTK = teacher.logits_BTK.astype(jnp.float32) / temperature - teacher.lse_BT[..., None]
+    p_BTK = jnp.exp(t_BTK)
+    kl_BT = jnp.sum(p_BTK * (t_BTK - s_BTK), -1)
+    if teacher.ids_BTK.shape[-1] == student_BTV.shape[-1]:  # the whole vocabulary: no rest (only rounding's)
+        return kl_BT
+    # The rest's masses, 1 - sums of float32 probabilities: known to float32's epsilon, below which q_rest is held
+    eps = jnp.finfo(jnp.float32).eps
+    p_rest_BT = jnp.maximum(1.0 - jnp.sum(p_BTK, -1), 0.0)
+    q_rest_BT = jnp.maximum(1.0 - jnp.sum(jnp.exp(s_BTK), -1), eps)
+    return kl_BT + jax.scipy.special.xlogy(p_rest_BT, p_rest_BT) - jax.scipy.special.xlogy(p_rest_BT, q_rest_BT)
 
 
 def cross_entropy(logits_BTV, targets_BT, smoothing: float = 0.0):

@@ -70,7 +70,7 @@ class LmTask(BaseTask):
         w_VD, cap = output_embedding(self.cfg.model, params), self.cfg.model.final_softcap
         smoothing = self.cfg.train.label_smoothing if train else 0.0
         if "teacher_ids" in batch:  # distill.top_k: the teacher's top-k read from its cache (zoo.tasks.teacher_cache)
-            teacher_out = distill.Cached(batch["teacher_ids"], batch["teacher_logits"])
+            teacher_out = distill.Cached(batch["teacher_ids"], batch["teacher_logits"], batch["teacher_lse"])
         elif teacher is not None:
             teacher_out = self.teacher.logits(teacher, batch["inputs"], **forward)
         else:

@@ -1,7 +1,8 @@
 """The teacher's top-k logits cached offline (distill.top_k = k > 0): a teacher too large, or too slow, to run beside
 the student in every step runs once, before training, over every training row, and keeps at each position its k
-largest logits and their ids; the step then reads them (zoo.tasks.distill.Cached) and the teacher's weights are
-never held beside the student's.
+largest logits, their ids and the logsumexp of all its logits at distill.temperature; the step then reads them
+(zoo.tasks.distill.Cached: the KL over the k ids plus one bucket for the rest) and the teacher's weights are never
+held beside the student's.
 
 Rows: the training set cut into fixed rows, each read whole by the teacher once. gpt_lm's rows are the token stream's
 consecutive windows (row i: tokens [i T, (i + 1) T] of the train split, T = data.seq_len; the live teacher's run draws
@@ -10,11 +11,11 @@ step's rows are drawn one permutation per epoch from (train.seed, epoch) (zoo.da
 a pure function of (seed, step) and a resumed run reads what the uninterrupted one read.
 
 The cache lives under data.cache_dir, in `teacher-<key>/` (ids.npy int32[N, T, k], logits.npy float32[N, T, k],
-meta.json), keyed by the teacher (its source, and the size and modification time of each of its files), k and a
-digest of every row's tokens: another teacher, corpus, tokenizer, seq_len or packing gets another cache; another
-temperature, alpha, seed or student reuses it. It is built in a sibling temporary directory and renamed into place,
-so an interrupted build leaves nothing a later run would take for a cache. Raw logits are kept (the temperature
-divides them in the step), in float32.
+lse.npy float32[N, T], meta.json), keyed by the teacher (its source, and the size and modification time of each of
+its files), k, the temperature and a digest of every row's tokens: another teacher, corpus, tokenizer, seq_len,
+packing or temperature gets another cache; another alpha, seed or student reuses it. It is built in a sibling
+temporary directory and renamed into place, so an interrupted build leaves nothing a later run would take for a
+cache. The logits are kept raw (the temperature divides them in the step), in float32.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from zoo.data.batches import EpochOrder, Batches, process_rows, windows
 from zoo.data.packing import PackedBatches
 from zoo.errors import ConfigError, TrainError
 
-FORMAT_VERSION = 1  # bump when the files or the rows change: older caches are then ignored
+FORMAT_VERSION = 2  # bump when the files or the rows change: older caches are then ignored
+FILES = ("ids", "logits", "lse")  # the batch keys teacher_ids, teacher_logits, teacher_lse
 
 
 class Rows:
@@ -79,8 +81,7 @@ class CachedBatches:
             raise TrainError("distill.top_k: the teacher's cache was not attached before the first step "
                              "(the task's prepare attaches it)")
         idx = self.order(step)[self.rows]
-        return {**self.source.of(idx), "teacher_ids": np.asarray(self.cache["ids"][idx]),
-                "teacher_logits": np.asarray(self.cache["logits"][idx])}
+        return {**self.source.of(idx), **{f"teacher_{n}": np.asarray(self.cache[n][idx]) for n in FILES}}
 
 
 def deferred(cfg, data, process_index: int, process_count: int):
@@ -108,9 +109,9 @@ def fingerprint(source: str) -> list:
     return out
 
 
-def cache_key(source: str, k: int, rows: Rows) -> str:
-    key = {"format": FORMAT_VERSION, "teacher": fingerprint(source), "k": k, "rows": rows.n,
-           "seq_len": rows.seq_len, "digest": rows.digest()}
+def cache_key(source: str, k: int, temperature: float, rows: Rows) -> str:
+    key = {"format": FORMAT_VERSION, "teacher": fingerprint(source), "k": k, "temperature": temperature,
+           "rows": rows.n, "seq_len": rows.seq_len, "digest": rows.digest()}
     return "teacher-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -120,13 +121,12 @@ def open_cache(path: str, vocab_size: int) -> dict:
     if meta["vocab_size"] != vocab_size:
         raise ConfigError(f"the teacher's cache {path} holds logits over {meta['vocab_size']} tokens but the "
                           f"student's model.vocab_size={vocab_size}; a teacher must share the student's vocabulary")
-    return {"ids": np.load(os.path.join(path, "ids.npy"), mmap_mode="r"),
-            "logits": np.load(os.path.join(path, "logits.npy"), mmap_mode="r"), "meta": meta, "path": path}
+    return {**{n: np.load(os.path.join(path, f"{n}.npy"), mmap_mode="r") for n in FILES}, "meta": meta, "path": path}
 
 
-def build(path: str, teacher, params, rows: Rows, k: int, batch: int, say=print) -> None:
-    """The teacher's top-k at every position of every row, `batch` rows a forward, written to `path` (built aside,
-    renamed into place)."""
+def build(path: str, teacher, params, rows: Rows, k: int, temperature: float, batch: int, say=print) -> None:
+    """The teacher's top-k and its logsumexp at `temperature` at every position of every row, `batch` rows a forward,
+    written to `path` (built aside, renamed into place)."""
     root = os.path.dirname(path)
     os.makedirs(root, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.partial-", dir=root)
@@ -136,26 +136,30 @@ def build(path: str, teacher, params, rows: Rows, k: int, batch: int, say=print)
         @jax.jit
         def top(p, b):
             packing = {"positions_BT": b["positions"], "segment_ids_BT": b["segment_ids"]} if "positions" in b else {}
-            return jax.lax.top_k(teacher.logits(p, b["inputs"], **packing), k)
+            u_BTV = teacher.logits(p, b["inputs"], **packing)
+            vals_BTK, ids_BTK = jax.lax.top_k(u_BTV, k)
+            return vals_BTK, ids_BTK, jax.nn.logsumexp(u_BTV / temperature, -1)
 
         shape = (rows.n, rows.seq_len, k)
         ids = np.lib.format.open_memmap(os.path.join(tmp, "ids.npy"), "w+", np.int32, shape)
         logits = np.lib.format.open_memmap(os.path.join(tmp, "logits.npy"), "w+", np.float32, shape)
+        lse = np.lib.format.open_memmap(os.path.join(tmp, "lse.npy"), "w+", np.float32, shape[:2])
         t0, told = time.perf_counter(), 0
         for start in range(0, rows.n, batch):
             idx = np.arange(start, min(start + batch, rows.n))
             b = rows.of(np.concatenate([idx, np.full(batch - len(idx), idx[-1])]))  # one shape: one program
-            vals, which = jax.device_get(top(params, {n: v for n, v in b.items() if n != "weights"}))
-            logits[idx], ids[idx] = vals[:len(idx)], which[:len(idx)]
+            vals, which, norm = jax.device_get(top(params, {n: v for n, v in b.items() if n != "weights"}))
+            logits[idx], ids[idx], lse[idx] = vals[:len(idx)], which[:len(idx)], norm[:len(idx)]
             done = idx[-1] + 1
             if done == rows.n or done - told >= max(rows.n // 10, 1):
                 told, s = done, time.perf_counter() - t0
                 say(f"distill.top_k={k}: the teacher read {done}/{rows.n} rows ({done * rows.seq_len / s:,.0f} "
                     f"tokens/s)")
-        ids.flush(), logits.flush()
-        del ids, logits
+        ids.flush(), logits.flush(), lse.flush()
+        del ids, logits, lse
         with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"format": FORMAT_VERSION, "source": teacher.source, "k": k, "rows": rows.n,
+            json.dump({"format": FORMAT_VERSION, "source": teacher.source, "k": k, "temperature": temperature,
+                       "rows": rows.n,
                        "seq_len": rows.seq_len, "vocab_size": teacher.cfg.model.vocab_size}, f, indent=1)
         if os.path.isdir(path) and not os.path.exists(os.path.join(path, "meta.json")):
             shutil.rmtree(path)  # debris (no meta.json): not a cache
@@ -173,7 +177,8 @@ def attach(task, data, mesh, say=print) -> None:
     it is not there: the teacher read by the loader distill.attach handed its Teacher, then dropped."""
     cfg, teacher, batches = task.cfg, task.teacher, data.train
     k, rows = cfg.distill.top_k, batches.source
-    path = os.path.join(os.path.expanduser(cfg.data.cache_dir), cache_key(teacher.source, k, rows))
+    T = cfg.distill.temperature
+    path = os.path.join(os.path.expanduser(cfg.data.cache_dir), cache_key(teacher.source, k, T, rows))
     where = f"distill.top_k={k}"
     if os.path.exists(os.path.join(path, "meta.json")):
         say(f"{where}: the teacher's top-{k} logits of {rows.n} rows read from {path}")
@@ -189,6 +194,6 @@ def attach(task, data, mesh, say=print) -> None:
             raise ConfigError(f"{where} is more than the teacher's {teacher.cfg.model.vocab_size} tokens; choose "
                               f"1..{teacher.cfg.model.vocab_size}")
         say(f"{where}: caching the teacher's top-{k} logits of {rows.n} rows x {rows.seq_len} positions in {path}")
-        build(path, teacher, params, rows, k, cfg.train.batch_size, say)
+        build(path, teacher, params, rows, k, T, cfg.train.batch_size, say)
         del params
     batches.cache = open_cache(path, cfg.model.vocab_size)
