@@ -1,8 +1,8 @@
 """The teacher's top-k logits cached offline (distill.top_k, zoo.tasks.teacher_cache): over the whole vocabulary the
-cached loss is the live teacher's, below it the KL over the k ids and a rest bucket of a NumPy formula; the cache holds the
-teacher's own top-k of each fixed row, is built once and read by later runs without the teacher, an interrupted
-build leaves no cache, a resumed run reproduces the uninterrupted one bit for bit, and bad settings are refused in
-one line."""
+cached loss is the live teacher's, below it the KL over the k ids and a rest bucket of a NumPy formula; the cache
+holds the teacher's own top-k of each fixed row, is built once and read by later runs without the teacher, an
+interrupted build leaves no cache, a resumed run reproduces the uninterrupted one bit for bit, and bad settings are
+refused in one line."""
 
 import dataclasses
 import glob

@@ -13,8 +13,8 @@ is: zoo.training.trainer):
    assistant message; earlier turns keep the data's answers as context, unweighted);
 2. the answers: the batched KV-cached sampler (zoo.infer.sample.generate_batch) on the current student (a LoRA run's
    adapters merged), at distill.sample_temperature (0: greedy), at most distill.max_new_tokens each (prompts that
-   leave less of the model's window are sampled apart, to what the longest of them leaves), stopping at the tokenizer's end ids, seeded from
-   (train.seed, step) as GRPO's samples are;
+   leave less of the model's window are sampled apart, to what the longest of them leaves), stopping at the
+   tokenizer's end ids, seeded from (train.seed, step) as GRPO's samples are;
 3. the rows: each row holds its own examples again, prompt + sampled answer (+ the end id it stopped at), packed in
    their order with segment ids and positions restarting per example, as sft packs them; the sampled tokens are
    the weighted targets. An example that no longer fits its row (its answer longer than the data's) goes to the
