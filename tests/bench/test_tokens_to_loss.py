@@ -1,4 +1,4 @@
-"""The tokens-to-loss bench end to end on a shrunken shape and a few steps: every row (three zoo.train runs and the
+"""The tokens-to-loss bench end to end on a shrunken shape and a few steps: every row (four zoo.train runs and the
 torch nanoGPT row) evaluated on the same schedule of tokens, the target taken from the nanoGPT row, results.json,
 table.md and the PNG written. Behaviour only: no timings."""
 

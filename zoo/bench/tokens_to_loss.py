@@ -1,13 +1,14 @@
 """Tokens-to-loss: how many training tokens (and seconds) each recipe needs to reach a validation loss, on one fixed
 offline corpus, tokenisation and held-out split, several seeds each.
 
-    python -m zoo.bench.tokens_to_loss --out docs/bench/tokens_to_loss            # 4 rows x 2 seeds
+    python -m zoo.bench.tokens_to_loss --out docs/bench/tokens_to_loss            # 5 rows x 2 seeds
     python -m zoo.bench.tokens_to_loss --steps 600 --seeds 3 --out /tmp/t2l
 
 Rows, all on gpt_tiny's shape (4 layers, width 128, 4 heads, 16 x 128 tokens a step), all reading the same batches
 (zoo.data.batches of the built-in corpus, Python's pydoc topics, byte tokens, zoo's train/val split by document):
 the zoo AdamW baseline (configs/gpt_tiny.py), zoo Muon (the same model with configs/gpt_speedrun_tiny.py's optim
-section), zoo Muon + the speedrun's architecture switches (configs/gpt_speedrun_tiny.py), and the nanoGPT recipe
+section), zoo Muon + the speedrun's architecture switches (configs/gpt_speedrun_tiny.py), a control (Muon's row with
+AdamW in Muon's place: the same rate, warmup-stable-decay schedule, betas and decay), and the nanoGPT recipe
 re-implemented in torch (zoo.bench.nanogpt_torch) at the AdamW baseline's shape, peak lr and warmup. The target is
 the nanoGPT row's final validation loss (mean over seeds) at the token budget; each row reports the tokens and
 seconds to reach it and its own loss at the budget (zoo.bench.loss_curves). Writes results.json, table.md and
@@ -34,6 +35,9 @@ ROWS = {"zoo AdamW (gpt_tiny)": lambda: zoo.config("gpt_tiny"),
         "zoo Muon (gpt_tiny + speedrun optim)": lambda: dataclasses.replace(
             zoo.config("gpt_tiny"), optim=zoo.config("gpt_speedrun_tiny").optim),
         "zoo Muon + speedrun switches (gpt_speedrun_tiny)": lambda: zoo.config("gpt_speedrun_tiny"),
+        # the control: Muon's row with AdamW in Muon's place (the same rate, schedule, betas and decay)
+        "zoo AdamW, speedrun optim's rate and schedule": lambda: dataclasses.replace(
+            zoo.config("gpt_tiny"), optim=dataclasses.replace(zoo.config("gpt_speedrun_tiny").optim, name="adamw")),
         NANOGPT: None}
 EVAL_BATCHES = 8  # held-out batches per evaluation: the same 8 x 16 x 128 validation tokens for every row
 
