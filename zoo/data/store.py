@@ -149,16 +149,23 @@ def build_token_store(cfg, tokenizer) -> TokenStore:
     try:
         os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide a shared cache's stores from other users
         _build(cfg, tokenizer, key, tmp)
-        if os.path.isdir(path) and not os.path.exists(os.path.join(path, "meta.json")):
-            shutil.rmtree(path)  # not a store (no meta.json): debris from outside this module
-        try:
-            os.rename(tmp, path)
-        except OSError:
-            if not os.path.exists(os.path.join(path, "meta.json")):
-                raise  # else a concurrent build of the same key won; its store is identical
+        publish(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return open_store(path)
+
+
+def publish(tmp: str, path: str) -> None:
+    """Rename a cache directory built in `tmp` (its meta.json written last) into place at `path`: whatever lies
+    there without a meta.json is debris and goes; if another process put a complete one there first, it is the same
+    (the same key) and stays."""
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "meta.json")):
+        shutil.rmtree(path)
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        if not os.path.exists(os.path.join(path, "meta.json")):
+            raise
 
 
 def check_length(store: TokenStore, seq_len: int, source: str) -> None:

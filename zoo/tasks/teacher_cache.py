@@ -33,6 +33,7 @@ import numpy as np
 
 from zoo.data.batches import EpochOrder, Batches, process_rows, windows
 from zoo.data.packing import PackedBatches
+from zoo.data.store import publish
 from zoo.errors import ConfigError, TrainError
 
 FORMAT_VERSION = 2  # bump when the files or the rows change: older caches are then ignored
@@ -161,13 +162,7 @@ def build(path: str, teacher, params, rows: Rows, k: int, temperature: float, ba
             json.dump({"format": FORMAT_VERSION, "source": teacher.source, "k": k, "temperature": temperature,
                        "rows": rows.n,
                        "seq_len": rows.seq_len, "vocab_size": teacher.cfg.model.vocab_size}, f, indent=1)
-        if os.path.isdir(path) and not os.path.exists(os.path.join(path, "meta.json")):
-            shutil.rmtree(path)  # debris (no meta.json): not a cache
-        try:
-            os.rename(tmp, path)
-        except OSError:
-            if not os.path.exists(os.path.join(path, "meta.json")):
-                raise  # else a concurrent build of the same key won; its cache is identical
+        publish(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
