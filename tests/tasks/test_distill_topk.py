@@ -109,6 +109,13 @@ def test_the_cache_holds_the_teachers_top_k_of_each_row_and_is_built_once(cache_
     np.testing.assert_allclose(logits[3], np.asarray(vals[0]), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lse[3], np.asarray(jax.nn.logsumexp(u[0].astype(jnp.float32) / 2.0, -1)), rtol=1e-5)
     assert (ids[3] == np.asarray(which[0])).mean() > 0.99  # ties aside
+    # a step's batch carries the cached top-k of its own rows
+    data = zoo.tasks.build(cfg).make_data(cfg, 0, 1)
+    data.train.cache = teacher_cache.open_cache(new[0], 384)
+    b = data.train(2)
+    u = pre.model.apply({"params": pre.params}, jnp.asarray(b["inputs"]), deterministic=True)
+    np.testing.assert_allclose(b["teacher_logits"], np.asarray(jax.lax.top_k(u.astype(jnp.float32), 5)[0]),
+                               rtol=1e-5, atol=1e-5)
     assert np.isfinite(out["eval"]["eval_loss"])
 
     # another run of the same teacher, rows and k reads the cache: the teacher is never loaded
