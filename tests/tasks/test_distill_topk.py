@@ -191,3 +191,13 @@ def test_sft_caches_the_teachers_top_k_of_each_packed_row(tmp_path):
     vals = jax.lax.top_k(u.astype(jnp.float32), 6)[0]
     np.testing.assert_allclose(np.load(os.path.join(path, "logits.npy"))[1], np.asarray(vals[0]), atol=1e-5)
     assert int((row["segment_ids"] > 1).sum()) > 0  # the row packs several examples: the segments matter
+
+
+def test_compile_for_compiles_the_cached_step_before_any_cache_is_built(cache_dir, teacher_run, corpus, tmp_path):
+    """--compile-for on a distill.top_k config: the step that reads the teacher's [B, T, k] arrays, no cache built."""
+    cfg = topk_cfg(str(tmp_path / "cache"), teacher_run, 7, corpus)
+    report = zoo.compile_for(cfg, "v5e:2x2")
+    assert report["fits"] and not caches(str(tmp_path / "cache"))
+    data = zoo.tasks.build(cfg).make_data(cfg, 0, 1)
+    shaped = data.train.shaped(0)
+    assert shaped["teacher_ids"].shape == (16, 32, 7) and shaped["teacher_lse"].shape == (16, 32)

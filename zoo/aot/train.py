@@ -37,7 +37,8 @@ def _abstract_batch(s, cfg: Config) -> dict:
     if cfg.task in SHAPE_ONLY:  # the corpus and tokenizer do not shape the batch: the built-in one will do
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source="builtin", tokenizer="bytes"))
     with contextlib.redirect_stdout(io.StringIO()):  # the data's own counts are said by a real run
-        local = s.task.make_data(cfg, 0, 1).train(0)
+        train = s.task.make_data(cfg, 0, 1).train
+        local = train.shaped(0) if hasattr(train, "shaped") else train(0)  # distill.top_k: no cache built to compile
     sh = sharding.batch_sharding(s.mesh)
     return {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype, sharding=sh) for k, v in local.items()}
 

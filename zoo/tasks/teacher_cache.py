@@ -72,8 +72,9 @@ class CachedBatches:
     teacher_logits: [B, T, k]); the rows drawn one permutation per epoch from (seed, epoch). Made with the task's
     data (`deferred`), its cache attached before the first step (`attach`, from the task's prepare)."""
 
-    def __init__(self, rows: Rows, global_batch: int, seed: int, process_index: int = 0, process_count: int = 1):
-        self.source, self.cache = rows, None
+    def __init__(self, rows: Rows, k: int, global_batch: int, seed: int, process_index: int = 0,
+                 process_count: int = 1):
+        self.source, self.k, self.cache = rows, k, None
         self.order = EpochOrder(rows.n, global_batch, seed)
         self.rows = process_rows(global_batch, process_index, process_count)
 
@@ -84,13 +85,22 @@ class CachedBatches:
         idx = self.order(step)[self.rows]
         return {**self.source.of(idx), **{f"teacher_{n}": np.asarray(self.cache[n][idx]) for n in FILES}}
 
+    def shaped(self, step: int = 0) -> dict[str, np.ndarray]:
+        """The batch of `step` with the teacher's arrays zeros: their shapes and dtypes alone, for a program compiled
+        before any cache is built (--compile-for)."""
+        rows = self.source.of(self.order(step)[self.rows])
+        B, T = rows["inputs"].shape
+        return {**rows, "teacher_ids": np.zeros((B, T, self.k), np.int32),
+                "teacher_logits": np.zeros((B, T, self.k), np.float32), "teacher_lse": np.zeros((B, T), np.float32)}
+
 
 def deferred(cfg, data, process_index: int, process_count: int):
     """`data` with its training rows read with the teacher's cached top-k when distill.top_k is set (the cache
     attached later, by `attach`); `data` as it is otherwise."""
     if not (cfg.distill.teacher and cfg.distill.top_k):
         return data
-    train = CachedBatches(Rows(data.train), cfg.train.batch_size, cfg.train.seed, process_index, process_count)
+    train = CachedBatches(Rows(data.train), cfg.distill.top_k, cfg.train.batch_size, cfg.train.seed, process_index,
+                          process_count)
     return dataclasses.replace(data, train=train)
 
 
