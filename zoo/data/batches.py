@@ -69,6 +69,12 @@ class Batches:
         self.tokens, self.seq_len, self.global_batch, self.seed = tokens, seq_len, global_batch, seed
         self.rows = process_rows(global_batch, process_index, process_count)
 
+    def fixed_rows(self):
+        """(n, of): the stream as n fixed rows, consecutive windows, and of(idx) those rows' arrays (a cache keyed by
+        row: zoo.tasks.teacher_cache)."""
+        T = self.seq_len
+        return (len(self.tokens) - 1) // T, lambda idx: windows(self.tokens, np.asarray(idx) * T, T)
+
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, step])
         # Every process draws the whole global batch so all agree on it, then keeps its own rows.

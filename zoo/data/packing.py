@@ -95,6 +95,11 @@ class PackedBatches:
         self.order = EpochOrder(len(plan), global_batch, seed)
         self.rows = process_rows(global_batch, process_index, process_count)
 
+    def fixed_rows(self):
+        """(n, of): the plan's n packed rows and of(idx) those rows' arrays (a cache keyed by row:
+        zoo.tasks.teacher_cache)."""
+        return len(self.plan), lambda idx: self.ex.rows(self.plan, np.asarray(idx), self.seq_len)
+
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         return self.ex.rows(self.plan, self.order(step)[self.rows], self.seq_len)
 

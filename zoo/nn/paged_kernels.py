@@ -133,12 +133,12 @@ def attend(q_BTNH, kv_pool, positions_BT, table_BN, *, scale=None, softcap: floa
     lengths_B = jnp.maximum(positions_BT[:, 0] + 1, 1).astype(jnp.int32)  # a free row reads its scratch page
     run = lambda *a: _run(scale, softcap, *a)  # noqa: E731
     args = (q_BTNH[:, 0], kv_pool, lengths_B, table_BN.astype(jnp.int32))
-    mesh = tpu_kernels._mesh()
+    mesh = tpu_kernels.traced_mesh()
     if mesh is None:
         out_BNH = run(*args)
     else:  # a Mosaic kernel is never partitioned by XLA: per shard of the key/value heads (and their query
         # heads, each shard whole key-value pairs) where `tensor` splits them, else whole on every device
-        t = tpu_kernels._axes(mesh, tpu_kernels.HEAD_AXES, (kv_pool.shape[2] // 2, N))
+        t = tpu_kernels.split_axes(mesh, tpu_kernels.HEAD_AXES, (kv_pool.shape[2] // 2, N))
         heads = P(None, t, None)
         out_BNH = jax.shard_map(run, mesh=mesh, in_specs=(heads, P(None, None, t), P(), P()), out_specs=heads,
                                 check_vma=False)(*args)

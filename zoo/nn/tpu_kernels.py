@@ -53,13 +53,13 @@ def interpret_default() -> bool:
     return target_platform() != "tpu"
 
 
-def _mesh():
+def traced_mesh():
     """The mesh the program is traced under (jax.set_mesh), or None (none set, or a single device)."""
     mesh = jax.sharding.get_abstract_mesh()
     return None if mesh.empty or mesh.size == 1 else mesh
 
 
-def _axes(mesh, names, dims) -> tuple | None:
+def split_axes(mesh, names, dims) -> tuple | None:
     """The mesh axes of `names` (size > 1) that divide every dim of `dims`, as one PartitionSpec entry."""
     axes = tuple(a for a in names if a in mesh.shape and mesh.shape[a] > 1)
     size = math.prod(mesh.shape[a] for a in axes)
@@ -145,12 +145,12 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, scale=None, is_causal=False, seg
         return jax.vmap(lambda q, k, v, s: kernel(q, k, v, SegmentIds(s, s)))(q_BNTH, k_BKSH, v_BKSH, *segments)
 
     args = (q_BNTH, k_BKSH, v_BKSH) + (() if segment_ids_BT is None else (segment_ids_BT.astype(jnp.int32),))
-    mesh = _mesh()
+    mesh = traced_mesh()
     if mesh is None:
         out_BNTH = run(*args)
     else:
-        batch = _axes(mesh, BATCH_AXES, (q_BTNH.shape[0],))
-        heads = _axes(mesh, HEAD_AXES, (q_BTNH.shape[2], k_BSKH.shape[2]))
+        batch = split_axes(mesh, BATCH_AXES, (q_BTNH.shape[0],))
+        heads = split_axes(mesh, HEAD_AXES, (q_BTNH.shape[2], k_BSKH.shape[2]))
         qkv = P(batch, heads, None, None)
         out_BNTH = jax.shard_map(run, mesh=mesh, in_specs=(qkv,) * 3 + (P(batch, None),) * (len(args) - 3),
                                  out_specs=qkv, check_vma=False)(*args)
@@ -188,11 +188,11 @@ def gmm_experts(x_MD, top_MR, expert_MR, gate_EDF, fc_EDF, proj_EFD, activation,
         return y_MD
 
     args = (x_MD, top_MR, expert_MR, gate_EDF, fc_EDF, proj_EFD)
-    mesh = _mesh()
+    mesh = traced_mesh()
     if mesh is None:
         return run(*args)
-    batch = _axes(mesh, BATCH_AXES, (x_MD.shape[0],))
-    width = _axes(mesh, HEAD_AXES, (gate_EDF.shape[2],))
+    batch = split_axes(mesh, BATCH_AXES, (x_MD.shape[0],))
+    width = split_axes(mesh, HEAD_AXES, (gate_EDF.shape[2],))
 
     def sharded(*a):  # each shard's tokens through every expert's slice of the MLP width: partial sums over it
         y_MD = run(*a)

@@ -31,8 +31,7 @@ import time
 import jax
 import numpy as np
 
-from zoo.data.batches import EpochOrder, Batches, process_rows, windows
-from zoo.data.packing import PackedBatches
+from zoo.data.batches import EpochOrder, process_rows
 from zoo.data.store import publish
 from zoo.errors import ConfigError, TrainError
 
@@ -45,16 +44,10 @@ class Rows:
     packed rows, positions and segment_ids)."""
 
     def __init__(self, train):
-        if isinstance(train, Batches):
-            tokens, T = train.tokens, train.seq_len
-            self.n, self.seq_len = (len(tokens) - 1) // T, T
-            self.of = lambda idx: windows(tokens, np.asarray(idx) * T, T)
-        elif isinstance(train, PackedBatches):
-            self.n, self.seq_len = len(train.plan), train.seq_len
-            self.of = lambda idx: train.ex.rows(train.plan, np.asarray(idx), train.seq_len)
-        else:
+        if not hasattr(train, "fixed_rows"):
             raise ConfigError(f"distill.top_k caches the teacher's logits of fixed training rows; this task's data "
                               f"({type(train).__name__}) has none (set distill.top_k=0)")
+        (self.n, self.of), self.seq_len = train.fixed_rows(), train.seq_len
 
     def digest(self, chunk: int = 256) -> str:
         """sha256 of every row's arrays, in order: what the teacher would read."""
@@ -191,9 +184,6 @@ def attach(task, data, mesh, say=print) -> None:
         if jax.process_count() > 1:
             raise ConfigError(f"{where}: the teacher's cache is built by one process; run the same config once with "
                               f"one process (it builds {path}), then the multi-process run reads it")
-        if teacher.loader is None:
-            raise ConfigError(f"distill.teacher={teacher.source!r}: the teacher is read by zoo.train (train.py), "
-                              f"which hands the trainer zoo.load; call zoo.train")
         params = teacher.loader(mesh)
         if k > teacher.cfg.model.vocab_size:
             raise ConfigError(f"{where} is more than the teacher's {teacher.cfg.model.vocab_size} tokens; choose "
