@@ -86,3 +86,17 @@ def test_a_gpt_lm_run_trains_the_modules(cache_dir, tmp_path):
 def test_bad_mtp_settings_are_refused():
     with pytest.raises(ConfigError, match=r"model.mtp_depth=-1 and model.mtp_weight=0.3 must be >= 0"):
         GptConfig(mtp_depth=-1)
+
+
+def test_the_flops_count_runs_each_module_s_block_and_the_head_again(tiny_cfg):
+    """MFU counts what a step runs: D more blocks (their params and attention) and the shared head D more times."""
+    from zoo.tasks.base import attention_flops, count
+    with_mtp = tasks.build(dataclasses.replace(tiny_cfg, model=CFG))
+    without = tasks.build(dataclasses.replace(tiny_cfg, model=dataclasses.replace(CFG, mtp_depth=0)))
+    shapes = jax.eval_shape(with_mtp.init, jax.random.PRNGKey(0))
+    module_params = sum(count({k: v}) for k, v in shapes.items() if k.startswith("mtp_"))
+    T = tiny_cfg.data.seq_len
+    extra = with_mtp.flops_per_token(T) - without.flops_per_token(T)
+    assert module_params > 0
+    assert extra == 6 * module_params + 2 * 6 * CFG.vocab_size * CFG.d_model + \
+        attention_flops(2, CFG.num_heads, CFG.head_dim, T)

@@ -26,12 +26,13 @@ def check_vocab(cfg, tokenizer) -> None:
 
 def decoder_flops(task, seq_len: int) -> int:
     """6N + attention FLOPs a token of a decoder task's model (N: its params less task.EXCLUDE, and an MoE's
-    experts a token does not run)."""
+    experts a token does not run; multi-token prediction's modules run one block each and the output head again)."""
     m = task.cfg.model
     n = count(jax.eval_shape(task.init, jax.random.PRNGKey(0)), exclude=task.EXCLUDE)
     if m.num_experts:  # active params: a token runs R of the E experts (3 D x F kernels each) in every layer
         n -= m.num_layers * 3 * m.d_model * m.d_ff * (m.num_experts - m.experts_per_token)
-    return 6 * n + attention_flops(m.num_layers, m.num_heads, m.head_dim, seq_len)
+    mtp_head = 6 * m.vocab_size * m.d_model * m.mtp_depth  # the shared head, counted once in n, run D times more
+    return 6 * n + mtp_head + attention_flops(m.num_layers + m.mtp_depth, m.num_heads, m.head_dim, seq_len)
 
 
 class LmTask(BaseTask):
