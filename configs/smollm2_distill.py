@@ -14,11 +14,14 @@ zoo's cache, converted once, shared with zoo.load). The second command trains th
 the same order without the teacher's signal (the cache is read, not rebuilt); eval_loss (the student's held-out
 cross-entropy) compares the two.
 
-Measured (2-core CPU, 2026-11-30, 300 steps of 8 x 128 tokens, 2.8 passes over the corpus's 865 rows): the cache
-built once in 4-10 min (190-450 teacher tokens/s); then the student trains at ~1,400 tokens/s, as fast as alone
-(the teacher in the step: 97). eval_loss 5.258 and 5.828 distilled (seeds 0, 1) against 5.396 and 5.681 alone:
-no gain at this budget, within the seeds' spread (0.3-0.6 nats). alpha 0.5 did worse on seed 0 (5.468 at T = 1,
-5.593 at T = 2).
+Compared (2-core CPU, 2026-11-30, 300 steps of 8 x 128 tokens, 2.8 passes over the corpus's 865 rows; the first
+two commands above with --set train.seed=0 and 1): the cache built once in 4-10 min (190-450 teacher tokens/s);
+then the student trains as fast as alone (the teacher in the step: 97 tokens/s). eval_loss 5.258 and 5.828
+distilled (seeds 0, 1) against 5.396 and 5.681 alone: no gain at this budget, within the seeds' spread (0.3-0.6
+nats). alpha 0.5 did worse on seed 0 (5.468 at T = 1, 5.593 at T = 2).
+
+Expect (`python -m zoo.cli.results smollm2_distill`, 2-core CPU, 2026-11-30): 4m34s wall; loss 9.63
+-> 4.26 over 300 steps, eval_loss 5.258, eval_accuracy 0.1636; 1,348 tokens/s, MFU 0.17.
 """
 
 import dataclasses

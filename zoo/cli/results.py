@@ -30,7 +30,7 @@ from zoo.cli.results_text import (EVALUATED, rewrite_answers, rewrite_block, rew
 # The configs that run on a CPU in minutes, in the order their dependencies need (cls fine-tunes mlm).
 CPU_CONFIGS = ("gpt_tiny", "llama_tiny", "moe_tiny", "bert_tiny_mlm", "bert_tiny_cls", "bert_ner_tiny",
                "encdec_tiny", "minilm_cls", "shakespeare_char", "smollm2_chat_lora", "smollm2_dpo_lora",
-               "smollm2_grpo_lora")
+               "smollm2_grpo_lora", "smollm2_distill")
 DEPENDS = {"bert_tiny_cls": ("bert_tiny_mlm", "init_from")}  # config -> (run it starts from, the key)
 EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_macro_f1", "eval_entity_f1", "eval_exact_match", "eval_bleu",
              "moe_aux_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eval_reward",
