@@ -3,6 +3,7 @@ concurrent clients: requests and tokens per second and the time to first token (
 
     python -m zoo.bench.serve SOURCE [--clients 1,8,32] [--seconds 30] [--max-tokens 32] [--slots 8]
     python -m zoo.bench.serve SOURCE --system-tokens 1000 --servers zoo-serve,zoo-serve-no-prefix-cache
+    python -m zoo.bench.serve SOURCE --rates 1,2,4 --servers zoo-serve,vllm --vllm-python ENV/bin/python
 
 `--system-tokens N` puts the same N-token text (Python's documentation, cut at N tokens of SOURCE's tokenizer)
 before every prompt, as a chat server's system prompt: what zoo-serve's prefix sharing saves shows in the time to
@@ -20,6 +21,12 @@ the stream; requests take the model one at a time, as a plain server without bat
 streamed requests one after another for `--seconds`, prompts drawn in turn from Python's documentation
 (pydoc_data.topics: 20-60 tokens), greedy, `--max-tokens` new tokens; every server decodes in float32 on this
 machine's CPU. Rows are printed as JSON lines and the table as markdown.
+
+`--rates R1,R2,...` measures at offered request rates instead (open loop, as vLLM's benchmark_serving
+--request-rate): requests arrive as a Poisson process of R per second for `--seconds` (the same arrival times for
+every server: `arrivals`, seeded), each sent as it arrives whatever is still running, and every one is awaited. A
+closed loop's clients send again as soon as an answer ends, so a faster server is sent more requests at once, and
+its first tokens wait behind larger waves; at one offered rate both servers face the same arrivals.
 """
 
 from __future__ import annotations
@@ -120,10 +127,49 @@ def load(url: str, clients: int, seconds: float, max_tokens: int, system: str = 
         th.start()
     for th in threads:
         th.join()
-    wall = time.perf_counter() - t
+    return {"clients": clients, **_stats(results, time.perf_counter() - t)}
+
+
+def arrivals(rate: float, seconds: float, seed: int = 0) -> list[float]:
+    """The send times (seconds from the start, increasing, below `seconds`) of a Poisson process of `rate` requests
+    per second: exponential gaps of mean 1 / rate, drawn from `seed` (every server gets the same)."""
+    import random
+    if rate <= 0 or seconds <= 0:
+        raise ValueError(f"a rate of {rate} requests/s for {seconds} s: both must be positive")
+    draw, out, t = random.Random(seed), [], 0.0
+    while True:
+        t += draw.expovariate(rate)
+        if t >= seconds:
+            return out
+        out.append(t)
+
+
+def load_at_rate(url: str, rate: float, seconds: float, max_tokens: int, system: str = "") -> dict:
+    """Requests sent at the `arrivals` of `rate` per second for `seconds`, each on its own thread as it arrives (open
+    loop), all awaited: the rate offered, the rates served and the latencies."""
+    pool, lock, results = [system + p for p in prompts()], threading.Lock(), []
+
+    def send(k: int):
+        r = one_request(url, pool[k % len(pool)], max_tokens)
+        with lock:
+            results.append(r)
+    t = time.perf_counter()
+    threads = []
+    for k, at in enumerate(arrivals(rate, seconds)):
+        time.sleep(max(0.0, t + at - time.perf_counter()))
+        threads.append(threading.Thread(target=send, args=(k,)))
+        threads[-1].start()
+    for th in threads:
+        th.join()
+    return {"rate": rate, **_stats(results, time.perf_counter() - t)}
+
+
+def _stats(results: list, wall: float) -> dict:
+    """Requests and tokens per second over `wall` seconds, and the time to first token and latency quantiles, of
+    `results` ((seconds to the first token, seconds in all, tokens) per request)."""
     ttft = sorted(r[0] for r in results)
     q = lambda p: ttft[min(len(ttft) - 1, int(p * len(ttft)))] if ttft else float("nan")  # noqa: E731
-    return {"clients": clients, "requests": len(results), "requests_per_s": len(results) / wall,
+    return {"requests": len(results), "requests_per_s": len(results) / wall,
             "tokens_per_s": sum(r[2] for r in results) / wall, "ttft_p50_s": q(0.5), "ttft_p95_s": q(0.95),
             "latency_p50_s": statistics.median([r[1] for r in results]) if results else float("nan")}
 
@@ -227,7 +273,10 @@ def start_peer(hf_dir: str, port: int) -> subprocess.Popen:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m zoo.bench.serve", description=__doc__.split("\n")[0])
     ap.add_argument("source")
-    ap.add_argument("--clients", default="1,8,32")
+    ap.add_argument("--clients", default="1,8,32", help="closed loop: clients each sending its next request as its "
+                                                         "last one ends (default: %(default)s)")
+    ap.add_argument("--rates", help="open loop instead: requests per second offered, as a Poisson process (e.g. "
+                                    "1,2,4); default: the closed loop of --clients")
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--slots", type=int, default=8)
@@ -245,7 +294,8 @@ def main(argv=None) -> int:
     if not servers or any(n not in SERVERS for n in servers):
         ap.error(f"--servers {a.servers}: each one of {', '.join(SERVERS)}")
     import zoo
-    counts = [int(x) for x in a.clients.split(",")]
+    counts = _numbers(ap, "--clients", a.clients, int)
+    rates = _numbers(ap, "--rates", a.rates, float) if a.rates else []
     rows = []
     lm = zoo.load(a.source)
     system = system_text(lm, a.system_tokens)
@@ -272,10 +322,11 @@ def main(argv=None) -> int:
             try:
                 wait_up(url, proc)
                 one_request(url, prompts()[0], 4)  # warm (the peer's first generate)
-                for n in counts:
-                    warm(url, n, a.max_tokens, system)
-                    row = {"server": name, "max_tokens": a.max_tokens, "system_tokens": a.system_tokens,
-                           **load(url, n, a.seconds, a.max_tokens, system)}
+                for n in rates or counts:
+                    warm(url, a.slots if rates else n, a.max_tokens, system)
+                    got = load_at_rate(url, n, a.seconds, a.max_tokens, system) if rates else \
+                        load(url, n, a.seconds, a.max_tokens, system)
+                    row = {"server": name, "max_tokens": a.max_tokens, "system_tokens": a.system_tokens, **got}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:
@@ -287,17 +338,30 @@ def main(argv=None) -> int:
     return 0
 
 
+def _numbers(ap, flag: str, text: str, kind) -> list:
+    """A comma list of positive numbers, or the parser's one-line error naming the flag."""
+    try:
+        out = [kind(x) for x in text.split(",")]
+    except ValueError:
+        out = []
+    if not out or any(x <= 0 for x in out):
+        ap.error(f"{flag} {text}: a comma list of numbers above 0 (e.g. {'1,8,32' if kind is int else '1,2,4'})")
+    return out
+
+
 def table(rows: list[dict]) -> str:
-    """The rows as markdown: a group of columns per server, in the order measured, and the first's tokens/s over
-    the second's."""
+    """The rows as markdown, a line per number of clients (or offered rate): a group of columns per server, in the
+    order measured, and the first's tokens/s over the second's."""
     names = list(dict.fromkeys(r["server"] for r in rows))
-    by = {(r["server"], r["clients"]): r for r in rows}
-    head = ["clients"] + [f"{n} {c}" for n in names for c in ("requests/s", "tokens/s", "TTFT p50 / p95 s")]
+    key = "rate" if rows and "rate" in rows[0] else "clients"  # open loop (--rates) or closed (--clients)
+    by = {(r["server"], r[key]): r for r in rows}
+    head = [{"rate": "requests/s offered", "clients": "clients"}[key]] + \
+        [f"{n} {c}" for n in names for c in ("requests/s", "tokens/s", "TTFT p50 / p95 s")]
     if len(names) > 1:
         head.append(f"{names[0]} / {names[1]} tokens/s")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for n in sorted({r["clients"] for r in rows}):
-        cells = [str(n)]
+    for n in sorted({r[key] for r in rows}):
+        cells = [f"{n:g}"]
         for name in names:
             r = by.get((name, n))
             cells += ([f"{r['requests_per_s']:.2f}", f"{r['tokens_per_s']:.0f}",
