@@ -36,7 +36,13 @@ from zoo.data.store import publish
 from zoo.errors import ConfigError, TrainError
 
 FORMAT_VERSION = 2  # bump when the files or the rows change: older caches are then ignored
-FILES = ("ids", "logits", "lse")  # the batch keys teacher_ids, teacher_logits, teacher_lse
+# name -> (dtype, whether it has the top-k axis): the cache's files, and its batch keys teacher_<name>
+ARRAYS = {"ids": (np.int32, True), "logits": (np.float32, True), "lse": (np.float32, False)}
+FILES = tuple(ARRAYS)
+
+
+def _shape(name: str, rows: int, seq_len: int, k: int) -> tuple:
+    return (rows, seq_len, k) if ARRAYS[name][1] else (rows, seq_len)
 
 
 class Rows:
@@ -83,8 +89,8 @@ class CachedBatches:
         before any cache is built (--compile-for)."""
         rows = self.source.of(self.order(step)[self.rows])
         B, T = rows["inputs"].shape
-        return {**rows, "teacher_ids": np.zeros((B, T, self.k), np.int32),
-                "teacher_logits": np.zeros((B, T, self.k), np.float32), "teacher_lse": np.zeros((B, T), np.float32)}
+        zeros = {f"teacher_{n}": np.zeros(_shape(n, B, T, self.k), dtype) for n, (dtype, _) in ARRAYS.items()}
+        return {**rows, **zeros}
 
 
 def deferred(cfg, data, process_index: int, process_count: int):
@@ -144,10 +150,9 @@ def build(path: str, teacher, params, rows: Rows, k: int, temperature: float, ba
             vals_BTK, ids_BTK = jax.lax.top_k(u_BTV, k)
             return vals_BTK, ids_BTK, jax.nn.logsumexp(u_BTV / temperature, -1)
 
-        shape = (rows.n, rows.seq_len, k)
-        ids = np.lib.format.open_memmap(os.path.join(tmp, "ids.npy"), "w+", np.int32, shape)
-        logits = np.lib.format.open_memmap(os.path.join(tmp, "logits.npy"), "w+", np.float32, shape)
-        lse = np.lib.format.open_memmap(os.path.join(tmp, "lse.npy"), "w+", np.float32, shape[:2])
+        ids, logits, lse = (np.lib.format.open_memmap(os.path.join(tmp, f"{n}.npy"), "w+", dtype,
+                                                      _shape(n, rows.n, rows.seq_len, k))
+                            for n, (dtype, _) in ARRAYS.items())
         t0, told = time.perf_counter(), 0
         for start in range(0, rows.n, batch):
             idx = np.arange(start, min(start + batch, rows.n))
