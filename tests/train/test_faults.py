@@ -396,6 +396,25 @@ def test_a_truncated_array_file_is_one_line_in_a_reader_of_its_own(base, tmp_pat
                              f"missing or truncated") and err[0].endswith("trying step 2")
 
 
+ECHO = """
+import gc, zoo.training.checkpoint  # holds the read echoes back, as any reader of checkpoints does
+async def _read_array_index_and_device_put(): pass
+async def another_coroutine(): pass
+_read_array_index_and_device_put(); another_coroutine(); gc.collect()
+"""
+
+
+def test_a_read_of_orbax_collected_unawaited_is_held_back_and_no_other_coroutine_is():
+    """A damaged step's reads that Orbax never started are collected with "coroutine ... was never awaited"
+    (RuntimeWarning, at whatever line the collector ran): held back like its other echoes; another coroutine's is
+    said as Python says it."""
+    out = subprocess.run([sys.executable, "-c", ECHO], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "XLA_FLAGS": ""})
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert "another_coroutine' was never awaited" in out.stderr
+    assert "_read_array_index_and_device_put" not in out.stderr
+
+
 def test_a_save_killed_midway_leaves_nothing_said_on_the_next_resume(base, tmp_path):
     """kill -9 during a save leaves STEP.orbax-checkpoint-tmp: the resumed run removes it before saving, so Orbax's
     'WARNING:absl:Attempted to create temporary directory ... already exists' never reaches the console."""

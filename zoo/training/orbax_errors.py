@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import sys
+import warnings
 
 
 class SaveError(Exception):
@@ -90,14 +91,16 @@ def held():
 
 
 _READ_ECHO = "Encountered error while reading array index"
+_READ_COROUTINE = "_read_array_index_and_device_put"  # Orbax's read of one array's index (its serialization)
 
 
 def hold_read_echoes() -> None:
     """A step whose array file is damaged fails its restore once (reported by zoo in one line, and the next step
     tried), but Orbax's other reads of it still running then fail in their coroutines and tensorstore's callbacks
     into the closed event loop: Python prints each as "Exception ignored in: <coroutine ...>" or an "Event loop is
-    closed" traceback, dozens a step, after the one line. Those echoes are held back, for the life of the process
-    (they come after the read returned); any other unraisable exception is printed as usual."""
+    closed" traceback, dozens a step, after the one line, and a read never started is collected with a
+    RuntimeWarning that its coroutine was never awaited. Those echoes are held back, for the life of the process
+    (they come after the read returned); any other unraisable exception or warning is printed as usual."""
     previous = sys.unraisablehook
     if getattr(previous, "zoo_read_echoes", False):
         return
@@ -108,6 +111,8 @@ def hold_read_echoes() -> None:
         previous(u)
     hook.zoo_read_echoes = True
     sys.unraisablehook = hook
+    warnings.filterwarnings("ignore", message=f"coroutine '{_READ_COROUTINE}' was never awaited",
+                            category=RuntimeWarning)
     logging.getLogger("asyncio").addFilter(_ReadEchoes())  # "Task exception was never retrieved" of the same
 
 
