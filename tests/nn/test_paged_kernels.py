@@ -136,7 +136,8 @@ def test_auto_gathers_off_a_tpu_and_a_kernel_that_cannot_take_a_model_is_refused
     from zoo.engine.batching import Engine
     presets = zoo.models.PRESETS
     cfg = lm128.config.model
-    assert paged_kernels.for_model("auto", cfg, "float32") == (None, None)  # this CPU: the pages gathered
+    assert paged_kernels.for_model("auto", cfg, "float32") == ("cpu", None)  # this CPU: zoo's C++ kernel
+    assert paged_kernels.for_model("auto", cfg, "bfloat16") == (None, "dtypes bfloat16 (it takes float32)")
     assert paged_kernels.for_model("auto", cfg, "bfloat16", platform="tpu") == ("tpu", None)
     assert paged_kernels.for_model("auto", presets["smollm2_135m"], "bfloat16", platform="tpu") == (
         None, "head dim 64: the TPU kernel's blocks are whole 128-lane tiles")
@@ -149,5 +150,5 @@ def test_auto_gathers_off_a_tpu_and_a_kernel_that_cannot_take_a_model_is_refused
         "tpu", None)  # 2 of its 8 key/value heads a chip
     with pytest.raises(ArgumentError, match=r"^--paged-kernel tpu: the tpu kernel runs on a TPU only"):
         Engine(lm128, slots=2, max_len=64, paged_kernel="tpu")
-    with pytest.raises(ValueError, match=r"paged attention kernel 'cuda': choose auto, off, tpu"):
+    with pytest.raises(ValueError, match=r"paged attention kernel 'cuda': choose auto, off, tpu, cpu"):
         paged_kernels.choose("cuda", "cpu")

@@ -68,10 +68,11 @@ def main(argv=None) -> int:
                     "(default: %(default)s)")
     ap.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt whole, even where another "
                     "row holds its leading tokens (a shared system prompt) already")
-    ap.add_argument("--paged-kernel", default="auto", choices=("auto", "off", "tpu"), help="a decoding step's "
-                    "attention by jax's Pallas ragged paged-attention kernel, reading each row's pages where they "
-                    "lie: auto, on a TPU where it takes the model (head dim 128; zoo.nn.paged_kernels says why "
-                    "not); off: the rows' pages gathered; tpu: the kernel or a one-line refusal")
+    ap.add_argument("--paged-kernel", default="auto", choices=("auto", "off", "tpu", "cpu"), help="a decoding "
+                    "step's attention by a kernel reading each row's pages where they lie: auto, jax's Pallas ragged "
+                    "paged-attention kernel on a TPU (head dim 128) and zoo's C++ kernel on a CPU (float32; built "
+                    "with the system's C++ compiler on first use), where it takes the model (zoo.nn.paged_kernels "
+                    "says why not); off: the rows' pages gathered; tpu, cpu: that kernel or a one-line refusal")
     ap.add_argument("--scan-layers", action="store_true", help="decode with the layers as one scan: each program "
                     "compiles one layer (a start-up 2-3x faster) but every step copies each layer's weights out of "
                     "their stack (1.3-1.5x slower decoding)")
@@ -151,7 +152,8 @@ def main(argv=None) -> int:
               f"{len(table.shapes)} layers)", flush=True)
     print(f"serving {model_id} on http://{a.host}:{a.port}/v1 ({a.slots} slots, context {engine.max_len}, KV cache "
           f"{(engine.book.pages - 1) * pages.PAGE} tokens in pages of {pages.PAGE}; "
-          f"{engine.programs()} programs compiled in {seconds:.1f} s); Ctrl-C stops", flush=True)
+          f"{engine.programs()} programs compiled in {seconds:.1f} s; {attention_of(engine)}); Ctrl-C stops",
+          flush=True)
     engine.start()
     engine.compile_stored_later()  # in threads, while it serves (its /health lists them until they are in)
     app = create_app(engine, model_id=model_id, api_key=a.api_key, max_request_bytes=a.max_request_bytes,
@@ -162,6 +164,12 @@ def main(argv=None) -> int:
         engine.stop()
     print("stopped", flush=True)
     return 0
+
+
+def attention_of(engine) -> str:
+    """How a decoding step attends, for the start-up line."""
+    kernels = {"cpu": "zoo's CPU kernel", "tpu": "jax's ragged paged-attention kernel"}
+    return f"attention by {kernels[engine.kernel]}" if engine.kernel else "attention over the gathered pages"
 
 
 def _adapters(given: list[str]) -> dict:

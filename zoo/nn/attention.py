@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from zoo.nn import paged_cache, paged_kernels, tpu_kernels
+from zoo.nn import cpu_kernels, paged_cache, paged_kernels, tpu_kernels
 from zoo.nn.attention_backend import (  # noqa: F401 (CUDNN_DTYPES ... _dbias_exported: read from here by others)
     CUDNN_DTYPES, FALLBACKS, IMPLEMENTATIONS, _dbias_exported, cudnn_unsupported_reason, gpu_compute_capability,
     note_fallback, resolve_attention, select_backend)
@@ -293,11 +293,16 @@ class Attention(nn.Module):
             positions_T = jnp.arange(x_BTD.shape[1]) if positions_T is None else positions_T
             q_BTNH, k_BSKH = self._rotate(q_BTNH, positions_T, local), self._rotate(k_BSKH, positions_T, local)
         if decode and kv_BSD is None:
-            window = self.sliding_window if local is not False else 0  # a paged step by its kernel (TPU)
+            window = self.sliding_window if local is not False else 0  # a step by a kernel (paged, dense)
             if (out_BTNH := paged_kernels.decode_step(self, q_BTNH, k_BSKH, v_BSKH, positions_T, mask=mask_B1TS,
                                                       bias=bias_BNTS, window=window)) is not None:
                 return self._out(D, out_BTNH)
+            given_B1TS = mask_B1TS  # the caller's, before the cache's own
             k_BSKH, v_BSKH, mask_B1TS = self._update_cache(k_BSKH, v_BSKH, positions_T, mask_B1TS)
+            if paged_cache.current() is None and (out_BTNH := cpu_kernels.decode_step(
+                    self, q_BTNH, k_BSKH, v_BSKH, positions_T, mask=given_B1TS, bias=bias_BNTS,
+                    window=window)) is not None:  # a dense cache's step on a CPU: zoo's kernel (zoo.nn.cpu_kernels)
+                return self._out(D, out_BTNH)
             is_causal = False
         # A window (not on a global layer, local False): without a cache, index distances (packed rows' positions
         # restart per example, but within one they are index distances), applied by `attention` (splash takes it
