@@ -40,3 +40,19 @@ def on_prefill(engine, record) -> None:
         return prefill(params, cache, table, logits, rows, ids, lengths, starts, *rest)
     spy.lower = prefill.lower  # the batched prefills compile from it
     engine._prefill = spy
+
+
+def shared_prompts(seed: int = 0) -> list[list[int]]:
+    """Prompts of 40, 70 and 5 tokens, and a fourth taking the second's first 48 (three of its pages) then its own."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(1, 256, n).tolist() for n in (40, 70, 5)]
+    return prompts + [prompts[1][:48] + [7, 8, 9]]
+
+
+def greedy_tokens(engine, prompts, max_tokens: int = 20) -> list[list[int]]:
+    """Each prompt's greedy tokens, decoded to its end on the engine's loop."""
+    from zoo.engine.sequence import Sequence
+    chunks = decode_all(engine, [Sequence(prompt=p, max_tokens=max_tokens, temperature=0.0) for p in prompts],
+                        timeout=300)[0]
+    return [sum(c, []) for c in chunks]

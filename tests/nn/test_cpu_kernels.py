@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import zoo
-from tests.helpers.engine_runs import decode_all
+from tests.helpers.engine_runs import greedy_tokens, shared_prompts
 from zoo.errors import ArgumentError
 from zoo.nn import cpu_kernels, paged_kernels
 from zoo.nn.attention import einsum_attention
@@ -60,12 +60,8 @@ def test_the_engine_on_a_cpu_decodes_by_the_kernel_the_tokens_of_the_gathered_pa
     """llama_tiny (4 query heads on 2 key/value heads): auto takes the kernel on this CPU, the pool one array of
     keys and values; four prompts (one sharing another's pages), 20 greedy tokens each, the same tokens as off."""
     from zoo.cli.serve import attention_of
-    from zoo.engine.batching import Engine, Sequence
-    lm = zoo.load("llama_tiny")
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(1, 256, n).tolist() for n in (40, 70, 5)]
-    prompts.append(prompts[1][:48] + [7, 8, 9])
-    got = {}
+    from zoo.engine.batching import Engine
+    lm, prompts, got = zoo.load("llama_tiny"), shared_prompts(), {}
     for kernel in ("off", "auto"):
         engine = Engine(lm, slots=4, max_len=128, chunk=4, paged_kernel=kernel)
         attn = engine.cache["h_0"]["attn"]
@@ -73,9 +69,7 @@ def test_the_engine_on_a_cpu_decodes_by_the_kernel_the_tokens_of_the_gathered_pa
         assert attention_of(engine) == ("attention over the gathered pages" if kernel == "off" else
                                         "attention by zoo's CPU kernel")  # zoo-serve's start-up line says which
         assert attn["cached_value"].shape[0] == (0 if kernel == "auto" else attn["cached_key"].shape[0])
-        chunks = decode_all(engine, [Sequence(prompt=p, max_tokens=20, temperature=0.0) for p in prompts],
-                            timeout=300)[0]
-        got[kernel] = [sum(c, []) for c in chunks]
+        got[kernel] = greedy_tokens(engine, prompts)
     assert got["auto"] == got["off"] and [len(t) for t in got["off"]] == [20] * 4
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import zoo
-from tests.helpers.engine_runs import decode_all
+from tests.helpers.engine_runs import greedy_tokens, shared_prompts
 from zoo.errors import ArgumentError
 from zoo.nn import paged_cache, paged_kernels
 from zoo.nn.attention import einsum_attention
@@ -113,20 +113,15 @@ def test_the_engine_decoding_by_the_kernel_answers_the_tokens_of_the_gathered_pa
     """Three prompts of 40, 70 and 5 tokens, 20 greedy tokens each, over 4 rows (a prompt sharing pages with
     another): keys and values one pool, each step's token written in place and its attention the kernel's, the
     same tokens as the two pools gathered."""
-    from zoo.engine.batching import Engine, Sequence
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(1, 256, n).tolist() for n in (40, 70, 5)]
-    prompts.append(prompts[1][:48] + [7, 8, 9])
-    got = {}
+    from zoo.engine.batching import Engine
+    prompts, got = shared_prompts(), {}
     for kernel in ("off", "tpu"):
         engine = Engine(lm128, slots=4, max_len=128, chunk=4, paged_kernel=kernel)
         attn = engine.cache["h_0"]["attn"]
         assert engine.kernel == (None if kernel == "off" else "tpu")
         assert (attn["cached_key"].shape, attn["cached_value"].shape) == (
             ((33, 16, 2, 128),) * 2 if kernel == "off" else ((33, 16, 4, 128), (0,)))
-        chunks = decode_all(engine, [Sequence(prompt=p, max_tokens=20, temperature=0.0) for p in prompts],
-                            timeout=300)[0]
-        got[kernel] = [sum(c, []) for c in chunks]
+        got[kernel] = greedy_tokens(engine, prompts)
         assert engine.reused == (48 if kernel == "off" else got["off_reused"])
         got[kernel + "_reused"] = engine.reused
     assert got["tpu"] == got["off"] and [len(t) for t in got["off"]] == [20] * 4
