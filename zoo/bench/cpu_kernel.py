@@ -20,7 +20,7 @@ import contextlib
 import os
 import time
 
-from zoo.bench.decode_layouts import SHAPES
+from zoo.bench.decode_layouts import SHAPES, line, model, rates
 
 SIDES = ("xla", "kernel")
 
@@ -39,27 +39,11 @@ def side(name: str):
             os.environ["ZOO_CPU_KERNEL"] = was
 
 
-def _model(shape: str):
-    import flax.linen as nn
-    import jax
-
-    from zoo import tasks
-    from zoo.api.configs import find
-    from zoo.overrides import apply_overrides, load_config_file
-    config, overrides = SHAPES[shape]
-    cfg = apply_overrides(load_config_file(find(config)), overrides)
-    task = tasks.build(cfg)
-    return cfg, task, jax.jit(lambda r: nn.unbox(task.init(r)))(jax.random.PRNGKey(0))
-
-
 def _row(path: str, B: int, new: int, times: dict, tokens: dict, calls: dict) -> dict:
     """A line's figures; `calls`: whether each side's program calls the kernel (the kernel's alone, or no A/B)."""
-    import numpy as np
-    rate = {name: B * new / float(np.median(ts)) for name, ts in times.items()}
-    return {"path": path, "rows": B, "agree": float((tokens["kernel"] == tokens["xla"]).mean()), "calls": calls,
-            **{f"{name}_tokens_per_s": rate[name] for name in SIDES},
-            **{f"{name}_range": (B * new / max(ts), B * new / min(ts)) for name, ts in times.items()},
-            "kernel_over_xla": rate["kernel"] / rate["xla"]}
+    r = {"path": path, "rows": B, "agree": float((tokens["kernel"] == tokens["xla"]).mean()), "calls": calls,
+         **rates(B, new, times)}
+    return {**r, "kernel_over_xla": r["kernel_tokens_per_s"] / r["xla_tokens_per_s"]}
 
 
 def generate(shape: str, rows: list[int], rounds: int, prompt: int = 32, new: int = 128) -> list[dict]:
@@ -69,7 +53,7 @@ def generate(shape: str, rows: list[int], rounds: int, prompt: int = 32, new: in
 
     from zoo.infer.sample import _generate
     from zoo.nn import decode_layout
-    cfg, task, params = _model(shape)
+    cfg, task, params = model(shape)
     params = decode_layout.transposed(task.model, params, platform="cpu")
     V, out = cfg.model.vocab_size, []
     for B in rows:
@@ -100,7 +84,7 @@ def engine(shape: str, rows: list[int], rounds: int, prompt: int = 100, chunk: i
     from zoo.data.tokenizers import get_tokenizer
     from zoo.engine.batching import Engine
     from zoo.engine.sequence import Sequence
-    cfg, task, params = _model(shape)
+    cfg, task, params = model(shape)
     lm = Pretrained(task.model, params, get_tokenizer(cfg.data.tokenizer), cfg, source=shape, kind="preset")
     slots = max(rows)
     max_len = 1 << (prompt + chunk * (rounds + 3) - 1).bit_length()
@@ -147,10 +131,7 @@ def main(argv=None) -> int:
     rows = [int(x) for x in a.rows.split(",")]
     for fn in [{"generate": generate, "engine": engine}[w] for w in what]:
         for r in fn(a.shape, rows, a.rounds):
-            (lo_x, hi_x), (lo_k, hi_k) = r["xla_range"], r["kernel_range"]
-            print(f"{r['path']} rows {r['rows']}: xla {r['xla_tokens_per_s']:.1f} tok/s ({lo_x:.1f}-{hi_x:.1f}), "
-                  f"kernel {r['kernel_tokens_per_s']:.1f} ({lo_k:.1f}-{hi_k:.1f}): {r['kernel_over_xla']:.2f}x; "
-                  f"{100 * r['agree']:.0f}% of tokens the same", flush=True)
+            print(f"{r['path']} rows {r['rows']}: {line(r, 'xla', 'kernel')}", flush=True)
     return 0
 
 

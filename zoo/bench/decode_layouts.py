@@ -24,20 +24,41 @@ SHAPES = {  # name: (shipped config, overrides)
 }
 
 
-def measure(shape: str, rows: list[int], rounds: int, prompt: int = 32, new: int = 128) -> list[dict]:
+def model(shape: str):
+    """(config, task, params) of a SHAPES entry, its params random (seed 0)."""
     import flax.linen as nn
     import jax
-    import numpy as np
 
     from zoo import tasks
     from zoo.api.configs import find
-    from zoo.infer.sample import _generate
-    from zoo.nn import decode_layout
     from zoo.overrides import apply_overrides, load_config_file
     config, overrides = SHAPES[shape]
     cfg = apply_overrides(load_config_file(find(config)), overrides)
     task = tasks.build(cfg)
-    params = jax.jit(lambda r: nn.unbox(task.init(r)))(jax.random.PRNGKey(0))
+    return cfg, task, jax.jit(lambda r: nn.unbox(task.init(r)))(jax.random.PRNGKey(0))
+
+
+def rates(B: int, new: int, times: dict) -> dict:
+    """Each side's tokens/s (the median of its rounds) and range, from {side: [seconds a round]}."""
+    import numpy as np
+    return {**{f"{name}_tokens_per_s": B * new / float(np.median(ts)) for name, ts in times.items()},
+            **{f"{name}_range": (B * new / max(ts), B * new / min(ts)) for name, ts in times.items()}}
+
+
+def line(r: dict, a: str, b: str) -> str:
+    """Two sides' rates, ranges and ratio (b over a), and the share of tokens both decoded alike."""
+    (lo_a, hi_a), (lo_b, hi_b) = r[f"{a}_range"], r[f"{b}_range"]
+    return (f"{a} {r[f'{a}_tokens_per_s']:.1f} tok/s ({lo_a:.1f}-{hi_a:.1f}), {b} {r[f'{b}_tokens_per_s']:.1f} "
+            f"({lo_b:.1f}-{hi_b:.1f}): {r[f'{b}_over_{a}']:.2f}x; {100 * r['agree']:.0f}% of tokens the same")
+
+
+def measure(shape: str, rows: list[int], rounds: int, prompt: int = 32, new: int = 128) -> list[dict]:
+    import jax
+    import numpy as np
+
+    from zoo.infer.sample import _generate
+    from zoo.nn import decode_layout
+    cfg, task, params = model(shape)
     layouts = {name: decode_layout.transposed(task.model, params, platform="cpu", fuse=fuse)
                for name, fuse in (("apart", False), ("fused", True))}
     V, out = cfg.model.vocab_size, []
@@ -52,11 +73,8 @@ def measure(shape: str, rows: list[int], rounds: int, prompt: int = 32, new: int
                 t = time.perf_counter()
                 gen(p, ids).block_until_ready()
                 times[name].append(time.perf_counter() - t)
-        rate = {name: B * new / float(np.median(ts)) for name, ts in times.items()}
-        out.append({"rows": B, "agree": float((tokens["fused"] == tokens["apart"]).mean()),
-                    **{f"{name}_tokens_per_s": rate[name] for name in layouts},
-                    **{f"{name}_range": (B * new / max(ts), B * new / min(ts)) for name, ts in times.items()},
-                    "fused_over_apart": rate["fused"] / rate["apart"]})
+        r = {"rows": B, "agree": float((tokens["fused"] == tokens["apart"]).mean()), **rates(B, new, times)}
+        out.append({**r, "fused_over_apart": r["fused_tokens_per_s"] / r["apart_tokens_per_s"]})
     return out
 
 
@@ -67,10 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="smollm2_135m", help="default: %(default)s")
     a = ap.parse_args(argv)
     for r in measure(a.shape, [int(x) for x in a.rows.split(",")], a.rounds):
-        (lo_a, hi_a), (lo_f, hi_f) = r["apart_range"], r["fused_range"]
-        print(f"rows {r['rows']}: apart {r['apart_tokens_per_s']:.1f} tok/s ({lo_a:.1f}-{hi_a:.1f}), fused "
-              f"{r['fused_tokens_per_s']:.1f} ({lo_f:.1f}-{hi_f:.1f}): {r['fused_over_apart']:.2f}x; "
-              f"{100 * r['agree']:.0f}% of tokens the same", flush=True)
+        print(f"rows {r['rows']}: {line(r, 'apart', 'fused')}", flush=True)
     return 0
 
 
