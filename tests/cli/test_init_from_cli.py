@@ -22,6 +22,7 @@ from zoo import tasks
 from zoo.api import fine_tune
 from zoo.cli.train import parse, resolve, train_main
 from zoo.errors import ConfigError
+from zoo.sources import source
 from zoo.training import checkpoint, runs, trainer
 
 LR = "optim.lr=1e-12"  # one step at this rate leaves the weights where init_from put them
@@ -137,8 +138,9 @@ def test_grpo_from_a_checkpoint_is_checked_on_the_config_it_trains(kind, hf_gpt2
 
     def check(config, sets):
         if kind != "zoo":
-            return fine_tune.precheck(src, config, sets)
-        tasks.check_data(fine_tune.fine_tune_config(src, str(tmp_path / "w"), config=config, overrides=sets), vocab=False)
+            return fine_tune.precheck(source(src), config, sets)
+        cfg = fine_tune.fine_tune_config(source(src), str(tmp_path / "w"), config=config, overrides=sets)
+        tasks.check_data(cfg, vocab=False)
 
     sets = GRPO + [f"data.source={data}"]
     for config, extra in ((None, []), (None, ["model.lora_rank=0", "grpo.beta=0"]), (file, [])):
@@ -146,7 +148,7 @@ def test_grpo_from_a_checkpoint_is_checked_on_the_config_it_trains(kind, hf_gpt2
     with pytest.raises(ConfigError, match=r"^grpo.beta=0.04 penalises the distance to a reference"):
         check(None, sets + ["model.lora_rank=0"])
     if kind != "gguf":  # the config file's task and adapters are what the run trains (a tiny model: converted in memory)
-        cfg = fine_tune.fine_tune_config(src, str(tmp_path / "w"), config=file, dry=True)
+        cfg = fine_tune.fine_tune_config(source(src), str(tmp_path / "w"), config=file, dry=True)
         assert (cfg.task, cfg.model.lora_rank, cfg.grpo.beta) == ("grpo", 4, 0.04)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import shared, tiny_configs
 from tests.helpers.runs import run
-from zoo.api.load import converted_path
+from zoo.sources import source
 
 
 @pytest.fixture(scope="session", name="finished_gpt")
@@ -77,7 +77,7 @@ def smollm2_gguf_run_fixture(tmp_path_factory) -> dict:
             "bars_kept": hf_logging.is_progress_bar_enabled() == bars,
             "reader_kept": (package.GGUFReader, package.get_tensor_name_map) == reader}))
     path = shared.once(tmp_path_factory, "smollm2", build)
-    cached = converted_path(gguf)  # zoo.load(gguf) in this session reads this conversion (conftest's zoo_cache)
+    cached = source(gguf).cache  # zoo.load(gguf) in this session reads this conversion (conftest's zoo_cache)
     if not os.path.exists(cached):
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         try:

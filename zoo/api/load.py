@@ -20,14 +20,11 @@ first, then put on the devices).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
-import shutil
-import tempfile
 
 from zoo.errors import ArgumentError, CheckpointError
-from zoo.sources import kind_of
+from zoo.sources import Source, kind_of
 
 DTYPES = ("float32", "bfloat16", "float16")
 MESH_AXES = ("data", "fsdp", "tensor", "expert")  # zoo.training.sharding.AXES (not imported: it imports jax)
@@ -78,7 +75,8 @@ def load(source, *, dtype=None, step: int | None = None, base: str | None = None
         cfg, params, step = _run(source, step)
         run_dir, lora_run = source, source if _lora(cfg) else None
     elif kind == "gguf":
-        run_dir = converted_gguf(source)
+        from zoo.hf.gguf import cached_run
+        run_dir = cached_run(Source(source, kind))
         cfg, params, step = _run(run_dir, None)
     elif kind == "hf":
         from zoo.hf.convert import from_pretrained
@@ -126,38 +124,6 @@ def plain(cfg):
     return dataclasses.replace(cfg, model=model, train=dataclasses.replace(cfg.train, trainable=""))
 
 
-def converted_path(path: str) -> str:
-    """Where the conversion of the GGUF file `path` is kept: the cache, keyed by the file's absolute path, size
-    and modification time (another file, or this one changed, is converted anew)."""
-    st = os.stat(path)
-    key = hashlib.sha256(json.dumps([os.path.abspath(path), st.st_size, st.st_mtime_ns]).encode()).hexdigest()[:16]
-    from zoo.runtime import cache_root
-    return os.path.join(cache_root(), "converted", f"{os.path.splitext(os.path.basename(path))[0]}-{key}")
-
-
-def converted_gguf(path: str) -> str:
-    """A zoo run of the GGUF file `path`, converted once (zoo.hf.gguf.from_gguf) into the cache (converted_path);
-    converted into a temporary directory first and renamed, so an interrupted conversion leaves nothing a later
-    load would take."""
-    final = converted_path(path)
-    name = os.path.splitext(os.path.basename(path))[0]
-    if os.path.isdir(os.path.join(final, "checkpoints")):
-        return final
-    from zoo.hf.gguf import from_gguf
-    os.makedirs(os.path.dirname(final), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=os.path.dirname(final))
-    try:
-        from_gguf(path, os.path.join(tmp, "run"), verbose=False)
-        try:
-            os.replace(os.path.join(tmp, "run"), final)
-        except OSError:  # another process converted it meanwhile: theirs serves
-            if not os.path.isdir(os.path.join(final, "checkpoints")):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
 def _adapter(path: str, base: str | None):
     """(config, merged params, the base's Pretrained) of a PEFT adapter on its base, in memory."""
     from zoo.hf import io, peft
@@ -171,7 +137,7 @@ def _adapter(path: str, base: str | None):
     base_lm = load(src)
     lora_cfg, adapters = peft._plan(c, io.read_tensors(path), base_lm.config, base_lm.run_dir or src,
                                     os.path.join(path, peft.WEIGHTS))
-    merged = lora.merge(freeze.unflat({**freeze.flat(base_lm.params), **adapters}), lora.spec_of(lora_cfg.model))
+    merged = lora.merge(freeze.unflat({**freeze.flat(base_lm.params), **adapters}), lora_cfg.model.lora_spec)
     return base_lm.config, merged, base_lm
 
 

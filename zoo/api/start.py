@@ -1,7 +1,7 @@
 """How a run starts, in one place: `start(config, init_from=, workdir=, overrides=, resume=, step=)` -> `Start`.
 
-train.py, zoo.train, `--print-config` and `--compile-for` (zoo.aot) all call it, and it names sources by the kinds
-zoo.load reads (zoo.sources.kind_of). In order:
+train.py, zoo.train, `--print-config` and `--compile-for` (zoo.aot) all call it, and it resolves a run's source once,
+by the kinds zoo.load reads (zoo.sources.source: what it is, whether and where it converts). In order:
 
 1. the arguments, as train.py's parser refuses them (`check_arguments`);
 2. which start it is:
@@ -28,12 +28,13 @@ from zoo.api import configs, fine_tune
 from zoo.configuration import Config
 from zoo.overrides import apply_overrides, load_config_file
 from zoo.errors import ArgumentError, ConfigError
+from zoo.sources import Source, source
 
 
 @dataclasses.dataclass(frozen=True)
 class Start:
     """What a run starts from, resolved. kind: "config" (a new run of a config), "resume", or a fine-tune's source
-    kind ("run", "hf", "adapter", "gguf": zoo.sources.kind_of); config: the final Config, every override applied;
+    kind ("run", "hf", "adapter", "gguf": zoo.sources.Source.kind); config: the final Config, every override applied;
     source: init_from as given; base: the zoo run the weights come from (config.init_from); converted: where the
     source is (dry: would be) converted, WORKDIR/base, None when nothing is; resume_step: the checkpoint asked for
     (None: the newest that restores); restarted: a --resume of a run stopped before its first save, started again
@@ -71,12 +72,11 @@ def start(config=None, *, workdir: str, overrides=(), resume: bool = False, init
         return dataclasses.replace(start(unsaved, workdir=workdir, overrides=sets), restarted=True)
     if resume:
         return Start("resume", _resumed(workdir, sets, step, new_batch), workdir, resume_step=step)
-    cfg, source = _config(config, workdir=workdir, sets=sets, init_from=init_from, dry=dry)
-    if not source:
+    cfg, src = _config(config, workdir=workdir, sets=sets, init_from=init_from, dry=dry)
+    if src is None:
         return Start("config", cfg, workdir)
-    from zoo.sources import kind_of
-    converted = cfg.init_from if fine_tune.needs_conversion(source) else None
-    return Start(kind_of(source), cfg, workdir, source=source, base=cfg.init_from, converted=converted)
+    return Start(src.kind, cfg, workdir, source=src.path, base=cfg.init_from,
+                 converted=cfg.init_from if src.converts else None)
 
 
 def assignments(overrides) -> list[str]:
@@ -101,42 +101,46 @@ def _text(value) -> str:
 
 
 
-def _base(source) -> Config:
-    if isinstance(source, Config):
-        return source
-    if not isinstance(source, (str, os.PathLike)):
-        raise ArgumentError(f"config={source!r}: give a shipped config's name (e.g. 'gpt_tiny'), a config file's "
+def _base(config) -> Config:
+    if isinstance(config, Config):
+        return config
+    if not isinstance(config, (str, os.PathLike)):
+        raise ArgumentError(f"config={config!r}: give a shipped config's name (e.g. 'gpt_tiny'), a config file's "
                             f"path or a zoo.configuration.Config")
-    return load_config_file(configs.find(os.fspath(source)))
+    path = configs.find(os.fspath(config))
+    return load_config_file(path)
 
 
 
 def _config(config=None, *, workdir: str, sets: list[str], init_from: str | None = None,
-            dry: bool = False) -> tuple[Config, str | None]:
+            dry: bool = False) -> tuple[Config, Source | None]:
     """The config a new run trains: a fine-tune's (zoo.api.fine_tune: `--init-from SRC [CONFIG]`), or `config` with
     the overrides (its own init_from, if it names one, converted into WORKDIR/base after the data is checked).
     `dry`: nothing is written (a Hugging Face init_from is converted in memory). Returns (the config, the source
-    its weights come from as asked: init_from or the config's own, None for a run from scratch)."""
+    its weights come from as asked, init_from or the config's own, resolved once: None for a run from scratch)."""
     from zoo import tasks
     if init_from and not isinstance(config, Config):
-        return fine_tune.fine_tune_config(init_from, workdir, config=config, overrides=sets, dry=dry), init_from
-    cfg = apply_overrides(_base(config), sets)
+        src = source(init_from)
+        return fine_tune.fine_tune_config(src, workdir, config=config, overrides=sets, dry=dry), src
+    cfg = _base(config)
+    cfg = apply_overrides(cfg, sets)
     if init_from:
         cfg = dataclasses.replace(cfg, init_from=init_from)
     if cfg.data.tokenizer == "init_from" and not cfg.init_from:
         raise ConfigError("data.tokenizer=init_from needs --set init_from=RUN")
     cfg = gguf_tokenizer(cfg)
-    source = cfg.init_from or None
-    if source:
-        if not dry and fine_tune.needs_conversion(cfg.init_from):  # the data, before converting
-            tasks.check_data(cfg, vocab=cfg.data.tokenizer != "init_from")
-        theirs, src = fine_tune.base_run(cfg.init_from, workdir, dry)
-        cfg = dataclasses.replace(cfg, init_from=src, context_len=max(theirs.window, cfg.data.seq_len))
-        if cfg.data.tokenizer == "init_from":  # the tokenizer the init_from run was trained or converted with
-            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=theirs.data.tokenizer))
-    elif "model.vocab_size" not in {s.split("=", 1)[0].strip() for s in sets}:
-        cfg = vocab_from_tokenizer(cfg)
-    return cfg, source
+    if not cfg.init_from:  # a run from scratch
+        if "model.vocab_size" not in {s.split("=", 1)[0].strip() for s in sets}:
+            cfg = vocab_from_tokenizer(cfg)
+        return cfg, None
+    src = source(cfg.init_from)
+    if not dry and src.converts:  # the data, before converting
+        tasks.check_data(cfg, vocab=cfg.data.tokenizer != "init_from")
+    theirs, base = fine_tune.base_run(src, workdir, dry)
+    cfg = dataclasses.replace(cfg, init_from=base, context_len=max(theirs.window, cfg.data.seq_len))
+    if cfg.data.tokenizer == "init_from":  # the tokenizer the init_from run was trained or converted with
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=theirs.data.tokenizer))
+    return cfg, src
 
 
 
@@ -207,9 +211,9 @@ def gguf_tokenizer(cfg):
     name = os.path.expanduser(cfg.data.tokenizer)
     if not (name.lower().endswith(".gguf") and os.path.isfile(name)):
         return cfg
-    from zoo.api.load import converted_gguf
+    from zoo.hf.gguf import cached_run
     from zoo.training import runs
-    tokenizer = runs.load_config(converted_gguf(name)).data.tokenizer
+    tokenizer = runs.load_config(cached_run(source(name))).data.tokenizer
     print(f"data.tokenizer: {cfg.data.tokenizer} -> {tokenizer} (the GGUF file's, converted once)")
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=tokenizer))
 

@@ -122,6 +122,29 @@ class _Reader:
         return None
 
 
+def cached_run(src) -> str:
+    """The zoo run of the GGUF file `src` (a zoo.sources.Source), converted once into zoo's cache (`src.cache`), which
+    zoo.load and every run from the file read: converted into a temporary directory first and renamed, so an
+    interrupted conversion leaves nothing a later load would take."""
+    final = src.cache
+    if src.is_cached:
+        return final
+    import shutil
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    name = os.path.splitext(os.path.basename(src.path))[0]
+    tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=os.path.dirname(final))
+    try:
+        from_gguf(src.path, os.path.join(tmp, "run"), verbose=False)
+        try:
+            os.replace(os.path.join(tmp, "run"), final)
+        except OSError:  # another process converted it meanwhile: theirs serves
+            if not os.path.isdir(os.path.join(final, "checkpoints")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
 def check_file(path: str) -> None:
     """Refuse, in one line naming the file and the field, a GGUF file whose header, metadata or tensor index does not
     fit the file (cut short, counts of 2^60), or whose tensors' bytes lie past its end: what transformers' reader
