@@ -52,7 +52,7 @@ def test_a_lora_run_starts_at_ln_2_against_its_base_with_the_adapters_off(base, 
     params = out["setup"].full_params(out["state"])
     with jax.default_device(jax.devices()[0]):
         from zoo.nn import lora
-        with lora.intercept(lora.spec_of(cfg.model), False), lora.adapters_off():
+        with lora.intercept(cfg.model.lora_spec, False), lora.adapters_off():
             ref = task.inner.logps(params, batch, False, jax.random.PRNGKey(0))[0]
         plain = tasks.build(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_rank=0)))
         want = plain.logps(runs.load_params_of(base, runs.load_config(base)), batch, False, jax.random.PRNGKey(0))[0]

@@ -83,7 +83,7 @@ def models(tmp_path_factory):
     _, base_params, _, cfg = hf.from_pretrained(base_dir)
     cfg = dataclasses.replace(cfg, task="grpo", model=dataclasses.replace(cfg.model, lora_rank=4, lora_alpha=8.0),
                               grpo=RlConfig(num_generations=G, max_completion_tokens=M, beta=BETA, epsilon=EPSILON))
-    spec = lora.spec_of(cfg.model)
+    spec = cfg.model.lora_spec
     # the adapters: A as initialised, B random (not zero), on the converted base
     init = freeze.flat(nn.unbox(tasks.build(cfg).init(jax.random.PRNGKey(0))))
     base_flat = freeze.flat(base_params)

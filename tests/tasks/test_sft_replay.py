@@ -117,5 +117,5 @@ def test_a_lora_run_replays_the_model_it_starts_from_adapters_merged(tmp_path):
         else x, params)
     adapted.prepare_data(lambda: params, str(tmp_path / "run"), resume=False)
     plain = tasks.plain(cfg)
-    plain.prepare_data(lambda: lora.merge(params, lora.spec_of(cfg.model)), str(tmp_path / "run"), resume=False)
+    plain.prepare_data(lambda: lora.merge(params, cfg.model.lora_spec), str(tmp_path / "run"), resume=False)
     assert adapted.inner.replayed == plain.replayed and len(plain.replayed) == 2

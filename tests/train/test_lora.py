@@ -58,7 +58,7 @@ def trained(base, tmp_path_factory):
 
 def logits_fn(cfg):
     """Jitted logits of the plain model: (of params without adapters, of params with them)."""
-    plain, spec = tasks.plain(cfg).model, lora.spec_of(cfg.model)
+    plain, spec = tasks.plain(cfg).model, cfg.model.lora_spec
 
     def adapted_logits(params, ids):
         with lora.intercept(spec, False):

@@ -73,7 +73,7 @@ def load(source, *, dtype=None, step: int | None = None, base: str | None = None
     run_dir, lora_run = None, None
     if kind == "run":
         cfg, params, step = _run(source, step)
-        run_dir, lora_run = source, source if _lora(cfg) else None
+        run_dir, lora_run = source, source if cfg.model.lora_spec is not None else None
     elif kind == "gguf":
         from zoo.hf.gguf import cached_run
         run_dir = cached_run(Source(source, kind))
@@ -108,11 +108,6 @@ def _run(path: str, step):
                             f"{listed or 'none'}")
     step, cfg, params = runs.load_weights(path, step=step)
     return cfg, params, step
-
-
-def _lora(cfg) -> bool:
-    from zoo.nn import lora
-    return lora.spec_of(cfg.model) is not None
 
 
 def plain(cfg):

@@ -71,9 +71,8 @@ def frozen_base(cfg):
     import flax.linen as nn
     import jax
     from zoo import tasks
-    from zoo.nn import lora
     from zoo.training import checkpoint
-    if lora.spec_of(cfg.model) is None or cfg.init_from:
+    if cfg.model.lora_spec is None or cfg.init_from:
         yield cfg
         return
     base = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_rank=0))  # its config: no adapters

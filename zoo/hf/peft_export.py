@@ -77,7 +77,7 @@ def _adapter(run_dir: str) -> tuple:
         c = runs.load_config(run_dir, step)
         return c, runs.load_trained(run_dir, c, step=step)[0]
     step, (cfg, trained) = checkpoint.first_restorable(run_dir, read)
-    spec = lora.spec_of(cfg.model)
+    spec = cfg.model.lora_spec
     if spec is None:
         raise ConversionError(f"{run_dir!r} has no LoRA adapters (model.lora_rank=0); export it without --adapter")
     sites, names, rows, _ = peft.layers(cfg, spec.rank)

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from zoo.errors import ConfigError
 from zoo.nn.attention import IMPLEMENTATIONS
+from zoo.nn.lora import LoraSpec
 from zoo.nn.stack import REMAT_POLICIES
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -53,6 +54,14 @@ class ModelConfig:
     lora_dropout: float = 0.0  # dropout on the adapters' input, training only
     lora_targets: str = "query,key,value,out,gate,fc,proj"  # Einsum layers adapted: names or path suffixes, comma-separated
     quantize_base: str = "none"  # none | int8 | nf4: the frozen base's adapted kernels held quantized (QLoRA)
+
+    @property
+    def lora_spec(self) -> LoraSpec | None:
+        """The adapters this model carries (rank, alpha, dropout, targets), None without any (lora_rank 0)."""
+        if not self.lora_rank:
+            return None
+        targets = tuple(t.strip().strip("/") for t in self.lora_targets.split(",") if t.strip())
+        return LoraSpec(self.lora_rank, self.lora_alpha, self.lora_dropout, targets)
 
     def __post_init__(self):
         for name in ("dtype", "param_dtype"):

@@ -51,14 +51,6 @@ class LoraSpec:
         return any(joined.endswith("/" + t) or joined == t if "/" in t else path[-1] == t for t in self.targets)
 
 
-def spec_of(model_cfg) -> LoraSpec | None:
-    """The LoRA spec of a model config, or None when it has no adapters."""
-    if not getattr(model_cfg, "lora_rank", 0):
-        return None
-    targets = tuple(t.strip().strip("/") for t in model_cfg.lora_targets.split(",") if t.strip())
-    return LoraSpec(model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.lora_dropout, targets)
-
-
 def factor_shapes(eqn: str, shape: tuple, rank: int) -> tuple[tuple, tuple, int]:
     """(A's shape, B's shape, number of in axes) of the kernel `shape` applied by `eqn`."""
     x, w, out = split_eqn(eqn)

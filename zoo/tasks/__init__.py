@@ -8,7 +8,6 @@ from __future__ import annotations
 from zoo import runtime
 from zoo.models import FAMILIES
 from zoo.models.base import resolve
-from zoo.nn import lora
 from zoo.tasks import distill
 from zoo.tasks.adapted import AdaptedTask
 from zoo.tasks.base import Data, Task
@@ -23,7 +22,7 @@ def plain(cfg) -> Task:
 
 def build(cfg) -> Task:
     """The task of cfg; with model.lora_rank, its model carries LoRA adapters (zoo.tasks.adapted)."""
-    spec = lora.spec_of(cfg.model)
+    spec = cfg.model.lora_spec
     return plain(cfg) if spec is None else AdaptedTask(plain(cfg), spec)
 
 

@@ -109,7 +109,7 @@ class OnPolicy:
         distill.max_new_tokens, or for prompts that leave less of the window, what the longest of them leaves."""
         from zoo.infer.sample import generate_batch, scanned, stop_ids
         d, window = self.cfg.distill, self.cfg.window
-        model, student = scanned(self.task.model, lora.merge(params, lora.spec_of(self.cfg.model)))
+        model, student = scanned(self.task.model, lora.merge(params, self.cfg.model.lora_spec))
         fits = [len(p) + d.max_new_tokens <= window for p in prompts]
         out: list = [None] * len(prompts)
         for part in (True, False):  # at most two programs a step: the batched sampler takes one length cap

@@ -217,7 +217,7 @@ class DpoTask(LmTask):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.reference = cfg.dpo.reference_of(lora.spec_of(cfg.model) is not None)
+        self.reference = cfg.dpo.reference_of(cfg.model.lora_spec is not None)
 
     def logps(self, params, batch, train, rng):
         """(summed answer log-probabilities [B, 2], answer token counts [B, 2]) of a pair batch."""
@@ -262,7 +262,7 @@ class DpoTask(LmTask):
 
     @classmethod
     def check_data(cls, cfg, vocab: bool = True):
-        if cfg.dpo.reference_of(lora.spec_of(cfg.model) is not None) == "precomputed" and jax.process_count() > 1:
+        if cfg.dpo.reference_of(cfg.model.lora_spec is not None) == "precomputed" and jax.process_count() > 1:
             raise ConfigError("dpo.reference=precomputed computes the reference on one process; train LoRA adapters "
                               "(model.lora_rank: the base is the reference) to run on several")
         if vocab:

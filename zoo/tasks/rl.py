@@ -135,12 +135,12 @@ class GrpoTask(LmTask):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.lora = lora.spec_of(cfg.model)
+        self.lora = cfg.model.lora_spec
 
     # ---- data ---------------------------------------------------------------------------------------------
     @classmethod
     def check_data(cls, cfg, vocab: bool = True):
-        if cfg.grpo.beta > 0 and lora.spec_of(cfg.model) is None:
+        if cfg.grpo.beta > 0 and cfg.model.lora_spec is None:
             raise ConfigError(f"grpo.beta={cfg.grpo.beta} penalises the distance to a reference, which only a LoRA run "
                               f"has for free (its base): train adapters (model.lora_rank) or set grpo.beta=0")
         if vocab:

@@ -53,7 +53,7 @@ def _shapes(tree) -> dict:
 
 def partial(cfg) -> bool:
     """Whether `cfg` trains only part of its model (LoRA adapters, or train.trainable)."""
-    return bool(cfg.train.trainable) or lora.spec_of(cfg.model) is not None
+    return bool(cfg.train.trainable) or cfg.model.lora_spec is not None
 
 
 def base_shapes(base_cfg) -> dict:
@@ -68,7 +68,7 @@ def trainable_paths(cfg, abstract, seen=(), base_cfg=None, abstract_base: bool =
     init_from run's config (zoo.training.runs.trainable_of reads it), whose params the frozen part is.
     `abstract_base`: with no init_from, the model's own params stand for the base (a program compiled and never
     run: zoo.aot)."""
-    pattern, adapters = cfg.train.trainable, lora.spec_of(cfg.model)
+    pattern, adapters = cfg.train.trainable, cfg.model.lora_spec
     if not partial(cfg):
         return None
     what = "model.lora_rank" if adapters is not None else "train.trainable"

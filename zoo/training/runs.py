@@ -62,7 +62,7 @@ def load_params_of(workdir: str, cfg: Config, sharding=None, step: int | None = 
                                             trainable)[1])
         base = base_weights(workdir, cfg, abstract, sharding)[2]
         trained = freeze.join(trained, freeze.unflat({k: base[k] for k in abstract}))
-    return lora.merge(trained, lora.spec_of(cfg.model))
+    return lora.merge(trained, cfg.model.lora_spec)
 
 
 def load_trained(workdir: str, cfg: Config, sharding=None, step: int | None = None):
