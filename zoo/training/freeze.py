@@ -62,10 +62,10 @@ def base_shapes(base_cfg) -> dict:
     return _shapes(jax.eval_shape(tasks.plain(base_cfg).init, jax.random.PRNGKey(0)))
 
 
-def trainable_paths(cfg, abstract, seen=(), base_cfg=None, abstract_base: bool = False) -> frozenset | None:
+def trainable_paths(cfg, abstract, seen=(), base=None, abstract_base: bool = False) -> frozenset | None:
     """The paths that train (None: all) for `cfg`, whose model's boxed abstract params are `abstract`;
-    `seen` are the Einsum layers the model called (named when lora_targets matches none); `base_cfg` is the
-    init_from run's config (zoo.training.runs.trainable_of reads it), whose params the frozen part is.
+    `seen` are the Einsum layers the model called (named when lora_targets matches none); `base` is path -> shape
+    of the init_from run's params (zoo.training.runs.base_of reads them), which the frozen part is.
     `abstract_base`: with no init_from, the model's own params stand for the base (a program compiled and never
     run: zoo.aot)."""
     pattern, adapters = cfg.train.trainable, cfg.model.lora_spec
@@ -87,7 +87,7 @@ def trainable_paths(cfg, abstract, seen=(), base_cfg=None, abstract_base: bool =
             examples = ", ".join(list(shapes)[:3])
             raise ConfigError(f"train.trainable={pattern!r} matches no parameter; paths look like {examples}")
         chosen |= matched
-    base = base_shapes(base_cfg) if base_cfg is not None else shapes if abstract_base else {}
+    base = base if base is not None else shapes if abstract_base else {}
     chosen |= {p for p, s in shapes.items() if not lora.is_adapter(p) and base.get(p) != s}  # new: a fresh head
     if len(chosen) == len(shapes):
         return None

@@ -80,15 +80,22 @@ def load_trained(workdir: str, cfg: Config, sharding=None, step: int | None = No
 
 
 def trainable_of(cfg: Config, boxed, seen=(), abstract_base: bool = False):
-    """zoo.training.freeze.trainable_paths of `cfg` (boxed abstract params `boxed`), its init_from run's config read."""
-    base_cfg = None
-    if freeze.partial(cfg) and cfg.init_from:
-        try:
-            base_cfg = load_config(cfg.init_from)
-        except CheckpointError as e:
-            raise BaseError(f"the base this run trains on, init_from={cfg.init_from!r}, is missing or does not "
-                            f"restore: {str(e).split('; train first')[0]}") from None
-    return freeze.trainable_paths(cfg, boxed, seen, base_cfg, abstract_base)
+    """zoo.training.freeze.trainable_paths of `cfg` (boxed abstract params `boxed`), its init_from run's shapes read."""
+    return freeze.trainable_paths(cfg, boxed, seen, base_of(cfg, lr=False), abstract_base)
+
+
+def base_of(cfg: Config, *, lr: bool = True) -> dict | None:
+    """path -> shape of the params of the run `cfg` trains on (init_from; a LoRA run's merged: its plain model's),
+    read once for all that asks: which params a LoRA or partial run freezes (zoo.training.freeze.trainable_paths),
+    and, with `lr`, which are new to the base and take optim.head_lr_mult. None where nothing asks (no init_from)."""
+    if not cfg.init_from or not (freeze.partial(cfg) or lr and cfg.optim.head_lr_mult != 1):
+        return None
+    try:
+        base_cfg = load_config(cfg.init_from)
+    except CheckpointError as e:
+        raise BaseError(f"the base this run trains on, init_from={cfg.init_from!r}, is missing or does not "
+                        f"restore: {str(e).split('; train first')[0]}") from None
+    return freeze.base_shapes(base_cfg)
 
 
 def load_config(workdir: str, step: int | None = None) -> Config:

@@ -111,10 +111,11 @@ def setup(cfg: Config, devices=None, *, abstract_base: bool = False) -> Setup:
                           f"={dp}")
     rng = jax.random.PRNGKey(cfg.train.seed)
     abstract_params = jax.eval_shape(task.init, rng)
-    trainable = runs.trainable_of(cfg, abstract_params, getattr(task, "seen", ()), abstract_base)
+    base = runs.base_of(cfg)  # the init_from run's shapes: what stays frozen, what is new to it
+    trainable = freeze.trainable_paths(cfg, abstract_params, getattr(task, "seen", ()), base, abstract_base)
     schedule = optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model)
     trains = freeze.split(abstract_params, trainable)[0]
-    tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(trains), new_params(cfg, trains), boxed=trains)
+    tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(trains), new_params(cfg, trains, base), boxed=trains)
     boxed_init = state_init(task, tx, trainable, cfg.model.quantize_base, cfg.model.scan_layers)
     # The optimizer state is made from boxed params, so its moments carry the params' logical axis names
     # and one rule table gives every leaf of the state its sharding.
@@ -128,11 +129,12 @@ def setup(cfg: Config, devices=None, *, abstract_base: bool = False) -> Setup:
     return s
 
 
-def new_params(cfg: Config, trains):
-    """optim.new_mask of the params that train, against the init_from run's (None: a fresh run, or no multiplier)."""
-    if not cfg.init_from or cfg.optim.head_lr_mult == 1:
+def new_params(cfg: Config, trains, base):
+    """optim.new_mask of the params that train against `base`, the init_from run's shapes (runs.base_of; None: a
+    fresh run, or no multiplier)."""
+    if base is None or cfg.optim.head_lr_mult == 1:
         return None
-    return optim.new_mask(trains, freeze.base_shapes(runs.load_config(cfg.init_from)))
+    return optim.new_mask(trains, base)
 
 
 def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | None = None,
