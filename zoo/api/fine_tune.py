@@ -39,10 +39,10 @@ LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "quant
 
 
 def base_run(src: Source, workdir: str, dry: bool = False):
-    """(config, run directory) of an init_from source (zoo.sources.source): a zoo run as it is; a Hugging Face directory, a GGUF
-    file or a PEFT LoRA adapter directory (adapter_config.json, no config.json: a zoo LoRA run whose merged
-    weights fine-tuning starts from) converted into WORKDIR/base (dry: nothing written, for --print-config;
-    a GGUF file is converted into a temporary directory).
+    """(config, run directory) of an init_from source, resolved once (zoo.sources.source): a zoo run as it is; a
+    Hugging Face directory, a GGUF file or a PEFT LoRA adapter directory (adapter_config.json, no config.json: a zoo
+    LoRA run whose merged weights fine-tuning starts from) converted into WORKDIR/base (dry: nothing written, for
+    --print-config; a GGUF file is converted into a temporary directory).
 
     The conversion holds the workdir's lock and ends by writing base/CONVERTED (`converted`): a start that was
     killed leaves a workdir the same command goes on in, reusing a complete base and redoing an incomplete

@@ -115,7 +115,8 @@ def setup(cfg: Config, devices=None, *, abstract_base: bool = False) -> Setup:
     trainable = freeze.trainable_paths(cfg, abstract_params, getattr(task, "seen", ()), base, abstract_base)
     schedule = optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model)
     trains = freeze.split(abstract_params, trainable)[0]
-    tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(trains), new_params(cfg, trains, base), boxed=trains)
+    tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(trains), new_params(cfg, trains, base),
+                              boxed=trains)
     boxed_init = state_init(task, tx, trainable, cfg.model.quantize_base, cfg.model.scan_layers)
     # The optimizer state is made from boxed params, so its moments carry the params' logical axis names
     # and one rule table gives every leaf of the state its sharding.
