@@ -10,6 +10,7 @@ from tests.helpers.shared_runs import finished_gpt_fixture, smollm2_gguf_run_fix
 from zoo.api.start import start
 from zoo.cli.train import train_main
 from zoo.errors import ArgumentError, ConfigError
+from zoo.sources import source
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,22 @@ def test_a_hugging_face_directory_is_named_with_where_it_is_converted_and_a_dry_
     assert s.config.task == "sft" and s.config.model.lora_rank == 4 and s.config.optim.lr == 3e-4  # the --set win
     assert s.config.model.vocab_size == 300 and not os.path.exists(work)  # the source's model; nothing written
     assert f"from {hf_gpt2} (hf), converted into" in s.describe()
+
+
+def test_a_source_is_resolved_once_into_its_kind_whether_it_converts_and_where_a_gguf_is_cached(hf_gpt2, finished_gpt,
+                                                                                                tmp_path):
+    adapter, gguf, missing = tmp_path / "adapter", tmp_path / "model.gguf", str(tmp_path / "nothing")
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    gguf.write_bytes(b"GGUF stand-in")
+    got = {p: (source(p).kind, source(p).converts) for p in (hf_gpt2, finished_gpt, str(adapter), str(gguf),
+                                                             "gpt2_small", missing)}
+    assert got == {hf_gpt2: ("hf", True), finished_gpt: ("run", False), str(adapter): ("adapter", True),
+                   str(gguf): ("gguf", True), "gpt2_small": ("preset", False), missing: (None, False)}
+    cache = source(str(gguf)).cache
+    assert source(str(gguf)).cache == cache and not source(str(gguf)).is_cached
+    gguf.write_bytes(b"GGUF stand-in, changed")  # another file's conversion: another place in the cache
+    assert source(str(gguf)).cache != cache
 
 
 def test_a_zoo_run_is_its_own_base_and_nothing_is_converted(finished_gpt, tmp_path):
