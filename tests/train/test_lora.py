@@ -168,6 +168,18 @@ def test_lora_on_the_encoder_decoder_adapts_cross_attention_too(s2s_cfg, tmp_pat
     assert np.isfinite(run(cfg, tmp_path / "s2s", devices=jax.devices()[:1])["records"][-1]["loss"])
 
 
+def test_a_lora_fine_tune_reads_its_base_once_for_what_freezes_and_what_is_new(base, monkeypatch):
+    """The base's shapes say both what stays frozen and which params take optim.head_lr_mult (a fine-tune's default
+    is 20): its config is read once, where each of the two read it again."""
+    cfg = adapted(base, lora_targets="query,value")
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, head_lr_mult=20.0))
+    reads, load = [], runs.load_config
+    monkeypatch.setattr(runs, "load_config", lambda *a, **k: reads.append(a[0]) or load(*a, **k))
+    s = trainer.setup(cfg, jax.devices()[:1])
+    assert reads == [base[1]]
+    assert s.trainable and all(lora.is_adapter(k) for k in s.trainable)
+
+
 @pytest.mark.parametrize("model, train, match", [
     (dict(lora_targets="nosuch"), {}, r"model.lora_targets='nosuch' matches no layer.*query"),
     ({}, dict(trainable="nosuch"), r"train.trainable='nosuch' matches no parameter"),
