@@ -71,7 +71,7 @@ class _Train:
 class ZooEmbedTrain(_Train):
     def __init__(self, spec):
         import jax
-        from zoo.api.fine_tune import fine_tune_config
+        from zoo.api.start import start
         from zoo.data.tokenizers import get_tokenizer
         from zoo.tasks import embed as embed_task
         from zoo.tasks.mlm import bert_specials
@@ -81,9 +81,9 @@ class ZooEmbedTrain(_Train):
         self.workdir = tempfile.mkdtemp(prefix="zoo-bench-embed-train-")  # the converted base, removed at exit
         atexit.register(shutil.rmtree, self.workdir, ignore_errors=True)
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries the worker's protocol
-            cfg = fine_tune_config(model_dir(), self.workdir, overrides=[
+            cfg = start(init_from=model_dir(), workdir=self.workdir, overrides=[
                 "task=embed", "data.source=builtin", f"data.seq_len={T}", f"train.batch_size={B}", f"optim.lr={LR}",
-                "optim.warmup=0", "train.steps=1000000", "train.eval_every=0"])
+                "optim.warmup=0", "train.steps=1000000", "train.eval_every=0"]).config
             s = trainer.setup(cfg, [self.device])
             self.state = trainer.init_from(s, s.init_state(jax.random.PRNGKey(0)), cfg.init_from)
         self.step, self.mesh, self.to_device = s.jit_train_step(), s.mesh, trainer.to_device
