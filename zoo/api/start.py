@@ -180,9 +180,8 @@ def optimizer_state(cfg):
     abstract = jax.eval_shape(task.init, jax.random.PRNGKey(0))
     base = runs.base_of(cfg)
     abstract = freeze.split(abstract, freeze.trainable_paths(cfg, abstract, getattr(task, "seen", ()), base))[0]
-    from zoo.training.trainer import new_params
     tx = optim.make_optimizer(cfg.optim, optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model),
-                              optim.decay_mask(abstract), new_params(cfg, abstract, base), boxed=abstract)
+                              optim.decay_mask(abstract), optim.new_mask(abstract, base), boxed=abstract)
     return jax.tree.structure(jax.eval_shape(tx.init, abstract))
 
 

@@ -185,8 +185,11 @@ def muon(cfg: OptimConfig, schedule: Callable, mask, dims) -> optax.GradientTran
     return optax.partition({"muon": matrices, "adamw": adamw}, labels)
 
 
-def new_mask(boxed_params, base_shapes: dict):
-    """True for params whose path (or shape) the init_from run's params lack: what a fine-tune starts fresh."""
+def new_mask(boxed_params, base_shapes: dict | None):
+    """True for params whose path (or shape) the init_from run's params (`base_shapes`: path -> shape, as
+    zoo.training.runs.base_of reads them) lack: what a fine-tune starts fresh. None without a base."""
+    if base_shapes is None:
+        return None
     from zoo.training import freeze
     flat = {k: tuple(v.shape) for k, v in freeze.flat(nn.unbox(boxed_params)).items()}
     return freeze.unflat({k: base_shapes.get(k) != s for k, s in flat.items()})

@@ -115,7 +115,7 @@ def setup(cfg: Config, devices=None, *, abstract_base: bool = False) -> Setup:
     trainable = freeze.trainable_paths(cfg, abstract_params, getattr(task, "seen", ()), base, abstract_base)
     schedule = optim.make_schedule(cfg.optim, cfg.train.steps, cfg.model.d_model)
     trains = freeze.split(abstract_params, trainable)[0]
-    tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(trains), new_params(cfg, trains, base),
+    tx = optim.make_optimizer(cfg.optim, schedule, optim.decay_mask(trains), optim.new_mask(trains, base),
                               boxed=trains)
     boxed_init = state_init(task, tx, trainable, cfg.model.quantize_base, cfg.model.scan_layers)
     # The optimizer state is made from boxed params, so its moments carry the params' logical axis names
@@ -128,14 +128,6 @@ def setup(cfg: Config, devices=None, *, abstract_base: bool = False) -> Setup:
     s = Setup(cfg, task, mesh, tx, schedule, abstract_params, state_sh, abstract_state, init_fn, trainable)
     programs.keep(key, dataclasses.replace(s))  # a copy: this run may change its own (s.cfg)
     return s
-
-
-def new_params(cfg: Config, trains, base):
-    """optim.new_mask of the params that train against `base`, the init_from run's shapes (runs.base_of; None: a
-    fresh run, or no multiplier)."""
-    if base is None or cfg.optim.head_lr_mult == 1:
-        return None
-    return optim.new_mask(trains, base)
 
 
 def train(cfg: Config, path: str, *, resume: bool = False, stop_at_step: int | None = None,
