@@ -6,6 +6,7 @@ name a source (distill.teacher) check it without importing the loader."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ class Source:
         """Whether a run from it converts it first (a Hugging Face directory, a PEFT adapter, a GGUF file)."""
         return self.kind in CONVERTED
 
-    @property
+    @functools.cached_property  # one stat and hash per Source, however often asked
     def cache(self) -> str:
         """Where zoo.load keeps the conversion of a GGUF file (zoo.hf.gguf.cached_run): zoo's cache, keyed by
         the file's absolute path, size and modification time (another file, or this one changed, is converted

@@ -138,7 +138,7 @@ def cached_run(src) -> str:
         try:
             os.replace(os.path.join(tmp, "run"), final)
         except OSError:  # another process converted it meanwhile: theirs serves
-            if not os.path.isdir(os.path.join(final, "checkpoints")):
+            if not src.is_cached:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
